@@ -1,0 +1,1 @@
+"""One module per `autotune` subcommand; each registers itself with `autotune.cli.command`."""

@@ -1,0 +1,471 @@
+"""TrainConfig: the one schema the tuner and the job share.
+
+A run is fully described by a `TrainConfig`: a tree of kw-only dataclasses, one per component, loaded from and
+written to YAML. The tuner writes one per trial (``autotune/space.py`` sets fields by dotted path, e.g.
+``training.batch_size``); ``autotune export`` writes the best one; the job reads it.
+
+Validation collects *every* problem before raising, each with the fix, so a user editing a YAML by hand sees all of
+them at once instead of one per launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+DECODE_PATHS = ("pil", "torchvision-cpu", "nvjpeg-gpu")
+DATA_KINDS = ("synthetic", "imagefolder")
+MODES = ("measure", "train", "loader")
+
+# NVLink multicast (NVLS) can take a shared host's GPUs down for days; LL128 is never forced either. Both the job and
+# the tuner refuse configs that would do either, whatever the search space or a hand-written YAML says.
+FORBIDDEN_NCCL = {"NCCL_NVLS_ENABLE": "NVLink multicast must stay off (NCCL_NVLS_ENABLE=0)"}
+
+
+class ConfigError(ValueError):
+    """A TrainConfig (or its YAML) is invalid. ``problems`` holds one line per problem, each naming the fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    name: str = "resnet50"
+    """A torchvision classification model name (``torchvision.models.list_models``) or ``package.module:function``."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the model constructor (``num_classes`` comes from ``data``)."""
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    kind: Literal["synthetic", "imagefolder"] = "synthetic"
+    """``synthetic``: random tensors made once on the device (the compute ceiling); ``imagefolder``: JPEG files."""
+
+    path: str | None = None
+    """ImageFolder root (class sub-folders). If it holds ``train/`` (and ``val/``), those are used."""
+
+    val_path: str | None = None
+    """Validation ImageFolder; default ``<path>/val`` when it exists, else ``val_fraction`` of the training files."""
+
+    val_fraction: float = 0.0
+    """Fraction of the training files held out for validation when there is no validation folder."""
+
+    image_size: int = 224
+    """Side of the square crop fed to the model."""
+
+    num_classes: int | None = None
+    """Classes of the model head; ``None`` means: the ImageFolder's class count (1000 for synthetic data)."""
+
+    decode: Literal["pil", "torchvision-cpu", "nvjpeg-gpu"] = "pil"
+    """Input pipeline: PIL in loader workers (the classic), ``torchvision.io`` libjpeg-turbo in workers (uint8 out,
+    normalized on the device), or nvJPEG on the GPU with batched GPU augmentation (workers only read bytes)."""
+
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    """RandomResizedCrop area range, as in torchvision."""
+
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    """RandomResizedCrop aspect-ratio range, as in torchvision."""
+
+    hflip: bool = True
+    """Random horizontal flip with p=0.5."""
+
+
+@dataclass(kw_only=True)
+class LoaderConfig:
+    num_workers: int = 4
+    """DataLoader worker processes per rank."""
+
+    prefetch_factor: int | None = None
+    """Batches each worker keeps in flight; only with ``num_workers > 0`` (``None``: torch's default, 2)."""
+
+    pin_memory: bool = True
+    """Page-locked host batches, so the host-to-device copy can be asynchronous (ignored without CUDA)."""
+
+    persistent_workers: bool = False
+    """Keep workers alive across epochs; only with ``num_workers > 0``."""
+
+
+@dataclass(kw_only=True)
+class TrainingConfig:
+    mode: Literal["measure", "train", "loader"] = "measure"
+    """``measure``: warm-up then timed windows, then stop (a search trial). ``train``: epochs/steps with
+    validation and checkpoints. ``loader``: the input pipeline alone, no model (what it can deliver per GPU)."""
+
+    batch_size: int = 64
+    """Per-rank micro-batch size."""
+
+    accum_steps: int = 1
+    """Micro-batches per optimizer step; the gradient all-reduce runs once per optimizer step."""
+
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Autocast dtype; ``fp16`` adds a GradScaler."""
+
+    channels_last: bool = False
+    """NHWC memory format for model and inputs (tensor cores prefer it)."""
+
+    compile: bool = False
+    """``torch.compile`` the model (costs tens of seconds of warm-up)."""
+
+    compile_mode: str | None = None
+    """``torch.compile`` mode, e.g. ``max-autotune-no-cudagraphs``; ``None`` is torch's default."""
+
+    epochs: int | None = None
+    """Train mode: epochs over the dataset."""
+
+    steps: int | None = None
+    """Train mode: optimizer steps (overrides ``epochs`` when both are set). Measure mode: a hard cap."""
+
+    seed: int = 0
+    """Seed for model init, sampler order and augmentation."""
+
+    validate_every: int = 1
+    """Train mode: run validation every N epochs (0: never)."""
+
+    log_every_s: float = 10.0
+    """Train mode: seconds between progress lines on rank 0."""
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    name: Literal["sgd", "adamw"] = "sgd"
+    lr: float = 0.1
+    """Peak learning rate for this run's global batch (export scales it when the global batch changes)."""
+
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    schedule: Literal["constant", "cosine"] = "constant"
+    """``cosine``: linear warm-up for ``warmup_epochs`` then cosine decay to zero over the run."""
+
+    warmup_epochs: float = 0.0
+    reference_global_batch: int | None = None
+    """Global batch the ``lr`` was chosen for; recorded so later changes of the batch can rescale it."""
+
+
+@dataclass(kw_only=True)
+class DDPConfig:
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """``auto``: NCCL when CUDA is available, gloo otherwise (same code path)."""
+
+    timeout_s: float = 300.0
+    """Collective timeout; a stuck all-reduce fails after this instead of hanging forever."""
+
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size: larger buckets mean fewer, bigger all-reduces."""
+
+    gradient_as_bucket_view: bool = False
+    """Gradients alias the all-reduce buckets (saves a copy and memory)."""
+
+    static_graph: bool = False
+    """Tell DDP the graph never changes (enables some overlap optimizations)."""
+
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+
+
+@dataclass(kw_only=True)
+class NcclConfig:
+    algo: Literal["Ring", "Tree"] | None = None
+    """NCCL_ALGO; ``None`` leaves NCCL's choice."""
+
+    proto: Literal["Simple", "LL"] | None = None
+    """NCCL_PROTO; ``None`` leaves NCCL's choice (LL128 is never forced)."""
+
+    min_ctas: int | None = None
+    max_ctas: int | None = None
+    buffsize: int | None = None
+    """NCCL_BUFFSIZE in bytes."""
+
+    extra: dict[str, str] = field(default_factory=dict)
+    """Further NCCL_* variables, passed as they are (NVLS may not be turned on)."""
+
+    def to_env(self) -> dict[str, str]:
+        env = {f"NCCL_{k.upper()}": str(v) for k, v in (("algo", self.algo), ("proto", self.proto),
+               ("min_ctas", self.min_ctas), ("max_ctas", self.max_ctas), ("buffsize", self.buffsize)) if v is not None}
+        env.update({k: str(v) for k, v in self.extra.items()})
+        return env
+
+
+@dataclass(kw_only=True)
+class MeasureConfig:
+    warmup_min_steps: int = 10
+    """Steps always discarded (cudnn.benchmark, allocator, loader start-up)."""
+
+    warmup_max_s: float = 120.0
+    """Warm-up ends after this long even if step time has not settled (recorded as ``warmup_capped``)."""
+
+    settle_steps: int = 5
+    """Warm-up ends when the median of the last N step times is within ``settle_tolerance`` of the N before."""
+
+    settle_tolerance: float = 0.1
+    window_s: float = 3.0
+    """Target length of one timed window."""
+
+    windows: int = 3
+    """Windows always measured."""
+
+    max_windows: int = 6
+    """More windows are measured while the spread exceeds ``spread_target``, up to this many."""
+
+    spread_target: float = 0.05
+    """(max - min) / median of the window throughputs considered steady."""
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    dir: str | None = None
+    """Default ``<output_dir>/checkpoints``."""
+
+    every_epochs: int = 1
+    """Train mode: save after every N epochs (0: never)."""
+
+    every_steps: int | None = None
+    """Train mode: also save every N optimizer steps."""
+
+    keep_last: int = 2
+    resume: bool = False
+    """Resume from the newest checkpoint in ``dir`` when there is one."""
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    name: str = "run"
+    output_dir: str = "runs/run"
+    """Where checkpoints and logs go (rank 0 writes)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    nccl: NcclConfig = field(default_factory=NcclConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    # ---- (de)serialization -------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "TrainConfig":
+        problems: list[str] = []
+        cfg = _build(cls, data or {}, "", problems)
+        if not problems:
+            problems.extend(cfg.problems())
+        if problems:
+            raise ConfigError(problems)
+        return cfg
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        import yaml
+
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "TrainConfig":
+        return cls.from_dict(load_yaml_mapping(path))
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "TrainConfig":
+        """A copy with dotted-path fields replaced, e.g. ``{"training.batch_size": 256}``; validated."""
+        data = self.to_dict()
+        problems = []
+        for dotted, value in overrides.items():
+            node = data
+            *parents, leaf = dotted.split(".")
+            for part in parents:
+                if not isinstance(node.get(part), dict):
+                    problems.append(f"{dotted}: no such setting")
+                    break
+                node = node[part]
+            else:
+                if leaf not in node:
+                    problems.append(f"{dotted}: no such setting{_did_you_mean(leaf, node)}")
+                else:
+                    node[leaf] = value
+        if problems:
+            raise ConfigError(problems)
+        return TrainConfig.from_dict(data)
+
+    # ---- validation --------------------------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """Every cross-field problem, each with its fix (types were checked while building)."""
+        p: list[str] = []
+        t, ld, d, m = self.training, self.loader, self.data, self.measure
+        if t.batch_size < 1:
+            p.append(f"training.batch_size={t.batch_size}: must be >= 1")
+        if t.accum_steps < 1:
+            p.append(f"training.accum_steps={t.accum_steps}: must be >= 1")
+        if ld.num_workers < 0:
+            p.append(f"loader.num_workers={ld.num_workers}: must be >= 0")
+        if ld.num_workers == 0 and ld.prefetch_factor is not None:
+            p.append("loader.prefetch_factor is set but loader.num_workers is 0: "
+                     "remove prefetch_factor or use num_workers >= 1")
+        if ld.prefetch_factor is not None and ld.prefetch_factor < 1:
+            p.append(f"loader.prefetch_factor={ld.prefetch_factor}: must be >= 1")
+        if ld.num_workers == 0 and ld.persistent_workers:
+            p.append("loader.persistent_workers needs loader.num_workers >= 1: set it to false or add workers")
+        if d.kind == "imagefolder" and not d.path:
+            p.append("data.path is required when data.kind is imagefolder (run `autotune make-data DIR` to make one)")
+        if d.kind == "synthetic" and t.mode == "loader":
+            p.append("training.mode=loader measures an input pipeline: use data.kind=imagefolder")
+        if d.image_size < 8:
+            p.append(f"data.image_size={d.image_size}: must be >= 8")
+        if d.num_classes is not None and d.num_classes < 1:
+            p.append(f"data.num_classes={d.num_classes}: must be >= 1")
+        if not 0.0 <= d.val_fraction < 1.0:
+            p.append(f"data.val_fraction={d.val_fraction}: must be in [0, 1)")
+        for name, (lo, hi) in (("crop_scale", d.crop_scale), ("crop_ratio", d.crop_ratio)):
+            if not 0 < lo <= hi:
+                p.append(f"data.{name}=({lo}, {hi}): needs 0 < low <= high")
+        if d.crop_scale[1] > 1.0:
+            p.append(f"data.crop_scale high={d.crop_scale[1]}: must be <= 1")
+        if t.mode == "train" and t.epochs is None and t.steps is None:
+            p.append("training.mode=train needs training.epochs or training.steps")
+        for name in ("epochs", "steps"):
+            v = getattr(t, name)
+            if v is not None and v < 1:
+                p.append(f"training.{name}={v}: must be >= 1")
+        if self.optimizer.lr <= 0:
+            p.append(f"optimizer.lr={self.optimizer.lr}: must be > 0")
+        if self.ddp.bucket_cap_mb <= 0:
+            p.append(f"ddp.bucket_cap_mb={self.ddp.bucket_cap_mb}: must be > 0")
+        if self.ddp.timeout_s <= 0:
+            p.append(f"ddp.timeout_s={self.ddp.timeout_s}: must be > 0")
+        if m.warmup_min_steps < 0 or m.settle_steps < 1:
+            p.append("measure.warmup_min_steps must be >= 0 and measure.settle_steps >= 1")
+        if m.window_s <= 0:
+            p.append(f"measure.window_s={m.window_s}: must be > 0")
+        if m.windows < 1 or m.max_windows < m.windows:
+            p.append(f"measure.windows={m.windows}, max_windows={m.max_windows}: need 1 <= windows <= max_windows")
+        if self.checkpoint.keep_last < 1:
+            p.append(f"checkpoint.keep_last={self.checkpoint.keep_last}: must be >= 1")
+        p.extend(nccl_env_problems(self.nccl.to_env()))
+        return p
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.output_dir) / "checkpoints"
+
+
+def nccl_env_problems(env: dict[str, str]) -> list[str]:
+    """Safety rules for NCCL variables (shared by the job and the tuner's launcher)."""
+    p = []
+    for key, value in env.items():
+        if not key.startswith("NCCL_"):
+            p.append(f"nccl.extra[{key}]: only NCCL_* variables may be set here")
+        if key == "NCCL_NVLS_ENABLE" and str(value).strip() != "0":
+            p.append(f"{key}={value}: {FORBIDDEN_NCCL[key]}; remove it")
+        if key == "NCCL_PROTO" and "LL128" in str(value).upper().replace("^LL128", ""):
+            p.append(f"{key}={value}: LL128 may not be forced; use Simple or LL")
+        if key == "NCCL_ALGO" and "NVLS" in str(value).upper().replace("^NVLS", ""):
+            p.append(f"{key}={value}: NVLS algorithms may not be used; use Ring or Tree")
+    return p
+
+
+def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"{path}: no such file"])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError([f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping of settings at the top level, got {type(data).__name__}"])
+    return data
+
+
+# ---- generic builder: dict -> nested kw-only dataclasses, collecting every problem ---------------------------------
+
+
+def _did_you_mean(name: str, options) -> str:
+    close = difflib.get_close_matches(name, list(options), n=3)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def _build(cls, data: Any, prefix: str, problems: list[str]):
+    if not isinstance(data, dict):
+        problems.append(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            problems.append(f"{prefix}{key}: unknown setting{_did_you_mean(str(key), names)}")
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, f"{prefix}{key}.", problems)
+        else:
+            ok, converted, expected = _coerce(tp, value)
+            if ok:
+                kwargs[key] = converted
+            else:
+                problems.append(f"{prefix}{key}={value!r}: expected {expected}")
+    return cls(**kwargs)
+
+
+def _coerce(tp, value) -> tuple[bool, Any, str]:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return True, None, "null"
+        expected = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            ok, converted, exp = _coerce(arg, value)
+            if ok:
+                return True, converted, exp
+            expected.append(exp)
+        return False, value, " or ".join(expected + ["null"])
+    if origin is Literal:
+        return value in args, value, "one of " + ", ".join(map(str, args))
+    if tp is bool:
+        return isinstance(value, bool), value, "true or false"
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value, "an integer"
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value, "a number"
+    if tp is str:
+        return isinstance(value, str), value, "a string"
+    if origin is tuple:
+        ok = isinstance(value, (list, tuple)) and len(value) == len(args)
+        if ok:
+            items = [_coerce(a, v) for a, v in zip(args, value)]
+            if all(i[0] for i in items):
+                return True, tuple(i[1] for i in items), f"a list of {len(args)} numbers"
+        return False, value, f"a list of {len(args)} numbers"
+    if origin is dict:
+        return isinstance(value, dict), dict(value) if isinstance(value, dict) else value, "a mapping"
+    return True, value, str(tp)
+
+
+def _plain(obj):
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
