@@ -259,7 +259,9 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "TrainConfig":
         problems: list[str] = []
-        cfg = _build(cls, data or {}, "", problems)
+        # `autotune export` adds an `autotune:` section (torchrun args, env, fingerprint, figures): not the job's.
+        data = {k: v for k, v in (data or {}).items() if k != "autotune"}
+        cfg = _build(cls, data, "", problems)
         if not problems:
             problems.extend(cfg.problems())
         if problems:

@@ -1,0 +1,1 @@
+"""The DDP job that torchrun launches (`python -m trainer`). Never imports autotune or optuna."""

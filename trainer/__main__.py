@@ -1,0 +1,47 @@
+"""`python -m trainer --config run.yaml --result out.jsonl [--set key=value ...]`, normally under torchrun."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from trainer.config import ConfigError, TrainConfig
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    p.add_argument("--config", required=True, help="TrainConfig YAML")
+    p.add_argument("--result", help="JSON-lines file the job appends its windows, summary and errors to")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting by dotted path, e.g. --set training.batch_size=128 (YAML value)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = TrainConfig.from_yaml(args.config)
+        if args.overrides:
+            pairs = [o.split("=", 1) for o in args.overrides]
+            bad = [o for o, pair in zip(args.overrides, pairs) if len(pair) != 2]
+            if bad:
+                raise ConfigError([f"--set {b}: expected KEY=VALUE" for b in bad])
+            cfg = cfg.with_overrides({k: yaml.safe_load(v) for k, v in pairs})
+    except ConfigError as e:
+        from trainer.job import error_record
+        from trainer.meter import ResultWriter
+        import os
+
+        writer = ResultWriter(args.result, int(os.environ.get("RANK", 0)))
+        writer.write(error_record(e), any_rank=True)
+        print("trainer: invalid config:\n  " + "\n  ".join(e.problems), file=sys.stderr)
+        return 3
+    from trainer.job import run
+
+    return run(cfg, args.result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Throughput measurement: warm-up discarded until step time settles, then timed windows of global imgs/s.
+
+All ranks run the same state machine and agree on every decision through small all-reduces, so they always close a
+window on the same step. A window's throughput is the images of all ranks over the wall time of the *slowest* rank.
+Device synchronization happens only at window boundaries (and on every warm-up step, which is discarded anyway), so
+the measured steps keep their normal host/device overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import MeasureConfig
+
+
+class ResultWriter:
+    """The job's JSON-lines stream. Rank 0 writes progress; any rank writes its own error record.
+
+    Each record is one ``write`` of one line to a file opened with O_APPEND, so records of several ranks never
+    interleave, and it is flushed at once: the tuner tails this file while the job runs.
+    """
+
+    def __init__(self, path: str | None, rank: int):
+        self.rank = rank
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if path else None
+
+    def write(self, record: dict[str, Any], *, any_rank: bool = False) -> None:
+        if self.fd is None or (self.rank != 0 and not any_rank):
+            return
+        os.write(self.fd, (json.dumps(record, default=str) + "\n").encode())
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+@dataclass
+class Window:
+    index: int
+    t0: float
+    t1: float
+    steps: int
+    images: int
+    seconds: float
+
+    @property
+    def imgs_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class ThroughputMeter:
+    cfg: MeasureConfig
+    images_per_step: int
+    """Images this rank consumes per ``step()`` call (batch x accumulation)."""
+
+    device: torch.device
+    emit: Callable[[dict[str, Any]], None]
+    continuous: bool = False
+    """Train mode: keep measuring windows for the whole run instead of finishing after the protocol."""
+
+    state: str = "warmup"
+    warmup_steps: int = 0
+    warmup_capped: bool = False
+    step_time_s: float = 0.0
+    steps_per_window: int = 1
+    windows: list[Window] = field(default_factory=list)
+    _step_times: list[float] = field(default_factory=list)
+    _t_start: float = field(default_factory=time.perf_counter)
+    _t_last: float = field(default_factory=time.perf_counter)
+    _win_steps: int = 0
+    _win_t0_wall: float = 0.0
+    _win_t0: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.state == "done"
+
+    def step(self) -> None:
+        """Call after every optimizer step (every batch in loader mode)."""
+        if self.state == "warmup":
+            self._warmup_step()
+        elif self.state == "measure":
+            if self._win_steps == 0 and self._win_t0 == 0.0:
+                self._open_window()  # first step after a pause: the window starts now
+                return
+            self._win_steps += 1
+            if self._win_steps >= self.steps_per_window:
+                self._close_window()
+
+    def pause(self) -> None:
+        """Discard the open window (validation or a checkpoint is about to run; that time is not training)."""
+        if self.state == "measure":
+            self._win_steps, self._win_t0 = 0, 0.0
+
+    # ---- warm-up -----------------------------------------------------------------------------------------------
+
+    def _warmup_step(self) -> None:
+        _sync(self.device)
+        now = time.perf_counter()
+        self._step_times.append(now - self._t_last)
+        self._t_last = now
+        self.warmup_steps += 1
+        k = self.cfg.settle_steps
+        n = len(self._step_times)
+        capped = now - self._t_start >= self.cfg.warmup_max_s
+        settled = False
+        if self.warmup_steps >= self.cfg.warmup_min_steps and n >= 2 * k:
+            last = statistics.median(self._step_times[-k:])
+            prev = statistics.median(self._step_times[-2 * k:-k])
+            settled = abs(last - prev) <= self.cfg.settle_tolerance * prev
+        # Every rank must leave warm-up on the same step: when all have settled, or any has hit the time cap.
+        unsettled, any_capped = _allreduce([float(not settled), float(capped)], dist.ReduceOp.MAX, self.device)
+        if unsettled and not any_capped:
+            return
+        local = statistics.median(self._step_times[-k:])
+        self.step_time_s = _allreduce([local], dist.ReduceOp.MAX, self.device)[0]
+        self.warmup_capped = bool(unsettled)
+        self.steps_per_window = max(1, round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
+        self.emit({"kind": "warmup_done", "t": time.time(), "steps": self.warmup_steps,
+                   "seconds": round(now - self._t_start, 4), "step_time_s": self.step_time_s,
+                   "capped": self.warmup_capped, "steps_per_window": self.steps_per_window})
+        self.state = "measure"
+        self._open_window()
+
+    # ---- windows -----------------------------------------------------------------------------------------------
+
+    def _open_window(self) -> None:
+        _sync(self.device)
+        self._win_t0_wall, self._win_t0, self._win_steps = time.time(), time.perf_counter(), 0
+
+    def _close_window(self) -> None:
+        _sync(self.device)
+        seconds = time.perf_counter() - self._win_t0
+        t1_wall = time.time()
+        # Slowest rank's duration; earliest start and latest end, so the tuner clips GPU samples to the true span.
+        slowest, neg_t0, t1 = _allreduce([seconds, -self._win_t0_wall, t1_wall], dist.ReduceOp.MAX, self.device)
+        images = int(_allreduce([float(self._win_steps * self.images_per_step)], dist.ReduceOp.SUM, self.device)[0])
+        w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=images, seconds=slowest)
+        self.windows.append(w)
+        self.emit({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
+                   "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3)})
+        # Re-aim the next window at window_s from what this one really took (every rank computes the same number).
+        self.steps_per_window = max(1, round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9)))
+        if not self.continuous and self._protocol_complete():
+            self.state = "done"
+            return
+        self._open_window()
+
+    def _protocol_complete(self) -> bool:
+        n = len(self.windows)
+        if n < self.cfg.windows:
+            return False
+        return n >= self.cfg.max_windows or self.spread() <= self.cfg.spread_target
+
+    def spread(self) -> float:
+        rates = [w.imgs_per_s for w in self.windows]
+        if len(rates) < 2:
+            return 0.0
+        med = statistics.median(rates)
+        return (max(rates) - min(rates)) / med if med > 0 else float("inf")
+
+    def summary(self) -> dict[str, Any]:
+        rates = [w.imgs_per_s for w in self.windows]
+        return {
+            "imgs_per_s": round(statistics.median(rates), 3) if rates else None,
+            "imgs_per_s_windows": [round(r, 3) for r in rates],
+            "imgs_per_s_min": round(min(rates), 3) if rates else None,
+            "imgs_per_s_max": round(max(rates), 3) if rates else None,
+            "spread": round(self.spread(), 5),
+            "windows": len(rates),
+            "warmup_steps": self.warmup_steps,
+            "warmup_capped": self.warmup_capped,
+            "step_time_s": self.step_time_s,
+        }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _allreduce(values: list[float], op, device: torch.device) -> list[float]:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
