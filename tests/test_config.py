@@ -1,0 +1,85 @@
+"""TrainConfig: YAML round trip, overrides, and one clear message per bad field (all reported at once)."""
+
+import pytest
+import yaml
+
+from trainer.config import ConfigError, TrainConfig
+
+
+def test_defaults_round_trip_through_yaml(tmp_path):
+    cfg = TrainConfig().with_overrides({"training.precision": "bf16", "nccl.algo": "Ring", "data.crop_scale": [0.2, 1]})
+    path = tmp_path / "c.yaml"
+    cfg.to_yaml(path)
+    again = TrainConfig.from_yaml(path)
+    assert again == cfg
+    assert again.data.crop_scale == (0.2, 1.0)
+    assert again.nccl.to_env() == {"NCCL_ALGO": "Ring"}
+
+
+def test_export_section_is_ignored_by_the_job(tmp_path):
+    data = TrainConfig().to_dict()
+    data["autotune"] = {"torchrun": ["--nproc-per-node", "2"], "measured": {"imgs_per_s": 1.0}}
+    assert TrainConfig.from_dict(data) == TrainConfig()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"loader.num_workers": 0, "loader.prefetch_factor": 4}, "prefetch_factor is set but loader.num_workers is 0"),
+    ({"loader.num_workers": 0, "loader.persistent_workers": True}, "persistent_workers needs"),
+    ({"training.batch_size": 0}, "training.batch_size=0: must be >= 1"),
+    ({"training.accum_steps": 0}, "training.accum_steps=0"),
+    ({"training.precision": "fp8"}, "expected one of fp32, bf16, fp16"),
+    ({"training.batch_size": "big"}, "expected an integer"),
+    ({"training.channels_last": "yes"}, "expected true or false"),
+    ({"data.kind": "imagefolder"}, "data.path is required"),
+    ({"data.decode": "dali"}, "expected one of pil, torchvision-cpu, nvjpeg-gpu"),
+    ({"data.crop_scale": [0.5, 0.1]}, "needs 0 < low <= high"),
+    ({"training.mode": "train"}, "needs training.epochs or training.steps"),
+    ({"optimizer.lr": 0.0}, "optimizer.lr=0.0: must be > 0"),
+    ({"measure.windows": 5, "measure.max_windows": 3}, "need 1 <= windows <= max_windows"),
+    ({"nccl.extra": {"NCCL_NVLS_ENABLE": "1"}}, "NVLink multicast must stay off"),
+    ({"nccl.extra": {"NCCL_PROTO": "LL128"}}, "LL128 may not be forced"),
+    ({"nccl.extra": {"OMP_NUM_THREADS": "4"}}, "only NCCL_* variables"),
+])
+def test_each_bad_field_gets_its_message(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        TrainConfig().with_overrides(overrides)
+    assert any(message in p for p in e.value.problems), e.value.problems
+
+
+def test_all_problems_are_reported_at_once():
+    data = {"training": {"batch_size": 0, "precison": "bf16"}, "loader": {"num_workers": 0, "prefetch_factor": 2},
+            "modle": {}}
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict(data)
+    text = " | ".join(e.value.problems)
+    assert "training.precison: unknown setting (did you mean precision?)" in text
+    assert "modle: unknown setting (did you mean model?)" in text
+    # Type errors are reported first; once types are right, the cross-field checks report everything together.
+    data = {"training": {"batch_size": 0}, "loader": {"num_workers": 0, "prefetch_factor": 2}}
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict(data)
+    assert len(e.value.problems) == 2
+
+
+def test_unknown_override_path_is_named():
+    with pytest.raises(ConfigError, match="training.batch: no such setting"):
+        TrainConfig().with_overrides({"training.batch": 3})
+
+
+def test_bad_yaml_is_one_clear_error(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("training: {batch_size: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        TrainConfig.from_yaml(p)
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        TrainConfig.from_yaml(p)
+    with pytest.raises(ConfigError, match="no such file"):
+        TrainConfig.from_yaml(tmp_path / "missing.yaml")
+
+
+def test_yaml_is_plain(tmp_path):
+    # Tuples must serialize as plain lists: the YAML is for humans and other tools, not only for PyYAML.
+    text = TrainConfig().to_yaml()
+    assert "!!python" not in text
+    assert yaml.safe_load(text)["data"]["crop_ratio"] == [0.75, 4 / 3]

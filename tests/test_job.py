@@ -1,0 +1,92 @@
+"""The real job: torchrun with 2 gloo ranks on a generated JPEG folder."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from tests.jobutil import kinds, make_jpeg_folder, run_job, tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory):
+    return make_jpeg_folder(tmp_path_factory.mktemp("jpegs"), classes=3, per_class=12)
+
+
+@pytest.mark.parametrize("decode", ["pil", "torchvision-cpu"])
+def test_measure_run_streams_windows_and_counts_every_image(jpegs, tmp_path, decode):
+    cfg = tiny_config(**{"data.kind": "imagefolder", "data.path": str(jpegs), "data.decode": decode,
+                         "training.accum_steps": 2})
+    code, records, log = run_job(cfg, tmp_path)
+    assert code == 0, log
+    assert [r["kind"] for r in records[:2]] == ["start", "warmup_done"]
+    assert records[0]["world_size"] == 2 and records[0]["backend"] == "gloo"
+    windows, (summary,) = kinds(records, "window"), kinds(records, "summary")
+    assert len(windows) >= 3
+    per_step = 4 * 2 * 2  # batch x accumulation x ranks
+    for w in windows:
+        assert w["images"] == w["steps"] * per_step
+        assert w["t1"] > w["t0"]
+        assert w["imgs_per_s"] == pytest.approx(w["images"] / w["seconds"], rel=1e-3)
+    assert summary["imgs_per_s"] == pytest.approx(statistics.median(w["imgs_per_s"] for w in windows), abs=1e-3)
+    assert summary["loss_finite"] and math.isfinite(summary["loss"])
+    assert len(summary["peak_mem_bytes"]) == 2
+    assert summary["global_batch"] == per_step
+
+
+def test_loader_mode_measures_the_pipeline_alone(jpegs, tmp_path):
+    cfg = tiny_config(**{"data.kind": "imagefolder", "data.path": str(jpegs), "data.decode": "torchvision-cpu",
+                         "training.mode": "loader"})
+    code, records, log = run_job(cfg, tmp_path)
+    assert code == 0, log
+    assert kinds(records, "summary")[0]["imgs_per_s"] > 0
+    assert all(w["images"] == w["steps"] * 4 * 2 for w in kinds(records, "window"))
+
+
+def test_resume_from_checkpoint_equals_uninterrupted_run(jpegs, tmp_path):
+    base = {"data.kind": "imagefolder", "data.path": str(jpegs), "data.decode": "torchvision-cpu",
+            "training.mode": "train", "training.validate_every": 0, "training.batch_size": 6,
+            "optimizer.lr": 0.05}
+    # 36 images / (6 x 2 ranks) = 3 steps per epoch.
+    straight = tiny_config(**base, **{"training.epochs": 2, "output_dir": str(tmp_path / "a")})
+    code, records, log = run_job(straight, tmp_path / "a")
+    assert code == 0, log
+    assert [r["epoch"] for r in kinds(records, "checkpoint")] == [1, 2]
+
+    first = tiny_config(**base, **{"training.steps": 3, "output_dir": str(tmp_path / "b")})
+    code, _, log = run_job(first, tmp_path / "b")
+    assert code == 0, log
+    second = first.with_overrides({"training.steps": None, "training.epochs": 2, "checkpoint.resume": True})
+    code, records, log = run_job(second, tmp_path / "b")
+    assert code == 0, log
+    (resumed,) = kinds(records, "resume")
+    assert (resumed["step"], resumed["epoch"]) == (3, 1)
+
+    a = torch.load(straight.checkpoint_dir / "ckpt-000000006.pt", weights_only=False)
+    b = torch.load(second.checkpoint_dir / "ckpt-000000006.pt", weights_only=False)
+    assert (a["step"], a["epoch"]) == (b["step"], b["epoch"]) == (6, 2)
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_validation_counts_each_image_once(jpegs, tmp_path):
+    cfg = tiny_config(**{"data.kind": "imagefolder", "data.path": str(jpegs), "data.decode": "pil",
+                         "data.val_fraction": 0.25, "training.mode": "train", "training.epochs": 1,
+                         "output_dir": str(tmp_path)})
+    code, records, log = run_job(cfg, tmp_path)
+    assert code == 0, log
+    (val,) = kinds(records, "val")
+    assert val["images"] == 9  # 3 of each class's 12 held out, split 5/4 across ranks without padding
+    assert 0.0 <= val["top1"] <= val["top5"] <= 1.0
+
+
+def test_bad_config_fails_with_a_config_error_record(tmp_path):
+    cfg = tiny_config(**{"data.kind": "imagefolder", "data.path": str(tmp_path / "nope")})
+    code, records, log = run_job(cfg, tmp_path)
+    assert code != 0
+    errors = kinds(records, "error")
+    assert errors and {e["class"] for e in errors} == {"config"}
+    assert "make-data" in errors[0]["message"]
