@@ -83,3 +83,13 @@ def test_yaml_is_plain(tmp_path):
     text = TrainConfig().to_yaml()
     assert "!!python" not in text
     assert yaml.safe_load(text)["data"]["crop_ratio"] == [0.75, 4 / 3]
+
+
+def test_every_shipped_job_config_is_valid():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "bench" / "configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        cfg = TrainConfig.from_yaml(path)
+        assert TrainConfig.from_dict(yaml.safe_load(cfg.to_yaml())) == cfg, path

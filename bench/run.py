@@ -1,0 +1,153 @@
+"""Run named job configs on this machine's GPUs, exactly as the tuner launches a trial, and record the figures.
+
+    python3 bench/run.py --data /tmp/jpegs --out results.json seed-default strong-pil strong-synthetic ...
+
+Each run is `torchrun -m trainer` through autotune.launch (same env, same watchdog), with the NVML sampler of
+autotune.gpu on the run's GPUs and a CPU-load sampler; only samples inside the job's measurement windows count.
+Prints a table last. `bench/configs/*.yaml` hold the configs; PLAN maps run names to a config plus overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune import gpu as nvml_gpu  # noqa: E402
+from autotune.launch import TrialJob, run_trial  # noqa: E402
+from trainer.config import TrainConfig  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+LOADER = {"training.mode": "loader"}
+PLAN: dict[str, tuple[str, dict]] = {
+    "seed-default": ("seed-default", {}),
+    "strong-pil": ("strong", {"data.decode": "pil"}),
+    "strong-tvcpu": ("strong", {"data.decode": "torchvision-cpu"}),
+    "strong-synthetic": ("strong", {"data.kind": "synthetic"}),
+    "strong-nvjpeg-bf16": ("strong", {"data.decode": "nvjpeg-gpu", "loader.num_workers": 6}),
+    "strong-nvjpeg-fp16": ("strong", {"data.decode": "nvjpeg-gpu", "loader.num_workers": 6,
+                                      "training.precision": "fp16"}),
+    "synthetic-fp16": ("strong", {"data.kind": "synthetic", "training.precision": "fp16"}),
+    "loader-pil": ("strong", {**LOADER, "data.decode": "pil"}),
+    "loader-tvcpu": ("strong", {**LOADER, "data.decode": "torchvision-cpu"}),
+    "loader-nvjpeg": ("strong", {**LOADER, "data.decode": "nvjpeg-gpu", "loader.num_workers": 6}),
+}
+
+
+class CpuSampler:
+    """Whole-machine CPU busy fraction from /proc/stat, once a second, timestamped like the NVML samples."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _read():
+        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]
+        return sum(fields), idle
+
+    def _run(self):
+        prev = self._read()
+        while not self._stop.wait(1.0):
+            cur = self._read()
+            total, idle = cur[0] - prev[0], cur[1] - prev[1]
+            self.samples.append((time.time(), 100.0 * (1 - idle / total) if total else 0.0))
+            prev = cur
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=3)
+        return self.samples
+
+
+def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: float) -> dict:
+    nvml = nvml_gpu.Nvml()
+    gpus = nvml_gpu.to_nvml(nvml, nvml_gpu.visible_entries(nvml.count())[:nproc]) if nvml.available else []
+    sampler = nvml_gpu.Sampler(nvml, gpus).start()
+    cpu = CpuSampler().start()
+    run = run_trial(TrialJob(config=cfg, trial_dir=out_dir / name, nproc_per_node=nproc,
+                             gpus=[g.uuid for g in gpus] or None, timeout_s=timeout))
+    samples, cpu_samples = sampler.stop(), cpu.stop()
+    spans = [(w["t0"], w["t1"]) for w in run.windows]
+    cpu_in = [c for t, c in cpu_samples if any(t0 <= t <= t1 for t0, t1 in spans)]
+    summary = run.summary or {}
+    return {
+        "name": name, "ok": run.ok, "failure": run.failure_class, "failure_message": run.failure_message,
+        "imgs_per_s": summary.get("imgs_per_s"), "imgs_per_s_windows": summary.get("imgs_per_s_windows"),
+        "spread": summary.get("spread"), "peak_mem_bytes": summary.get("peak_mem_bytes"),
+        "cpu_busy_pct": round(statistics.fmean(cpu_in), 1) if cpu_in else None,
+        **nvml_gpu.summarize(samples, run.windows, len(gpus)), **run.timing(),
+        "versions": summary.get("versions"), "config": cfg.to_dict(),
+    }
+
+
+def run_bare(nproc: int, out_dir: Path) -> dict:
+    out = out_dir / "bare.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(HERE / "bare_ddp.py"), "--batch", "256", "--precision", "bf16", "--channels-last", "--out", str(out)]
+    env = {**os.environ, **{"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                            "NVSHMEM_DISABLE_NVLS": "1"}}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        return {"name": "bare-synthetic", "ok": False, "failure_message": proc.stderr[-2000:]}
+    data = json.loads(out.read_text())
+    return {"name": "bare-synthetic", "ok": True, "imgs_per_s": data["imgs_per_s"],
+            "imgs_per_s_windows": data["windows"], "spread": data["spread"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", help=f"run names: {', '.join(PLAN)}, bare-synthetic")
+    p.add_argument("--data", help="JPEG ImageFolder for the imagefolder runs")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--out", required=True, help="JSON file for all results (trial logs go beside it)")
+    p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override for every run")
+    args = p.parse_args()
+    import yaml
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    common = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    results = []
+    for name in args.runs:
+        t = time.time()
+        if name == "bare-synthetic":
+            res = run_bare(args.nproc, out.parent)
+        else:
+            base, overrides = PLAN[name]
+            cfg = TrainConfig.from_yaml(HERE / "configs" / f"{base}.yaml")
+            data = {"data.path": args.data} if args.data else {}
+            cfg = cfg.with_overrides({**data, **overrides, **common, "name": name})
+            res = run_one(name, cfg, args.nproc, out.parent, args.timeout)
+        res["bench_wall_s"] = round(time.time() - t, 1)
+        results.append(res)
+        out.write_text(json.dumps(results, indent=1, default=str))
+        print(json.dumps({k: res.get(k) for k in ("name", "ok", "imgs_per_s", "spread", "util_mean",
+                                                  "cpu_busy_pct", "failure", "bench_wall_s")}), flush=True)
+    print(f"\n{'run':<22}{'imgs/s':>10}{'spread':>8}{'util%':>7}{'mem GiB':>9}{'cpu%':>6}{'wall s':>8}")
+    for r in results:
+        mem = r.get("mem_used_max_mib")
+        print(f"{r['name']:<22}{(r.get('imgs_per_s') or 0):>10,.0f}{(r.get('spread') or 0):>8.3f}"
+              f"{(r.get('util_mean') or 0):>7.1f}{(mem or 0) / 1024:>9.1f}{(r.get('cpu_busy_pct') or 0):>6.0f}"
+              f"{r.get('bench_wall_s', 0):>8.0f}  {r.get('failure') or ''}")
+    return 0 if all(r.get("ok") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
