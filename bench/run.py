@@ -116,6 +116,7 @@ def main() -> int:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--out", required=True, help="JSON file for all results (trial logs go beside it)")
     p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--trials-dir", help="where each run's config, log and JSON lines go (default: beside --out)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override for every run")
     args = p.parse_args()
@@ -123,18 +124,19 @@ def main() -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    trials = Path(args.trials_dir) if args.trials_dir else out.parent
     common = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     results = []
     for name in args.runs:
         t = time.time()
         if name == "bare-synthetic":
-            res = run_bare(args.nproc, out.parent)
+            res = run_bare(args.nproc, trials)
         else:
             base, overrides = PLAN[name]
             cfg = TrainConfig.from_yaml(HERE / "configs" / f"{base}.yaml")
             data = {"data.path": args.data} if args.data else {}
             cfg = cfg.with_overrides({**data, **overrides, **common, "name": name})
-            res = run_one(name, cfg, args.nproc, out.parent, args.timeout)
+            res = run_one(name, cfg, args.nproc, trials, args.timeout)
         res["bench_wall_s"] = round(time.time() - t, 1)
         results.append(res)
         out.write_text(json.dumps(results, indent=1, default=str))

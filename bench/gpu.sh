@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# All GPU work of one session, in one call on nvidia-h200-x2 (see ../shared/GPU.md). Usage, from the repo root on the
+# GPU machine, after the wheel install line:  bash bench/gpu.sh STAGE [RUN ...]
+# Writes JSON and logs under $OUT (default bench/out) and prints a table last.
+set -uo pipefail
+out=${OUT:-bench/out}; mkdir -p "$out"
+stage=${1:-job}; shift || true
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+data=/tmp/jpegs
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,power.limit --format=csv,noheader
+python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'gpus', torch.cuda.device_count(), 'cpus', __import__('os').cpu_count())"
+# 32,000 ImageNet-like JPEGs (100 class folders; the model head keeps 1000 classes, as for ImageNet).
+python3 -m autotune make-data "$data" --images 32000 --classes 100 --no-progress 2>&1 | tail -1
+case "$stage" in
+  job) runs=${*:-seed-default strong-pil strong-tvcpu strong-synthetic bare-synthetic loader-pil loader-tvcpu loader-nvjpeg strong-nvjpeg-bf16 strong-nvjpeg-fp16} ;;
+  *) runs="$stage $*" ;;
+esac
+python3 bench/run.py --data "$data" --out "$out/results.json" --trials-dir /tmp/bench-trials --timeout 150 $runs 2>&1 \
+  | tee "$out/run.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
+tar czf "$out/trials.tgz" -C /tmp bench-trials
