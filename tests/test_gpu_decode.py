@@ -48,7 +48,7 @@ def ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((fa - fb).abs().max())
 
 
-# ---- crop + resize ------------------------------------------------------------------------------------------------
+# ---- crop + resize ---------------------------------------------------------------------------------------------------
 
 
 def reference(images, boxes, size, flip, *, dtype):
@@ -98,7 +98,7 @@ def test_normalize_and_channels_last(decoded):
     torch.testing.assert_close(norm, (raw / 255 - mean) / std, atol=1e-5, rtol=1e-5)
 
 
-# ---- crop sampling ----------------------------------------------------------------------------------------------------
+# ---- crop sampling ---------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("height, width", [(375, 500), (500, 333), (300, 300), (60, 400)])
@@ -155,7 +155,7 @@ def test_inside_the_ranges_and_the_fallback_rule():
             assert tuple(ours[k].tolist()) == tuple(ref), (extreme, k)
 
 
-# ---- bytes -------------------------------------------------------------------------------------------------------------
+# ---- bytes -----------------------------------------------------------------------------------------------------------
 
 
 def test_byte_dataset_is_the_image_folder(folder):
@@ -200,7 +200,7 @@ def test_decode_batch_gray_cmyk_and_png_as_rgb():
     assert (out[2][:, 15, 20].int() - torch.tensor([200, 30, 10])).abs().max() < 8  # colours survive
 
 
-# ---- the pipeline -------------------------------------------------------------------------------------------------------
+# ---- the pipeline ----------------------------------------------------------------------------------------------------
 
 
 def config(**overrides) -> TrainConfig:

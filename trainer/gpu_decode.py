@@ -101,7 +101,7 @@ def decode_batch(blobs: Sequence[torch.Tensor], device: torch.device | str) -> l
     return out
 
 
-# ---- RandomResizedCrop, batched ------------------------------------------------------------------------------------
+# ---- RandomResizedCrop, batched --------------------------------------------------------------------------------------
 
 
 def sample_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, *, scale: tuple[float, float] = (0.08, 1.0),
