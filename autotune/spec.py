@@ -1,0 +1,416 @@
+"""StudySpec: what a study tunes and how — one YAML file.
+
+A spec names a *base* TrainConfig (a partial mapping, as in a ``python -m trainer`` YAML), the world size, the
+search space (knobs named by TrainConfig dotted path, each with choices or a range, optionally conditional), the
+baseline that becomes trial 0, the objective, the budget, the sampler and the pruner. Example (see
+``studies/resnet50.yaml`` for every section, commented)::
+
+    name: my-study
+    base:
+      model: {name: resnet50}
+      data: {kind: imagefolder, path: /data/imagenet}
+    space:                                   # overrides the built-in image-model space, knob by knob
+      training.batch_size: {choices: [64, 128, 256]}
+      loader.num_workers: {low: 2, high: auto}
+      nccl.algo: null                        # null: not searched (the base value is used)
+    baseline: {training.batch_size: 64, loader.num_workers: 4}
+    budget: {trials: 20, trial_timeout_s: 300}
+
+Validation collects every problem before raising one SpecError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from autotune.exceptions import SpecError
+
+OBJECTIVES = ("throughput", "pareto", "weighted")
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("percentile", "median", "none")
+AUTO = "auto"
+DEFAULT_CHOICE = "default"
+"""In ``choices``, ``default`` means ``null``: leave the setting to the library (e.g. NCCL picks its algorithm)."""
+
+
+@dataclass(kw_only=True)
+class Knob:
+    """One searchable setting. Either ``choices`` (categorical) or ``low``/``high`` (int or float range)."""
+
+    choices: list[Any] | None = None
+    """Values to pick from; ``default`` stands for null (the library's own choice)."""
+
+    low: Any = None
+    """Range start (inclusive). ``auto`` where supported (``loader.num_workers``: 0)."""
+
+    high: Any = None
+    """Range end (inclusive). ``auto`` for ``loader.num_workers`` is the CPU cores per rank."""
+
+    log: bool = False
+    """Sample the range on a log scale."""
+
+    step: float | int | None = None
+    """Range step (ints: default 1)."""
+
+    when: str | None = None
+    """Condition on another setting, ``"PATH OP VALUE"`` with OP one of == != > >= < <= in; the knob is only
+    suggested when it holds (evaluated on the trial's config so far: searched values, else the base)."""
+
+
+@dataclass(kw_only=True)
+class DataSource:
+    generate: dict[str, Any] | None = None
+    """When ``base.data`` is an imagefolder without ``path``: a JPEG set made once with
+    ``trainer.datagen.make_image_folder(root, **generate)`` (e.g. ``{images: 20000, classes: 100}``) and cached."""
+
+    cache_dir: str | None = None
+    """Where generated sets live; default ``$AUTOTUNE_CACHE`` or ``~/.cache/ddp-autotune/data``."""
+
+
+@dataclass(kw_only=True)
+class World:
+    nproc_per_node: int | None = None
+    """Ranks per node; ``null``: every visible GPU (2 gloo ranks when there is none)."""
+
+    torchrun_args: list[str] = field(default_factory=list)
+    """Extra torchrun arguments passed through as they are (multi-node: ``--nnodes``, ``--rdzv-endpoint`` ...)."""
+
+
+@dataclass(kw_only=True)
+class ObjectiveSpec:
+    kind: Literal["throughput", "pareto", "weighted"] = "throughput"
+    """``throughput``: maximize global imgs/s (median over windows). ``pareto``: maximize (imgs/s, NVML util)
+    jointly. ``weighted``: maximize ``imgs_per_s**w.throughput * (util/100)**w.util * power_w**(-w.power)``."""
+
+    weights: dict[str, float] = field(default_factory=lambda: {"throughput": 1.0, "util": 0.5, "power": 0.0})
+    """Exponents of the ``weighted`` score. Scale-free: ``{throughput: 1, power: 1}`` is images per joule;
+    ``{throughput: 1, util: 0.5}`` trades a little speed for a busier GPU."""
+
+
+@dataclass(kw_only=True)
+class Budget:
+    trials: int = 20
+    """Trials one ``autotune search`` call runs (a second call adds as many to the same study)."""
+
+    timeout_s: float | None = None
+    """No new trial starts after this many seconds."""
+
+    trial_timeout_s: float = 300.0
+    """A trial with no new measurement window for this long is killed and recorded as ``hang``."""
+
+
+@dataclass(kw_only=True)
+class SamplerSpec:
+    kind: Literal["tpe", "random"] = "tpe"
+    seed: int | None = None
+    n_startup_trials: int = 8
+    """Random trials before TPE models the space (the baseline counts)."""
+
+    multivariate: bool = True
+    """Multivariate TPE with group decomposition (the space is conditional)."""
+
+    constant_liar: bool = True
+    """Parallel search workers avoid suggesting what a running trial already tries."""
+
+
+@dataclass(kw_only=True)
+class PrunerSpec:
+    kind: Literal["percentile", "median", "none"] = "percentile"
+    """Stop a trial whose window throughput is below the ``percentile`` of earlier trials at the same window."""
+
+    percentile: float = 25.0
+    n_startup_trials: int = 4
+    """Finished trials before any pruning."""
+
+    n_warmup_steps: int = 1
+    """Windows always measured before a trial may be pruned (window index > this)."""
+
+
+@dataclass(kw_only=True)
+class StudySpec:
+    name: str
+    """Study name (default storage: ``sqlite:///studies/<name>.db``; trial logs under ``studies/<name>/``)."""
+
+    description: str = ""
+    base: dict[str, Any] = field(default_factory=dict)
+    """A partial TrainConfig mapping every trial starts from."""
+
+    data: DataSource = field(default_factory=DataSource)
+    world: World = field(default_factory=World)
+    default_space: bool = True
+    """Start from the built-in image-model space (``autotune.space.DEFAULT_SPACE``); ``space`` overrides it."""
+
+    space: dict[str, Knob | None] = field(default_factory=dict)
+    """Knobs by TrainConfig dotted path; ``null`` removes a default knob."""
+
+    fixed_global_batch: int | None = None
+    """Keep micro-batch x accum x world = G: ``training.accum_steps`` is derived, batch choices that do not divide
+    G are dropped."""
+
+    baseline: dict[str, Any] = field(default_factory=dict)
+    """Trial 0: searched knobs set by dotted path (the rest take the base value)."""
+
+    objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
+    budget: Budget = field(default_factory=Budget)
+    sampler: SamplerSpec = field(default_factory=SamplerSpec)
+    pruner: PrunerSpec = field(default_factory=PrunerSpec)
+    export: dict[str, Any] = field(default_factory=lambda: {"training.mode": "train", "training.epochs": 1})
+    """Dotted overrides ``autotune export`` applies to the best trial's config (a train run instead of a
+    measurement)."""
+
+    source: str = field(default="spec", repr=False)
+
+    # ---- loading ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "spec") -> "StudySpec":
+        problems: list[str] = []
+        if not isinstance(data, dict):
+            raise SpecError([f"expected a mapping at the top level, got {type(data).__name__}"], source)
+        if "name" not in data:
+            problems.append("name: missing (a study name, e.g. name: my-study)")
+        spec = _build(cls, {"name": "?", **data}, "", problems)
+        spec.source = source
+        if not problems:
+            problems.extend(spec.problems())
+        if problems:
+            raise SpecError(problems, source)
+        return spec
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "StudySpec":
+        import yaml
+
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as e:
+            raise SpecError([f"cannot read: {e.strerror}"], str(path)) from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            raise SpecError([f"not valid YAML{where}: {getattr(e, 'problem', e)}"], str(path)) from None
+        return cls.from_dict(data, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return json.loads(json.dumps(d))
+
+    def fingerprint(self, nproc: int) -> str:
+        """Hash of what makes trials comparable (not budget, sampler or pruner): a study that exists with another
+        fingerprint was made by a different spec."""
+        d = self.to_dict()
+        keep = {k: d[k] for k in ("base", "default_space", "space", "fixed_global_batch", "baseline", "objective")}
+        keep["nproc_per_node"] = nproc
+        keep["torchrun_args"] = d["world"]["torchrun_args"]
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+    # ---- validation --------------------------------------------------------------------------------------------
+
+    def base_config(self, data_path: str | None = None):
+        """The base TrainConfig; ``data_path`` fills ``data.path`` (a generated or ``--data`` folder)."""
+        from trainer.config import TrainConfig
+
+        base = json.loads(json.dumps(self.base))
+        if data_path is not None:
+            if not isinstance(base.get("data"), dict):
+                base["data"] = {}
+            base["data"]["path"] = data_path
+        return TrainConfig.from_dict(base)
+
+    @property
+    def generates_data(self) -> bool:
+        data = self.base.get("data") if isinstance(self.base.get("data"), dict) else {}
+        return data.get("kind") == "imagefolder" and not data.get("path") and self.data.generate is not None
+
+    def problems(self) -> list[str]:
+        from trainer.config import ConfigError
+
+        from autotune import space as space_mod
+
+        p: list[str] = []
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.name):
+            p.append(f"name={self.name!r}: use letters, digits, '-', '_' or '.' (it names files)")
+        try:
+            self.base_config("<generated>" if self.generates_data else None)
+        except ConfigError as e:
+            p.extend(f"base.{x}" for x in e.problems)
+        p.extend(space_mod.knob_problems(self))
+        if self.world.nproc_per_node is not None and self.world.nproc_per_node < 1:
+            p.append(f"world.nproc_per_node={self.world.nproc_per_node}: must be >= 1 (or null for all GPUs)")
+        if self.fixed_global_batch is not None and self.fixed_global_batch < 1:
+            p.append(f"fixed_global_batch={self.fixed_global_batch}: must be >= 1")
+        unknown_w = set(self.objective.weights) - {"throughput", "util", "power"}
+        if unknown_w:
+            p.append(f"objective.weights: unknown {sorted(unknown_w)}; use throughput, util, power")
+        if self.objective.kind == "weighted" and self.objective.weights.get("throughput", 0) <= 0:
+            p.append("objective.weights.throughput must be > 0 for the weighted objective")
+        b = self.budget
+        if b.trials < 1:
+            p.append(f"budget.trials={b.trials}: must be >= 1")
+        if b.timeout_s is not None and b.timeout_s <= 0:
+            p.append(f"budget.timeout_s={b.timeout_s}: must be > 0 (or null)")
+        if b.trial_timeout_s <= 0:
+            p.append(f"budget.trial_timeout_s={b.trial_timeout_s}: must be > 0")
+        if self.sampler.n_startup_trials < 0:
+            p.append("sampler.n_startup_trials must be >= 0")
+        if not 0 < self.pruner.percentile < 100:
+            p.append(f"pruner.percentile={self.pruner.percentile}: must be in (0, 100)")
+        if self.pruner.n_warmup_steps < 0 or self.pruner.n_startup_trials < 0:
+            p.append("pruner.n_warmup_steps and pruner.n_startup_trials must be >= 0")
+        if self.data.generate is not None:
+            unknown = set(self.data.generate) - {"images", "classes", "val_fraction", "seed"}
+            if unknown:
+                p.append(f"data.generate: unknown {sorted(unknown)}; use images, classes, val_fraction, seed")
+            for k in ("images", "classes"):
+                v = self.data.generate.get(k)
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    p.append(f"data.generate.{k}={v!r}: an integer >= 1 is required")
+        try:
+            from trainer.config import TrainConfig
+
+            TrainConfig().with_overrides(dict(self.export))
+        except ConfigError as e:
+            p.extend(f"export: {x}" for x in e.problems)
+        return p
+
+
+# ---- finding specs -----------------------------------------------------------------------------------------------
+
+
+def builtin_names() -> list[str]:
+    """Specs shipped with the package (``studies/*.yaml``, also installed as ``autotune/studies``)."""
+    try:
+        return sorted(p.name[:-5] for p in resources.files("autotune").joinpath("studies").iterdir()
+                      if p.name.endswith(".yaml"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def find_spec(name_or_path: str) -> Path:
+    """A spec by path, else by name: ``./studies/NAME.yaml``, else the copy shipped in the package."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    name = p.name[:-5] if p.name.endswith(".yaml") else p.name
+    if p.parent == Path("."):
+        local = Path("studies") / f"{name}.yaml"
+        if local.is_file():
+            return local
+        packaged = resources.files("autotune").joinpath("studies", f"{name}.yaml")
+        if packaged.is_file():
+            with resources.as_file(packaged) as path:
+                return Path(path)
+    known = ", ".join(builtin_names()) or "none"
+    raise SpecError([f"no such spec file or built-in spec (built-in: {known}); pass a path to a YAML file"],
+                    name_or_path)
+
+
+def load_spec(name_or_path: str) -> StudySpec:
+    return StudySpec.from_yaml(find_spec(name_or_path))
+
+
+# ---- generic builder: mapping -> kw-only dataclasses, collecting every problem -----------------------------------
+
+
+def _did_you_mean(name: str, options) -> str:
+    close = difflib.get_close_matches(name, list(options), n=3)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def _build(cls, data: Any, prefix: str, problems: list[str]):
+    if not isinstance(data, dict):
+        problems.append(f"{prefix.rstrip('.') or 'spec'}: expected a mapping, got {type(data).__name__}")
+        return cls() if cls is not StudySpec else cls(name="?")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init and f.name != "source"]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            problems.append(f"{prefix}{key}: unknown setting{_did_you_mean(str(key), names)}")
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, f"{prefix}{key}.", problems)
+        elif cls is StudySpec and key == "space":
+            kwargs[key] = _build_space(value, problems)
+        elif cls is StudySpec and key in ("baseline", "export", "base") and value is None:
+            kwargs[key] = {}
+        else:
+            ok, converted, expected = _coerce(tp, value)
+            if ok:
+                kwargs[key] = converted
+            else:
+                problems.append(f"{prefix}{key}={value!r}: expected {expected}")
+    return cls(**kwargs)
+
+
+def _build_space(value: Any, problems: list[str]) -> dict[str, Knob | None]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"space: expected a mapping of dotted paths to knobs, got {type(value).__name__}")
+        return {}
+    out: dict[str, Knob | None] = {}
+    for path, knob in value.items():
+        if knob is None or knob is False:
+            out[str(path)] = None
+        elif isinstance(knob, list):  # shorthand: a list is the choices
+            out[str(path)] = Knob(choices=knob)
+        else:
+            out[str(path)] = _build(Knob, knob, f"space.{path}.", problems)
+    return out
+
+
+def _coerce(tp, value) -> tuple[bool, Any, str]:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return True, None, "null"
+        expected = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            ok, converted, exp = _coerce(arg, value)
+            if ok:
+                return True, converted, exp
+            expected.append(exp)
+        return False, value, " or ".join(expected + (["null"] if type(None) in args else []))
+    if origin is Literal:
+        return value in args, value, "one of " + ", ".join(map(str, args))
+    if tp is bool:
+        return isinstance(value, bool), value, "true or false"
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value, "an integer"
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value, "a number"
+    if tp is str:
+        return isinstance(value, str), value, "a string"
+    if origin is list:
+        ok = isinstance(value, list)
+        if ok and args and args[0] is str:
+            ok = all(isinstance(v, str) for v in value)
+            return ok, value, "a list of strings"
+        return ok, value, "a list"
+    if origin is dict:
+        if not isinstance(value, dict):
+            return False, value, "a mapping"
+        if args and args[1] is float:
+            ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
+            return ok, {k: float(v) for k, v in value.items()} if ok else value, "a mapping of numbers"
+        return True, dict(value), "a mapping"
+    if tp is typing.Any:
+        return True, value, "anything"
+    return True, value, str(tp)
