@@ -1,0 +1,28 @@
+"""`autotune report`: the study as one self-contained plotly HTML page (opens offline)."""
+
+from __future__ import annotations
+
+import argparse
+
+from autotune.cli import command
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--study", help="study name (default: the only study in the storage)")
+    p.add_argument("--storage", help="SQLAlchemy URL (default: studies/<study>.db, or the only database in studies/)")
+    p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
+
+
+@command("report", help="write the study as one self-contained HTML page of plots (history, importances, imgs/s "
+                        "vs utilization, window spread, failures, Pareto front)", arguments=arguments)
+def run(args) -> int:
+    from autotune import study as study_mod
+    from autotune.report import trial_rows, write_report
+
+    url = study_mod.resolve_storage(args.study, args.storage)
+    study = study_mod.load(args.study, url)
+    out = write_report(study, args.out, storage_url=url)
+    rows = trial_rows(study)
+    print(f"autotune: report of study {study.study_name} ({len(rows)} trials) written to {out} "
+          f"({out.stat().st_size / 2**20:.1f} MiB, self-contained; open it in a browser)")
+    return 0

@@ -1,0 +1,487 @@
+"""The study as one self-contained HTML page: plotly figures (plotly.js inlined, so it opens offline) of what the
+search found and why.
+
+Sections: optimization history (best so far), parameter importances, parallel coordinates, imgs/s versus NVML
+utilization (coloured by precision, symbol by decode path: where users see that utilization alone misleads), window
+throughput per trial (how steady each measurement was), failure counts by class, and the Pareto front when the study
+is multi-objective. Optuna's own figures are used wherever Optuna has one. A section without data says why (a CPU
+study has no utilization) instead of failing the whole report.
+
+The trials are read from their user attrs (what ``autotune search`` records); Optuna's plots are drawn from an
+in-memory copy of the study whose trials carry the search's feasibility as Optuna constraints, so infeasible trials
+(OOM, invalid config: value 0) are greyed out whichever sampler produced them, and importances and parallel
+coordinates are computed over the feasible trials only — a zero from an OOM says nothing about a knob's effect on
+speed.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PRECISION_COLORS = {"fp32": "#1f77b4", "bf16": "#d62728", "fp16": "#2ca02c"}
+DECODE_SYMBOLS = {"pil": "circle", "torchvision-cpu": "square", "nvjpeg-gpu": "diamond"}
+FAILURE_COLORS = {"infeasible": "#ff7f0e", "fail": "#d62728", "pruned": "#7f7f7f"}
+
+UTIL_CAPTION = (
+    "Why the objective is throughput and not utilization: NVML utilization is the share of time in which some kernel "
+    "runs, not how much work the GPU does, so slow kernels (fp32, small batches, an input-bound loop that launches "
+    "small work) can look busier than fast ones. The design notes (ARCHITECTURE.md) record it on 2×H200: the fastest "
+    "real-data configuration measured 46 % utilization while a slower one measured 59 %. Read this plot by its "
+    "vertical axis; the horizontal one explains, it does not rank."
+)
+
+SECTIONS = ("history", "importances", "parallel", "util", "spread", "failures", "pareto")
+"""Section ids, in page order; each figure's div is ``plot-<id>``."""
+
+
+@dataclass(kw_only=True)
+class TrialRow:
+    """What the report needs of one trial, from its state, params and user attrs."""
+
+    number: int
+    outcome: str
+    """``complete``, ``infeasible`` (OOM / invalid config), ``fail`` (environment), ``pruned``, ``running``."""
+
+    imgs_per_s: float | None = None
+    windows: list[float] = field(default_factory=list)
+    spread: float | None = None
+    util: float | None = None
+    precision: str = "?"
+    decode: str = "?"
+    batch_size: Any = None
+    failure_class: str | None = None
+    failure_message: str | None = None
+    log_path: str | None = None
+    baseline: bool = False
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def trial_rows(study) -> list[TrialRow]:
+    from optuna.trial import TrialState
+
+    from autotune.objective import INFEASIBLE_CLASSES
+
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        cls = a.get("failure_class")
+        if t.state == TrialState.COMPLETE:
+            infeasible = float(a.get("constraint", 0.0) or 0.0) > 0 or cls in INFEASIBLE_CLASSES
+            outcome = "infeasible" if infeasible else "complete"
+        elif t.state == TrialState.PRUNED:
+            outcome = "pruned"
+        elif t.state == TrialState.FAIL:
+            outcome = "fail"
+        else:
+            outcome = "running"
+        if outcome in ("infeasible", "fail") and not cls:
+            cls = "unknown"
+        config = a.get("config") or {}
+        rows.append(TrialRow(
+            number=t.number, outcome=outcome,
+            imgs_per_s=_num(a.get("imgs_per_s")),
+            windows=[float(x) for x in a.get("imgs_per_s_windows") or [] if _num(x) is not None],
+            spread=_num(a.get("spread")),
+            util=_num(a.get("util_mean")),
+            # Searched params win; otherwise the trial's full config says what ran (a knob the spec fixed).
+            precision=str(t.params.get("training.precision", _get(config, "training.precision", "?"))),
+            decode=str(t.params.get("data.decode", _get(config, "data.decode", "?"))),
+            batch_size=t.params.get("training.batch_size", _get(config, "training.batch_size", None)),
+            failure_class=cls if outcome in ("infeasible", "fail") else None,
+            failure_message=a.get("failure_message"), log_path=a.get("log_path"),
+            baseline=bool(a.get("baseline")), params=dict(t.params),
+        ))
+    return rows
+
+
+def _num(x) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _get(d: dict, dotted: str, default=None):
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return default
+        d = d[part]
+    return d
+
+
+# ---- the study copy Optuna's plots are drawn from -----------------------------------------------------------------
+
+
+def plot_study(study, rows: list[TrialRow], *, feasible_only: bool):
+    """An in-memory copy of the finished trials with the search's feasibility as Optuna constraints."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    by_number = {r.number: r for r in rows}
+    copy = optuna.create_study(directions=study.directions, study_name=study.study_name)
+    trials = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state not in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
+            continue
+        infeasible = by_number[t.number].outcome == "infeasible"
+        if feasible_only and (t.state != TrialState.COMPLETE or infeasible):
+            continue
+        system_attrs = {k: v for k, v in t.system_attrs.items() if not k.startswith("constraints")}
+        system_attrs["constraints"] = [1.0 if infeasible else 0.0]
+        trials.append(create_trial(state=t.state, values=t.values if t.state == TrialState.COMPLETE else None,
+                                   params=t.params, distributions=t.distributions, user_attrs=t.user_attrs,
+                                   system_attrs=system_attrs, intermediate_values=t.intermediate_values))
+    copy.add_trials(trials)
+    return copy
+
+
+def objective_label(study) -> tuple[str, list[str]]:
+    """(objective kind, a name per objective value)."""
+    kind = study.user_attrs.get("objective") or ("pareto" if len(study.directions) > 1 else "throughput")
+    if len(study.directions) > 1:
+        return kind, ["imgs/s (global)", "NVML utilization %"]
+    return kind, ["imgs/s (global)" if kind == "throughput" else f"{kind} score"]
+
+
+# ---- sections -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Section:
+    id: str
+    title: str
+    figure: Any = None
+    """A plotly Figure, or None when there is nothing to draw (``note`` says why)."""
+
+    note: str | None = None
+    caption: str | None = None
+    extra_html: str = ""
+
+
+def history_section(study, rows, names) -> Section:
+    from optuna.visualization import plot_optimization_history
+    import plotly.graph_objects as go
+
+    s = Section(id="history", title="Optimization history (best so far)")
+    done = [r for r in rows if r.outcome in ("complete", "infeasible")]
+    if not done:
+        s.note = "No trial has completed yet."
+        return s
+    copy = plot_study(study, rows, feasible_only=False)
+    multi = len(study.directions) > 1
+    fig = plot_optimization_history(copy, target=(lambda t: t.values[0]) if multi else None, target_name=names[0])
+    if multi:
+        # Optuna draws no best-so-far line for a chosen target of a multi-objective study; imgs/s is maximized.
+        best, xs, ys = -math.inf, [], []
+        for r in sorted(rows, key=lambda r: r.number):
+            if r.outcome == "complete" and r.imgs_per_s is not None:
+                best = max(best, r.imgs_per_s)
+            if best > -math.inf:
+                xs.append(r.number)
+                ys.append(best)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="Best imgs/s so far", line={"shape": "hv"}))
+    fig.update_layout(title=f"Optimization history: {names[0]} per trial, best so far", yaxis_title=names[0])
+    if len(rows) <= 30:
+        fig.update_xaxes(dtick=1)  # trial numbers are integers; plotly would tick 0.5 steps on a short study
+    base = next((r for r in rows if r.baseline and r.outcome == "complete" and r.imgs_per_s), None)
+    if base is not None:
+        fig.add_hline(y=base.imgs_per_s, line_dash="dot", line_color="#555",
+                      annotation_text=f"trial {base.number} (baseline): {base.imgs_per_s:,.1f} imgs/s")
+    s.figure = fig
+    s.caption = ("Each point is a trial's value; infeasible trials (OOM, invalid config) are recorded with value 0 "
+                 "and drawn grey. The line is the best feasible value so far; the dotted line is trial 0, the "
+                 "spec's baseline.")
+    return s
+
+
+def importances_section(study, rows, names) -> Section:
+    from optuna.visualization import plot_param_importances
+
+    s = Section(id="importances", title="Parameter importances")
+    feasible = [r for r in rows if r.outcome == "complete"]
+    if len(feasible) < 3:
+        s.note = (f"Too few feasible completed trials for importances ({len(feasible)}; at least 3 needed) — "
+                  "run more trials with `autotune search`.")
+        return s
+    copy = plot_study(study, rows, feasible_only=True)
+    varied = [p for p in {k for r in feasible for k in r.params}
+              if len({repr(r.params.get(p)) for r in feasible if p in r.params}) > 1]
+    if not varied:
+        s.note = "Every feasible trial used the same parameter values; nothing to attribute."
+        return s
+    evaluator, how = _importance_evaluator()
+    multi = len(study.directions) > 1
+    try:
+        with _quiet_optuna(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PED-ANOVA warns on sparse regimes; the caption says they are rough
+            fig = plot_param_importances(copy, evaluator=evaluator, target=(lambda t: t.values[0]) if multi else None,
+                                         target_name=names[0])
+    except Exception as e:  # noqa: BLE001 - too few trials for the evaluator, degenerate values, ...
+        s.note = f"Importances could not be computed from {len(feasible)} feasible trials ({type(e).__name__}: {e})."
+        return s
+    fig.update_layout(title=f"Parameter importances for {names[0]} ({how}, {len(feasible)} feasible trials)")
+    s.figure = fig
+    s.caption = (f"How much of the variation in {names[0]} each knob explains ({how}), over feasible trials only. "
+                 "With few trials these are rough; they sharpen as the study grows.")
+    return s
+
+
+def _importance_evaluator():
+    """fANOVA (Optuna's default) needs scikit-learn; PED-ANOVA does not and is meant for HPO-sized studies."""
+    from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator
+
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        return PedAnovaImportanceEvaluator(), "PED-ANOVA"
+    return FanovaImportanceEvaluator(seed=0), "fANOVA"
+
+
+class _quiet_optuna:
+    """Optuna warns (e.g. PED-ANOVA on few trials) through its logger; the report's note says it instead."""
+
+    def __enter__(self):
+        import optuna
+
+        self.level = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+    def __exit__(self, *exc):
+        import optuna
+
+        optuna.logging.set_verbosity(self.level)
+
+
+def parallel_section(study, rows, names) -> Section:
+    from optuna.visualization import plot_parallel_coordinate
+
+    s = Section(id="parallel", title="Parallel coordinates")
+    feasible = [r for r in rows if r.outcome == "complete"]
+    if len(feasible) < 2 or not any(r.params for r in feasible):
+        s.note = f"Needs at least 2 feasible completed trials with parameters (have {len(feasible)})."
+        return s
+    copy = plot_study(study, rows, feasible_only=True)
+    multi = len(study.directions) > 1
+    fig = plot_parallel_coordinate(copy, target=(lambda t: t.values[0]) if multi else None, target_name=names[0])
+    fig.update_layout(title=f"Parallel coordinates: each line a feasible trial, coloured by {names[0]}")
+    s.figure = fig
+    s.caption = "Drag along an axis to select a range; the lines of the fastest trials show which settings they share."
+    return s
+
+
+def util_section(rows) -> Section:
+    import plotly.graph_objects as go
+
+    s = Section(id="util", title="Throughput versus GPU utilization", caption=UTIL_CAPTION)
+    pts = [r for r in rows if r.outcome == "complete" and r.imgs_per_s is not None and r.util is not None]
+    if not pts:
+        measured = sum(1 for r in rows if r.outcome == "complete")
+        s.note = (f"No trial has an NVML utilization figure ({measured} completed trial(s), none with "
+                  "util_mean): the study ran without NVML (a CPU study, or no NVML device), and utilization is "
+                  "recorded as unavailable rather than estimated.")
+        return s
+    fig = go.Figure()
+    groups: dict[tuple[str, str], list[TrialRow]] = {}
+    for r in pts:
+        groups.setdefault((r.precision, r.decode), []).append(r)
+    for (prec, dec), rs in sorted(groups.items()):
+        fig.add_trace(go.Scatter(
+            x=[r.util for r in rs], y=[r.imgs_per_s for r in rs], mode="markers+text",
+            name=f"{prec} · {dec}", legendgroup=prec,
+            marker={"color": PRECISION_COLORS.get(prec, "#8c564b"), "symbol": DECODE_SYMBOLS.get(dec, "x"),
+                    "size": 12, "line": {"width": 1, "color": "#222"}},
+            text=[f"#{r.number}" + (" (baseline)" if r.baseline else "") for r in rs], textposition="top center",
+            hovertext=[f"trial {r.number}: {r.imgs_per_s:,.1f} imgs/s at {r.util:.0f} % util<br>{prec}, {dec}, "
+                       f"batch {r.batch_size}" for r in rs], hoverinfo="text"))
+    fig.update_layout(title="imgs/s versus NVML utilization (colour: precision, symbol: decode path)",
+                      xaxis_title="NVML utilization, mean over the trial's GPUs inside the timed windows (%)",
+                      yaxis_title="imgs/s (global)", legend_title="precision · decode")
+    s.figure = fig
+    return s
+
+
+def spread_section(rows) -> Section:
+    import plotly.graph_objects as go
+
+    s = Section(id="spread", title="Window throughput per trial")
+    measured = [r for r in rows if r.windows]
+    if not measured:
+        s.note = "No trial has measured a window yet."
+        return s
+    fig = go.Figure()
+    for outcome in ("complete", "pruned", "infeasible", "fail"):
+        rs = [r for r in measured if r.outcome == outcome]
+        if not rs:
+            continue
+        xs = [f"#{r.number}" for r in rs for _ in r.windows]
+        ys = [w for r in rs for w in r.windows]
+        fig.add_trace(go.Box(x=xs, y=ys, name=outcome, boxpoints="all", jitter=0.3, pointpos=0,
+                             marker={"color": FAILURE_COLORS.get(outcome, "#1f77b4")}))
+    worst = max((r for r in measured if r.spread is not None), key=lambda r: r.spread, default=None)
+    fig.update_layout(title="imgs/s of each timed window, per trial (the box spans the windows; the line is the "
+                            "median, the trial's value)", xaxis_title="trial", yaxis_title="imgs/s (global)",
+                      xaxis={"categoryorder": "array", "categoryarray": [f"#{r.number}" for r in measured]})
+    s.figure = fig
+    s.caption = ("A trial's value is the median of its windows; spread = (max - min) / median. A tall box means an "
+                 "unsteady measurement (the job measures more windows while the spread exceeds its target)."
+                 + (f" Largest spread: trial {worst.number}, {worst.spread:.1%}." if worst else ""))
+    return s
+
+
+def failures_section(rows) -> Section:
+    import plotly.graph_objects as go
+
+    s = Section(id="failures", title="Failures by class")
+    failed = [r for r in rows if r.outcome in ("infeasible", "fail")]
+    pruned = sum(1 for r in rows if r.outcome == "pruned")
+    if not failed:
+        s.note = (f"No trial failed ({len(rows)} trial(s); {pruned} pruned — stopped early because their windows "
+                  "were clearly below the best, not a failure).")
+        return s
+    counts: dict[tuple[str, str], int] = {}
+    for r in failed:
+        counts[(r.outcome, r.failure_class)] = counts.get((r.outcome, r.failure_class), 0) + 1
+    fig = go.Figure()
+    for outcome, label in (("infeasible", "infeasible (config: OOM, invalid)"), ("fail", "failed (environment)")):
+        items = sorted((cls, n) for (o, cls), n in counts.items() if o == outcome)
+        if items:
+            fig.add_trace(go.Bar(x=[c for c, _ in items], y=[n for _, n in items], name=label,
+                                 marker_color=FAILURE_COLORS[outcome], text=[n for _, n in items],
+                                 textposition="outside"))
+    fig.update_layout(title=f"Failed trials by class ({len(failed)} of {len(rows)}; {pruned} pruned)",
+                      xaxis_title="failure class", yaxis_title="trials", barmode="stack")
+    s.figure = fig
+    s.caption = ("oom and config are properties of the configuration: recorded as completed but infeasible, so the "
+                 "sampler learns the boundary. nccl, hang, loader and crash come from the environment: recorded as "
+                 "failed, and the sampler learns nothing from them.")
+    s.extra_html = _table(["trial", "class", "message", "log"],
+                          [[str(r.number), r.failure_class or "", (r.failure_message or "")[:300], r.log_path or ""]
+                           for r in failed])
+    return s
+
+
+def pareto_section(study, rows, names) -> Section:
+    from optuna.visualization import plot_pareto_front
+
+    s = Section(id="pareto", title="Pareto front")
+    if len(study.directions) < 2:
+        kind, _ = objective_label(study)
+        s.note = (f"This is a single-objective study (objective: {kind}); there is no Pareto front. "
+                  "`autotune search --objective pareto` maximizes imgs/s and utilization jointly.")
+        return s
+    feasible = [r for r in rows if r.outcome == "complete"]
+    if not feasible:
+        s.note = "No feasible completed trial yet."
+        return s
+    copy = plot_study(study, rows, feasible_only=False)
+    fig = plot_pareto_front(copy, target_names=names,
+                            constraints_func=lambda t: t.system_attrs.get("constraints", [0.0]))
+    fig.update_layout(title="Pareto front: imgs/s and NVML utilization (red: on the front; grey: infeasible)")
+    s.figure = fig
+    s.caption = ("Trials no other trial beats on both imgs/s and utilization. `autotune export --pick` chooses "
+                 "from this front.")
+    return s
+
+
+# ---- the page -----------------------------------------------------------------------------------------------------
+
+
+def build_sections(study) -> tuple[list[TrialRow], list[Section]]:
+    rows = trial_rows(study)
+    _, names = objective_label(study)
+    builders = [lambda: history_section(study, rows, names), lambda: importances_section(study, rows, names),
+                lambda: parallel_section(study, rows, names), lambda: util_section(rows),
+                lambda: spread_section(rows), lambda: failures_section(rows),
+                lambda: pareto_section(study, rows, names)]
+    sections = []
+    for sid, build in zip(SECTIONS, builders):
+        try:
+            sections.append(build())
+        except Exception as e:  # noqa: BLE001 - one broken plot must not cost the user the other six
+            sections.append(Section(id=sid, title=sid, note=f"This section could not be drawn: "
+                                                            f"{type(e).__name__}: {e}"))
+    return rows, sections
+
+
+def render_html(study, *, storage_url: str | None = None) -> str:
+    from plotly.offline import get_plotlyjs
+
+    rows, sections = build_sections(study)
+    body = [_header(study, rows, storage_url)]
+    for s in sections:
+        body.append(f'<section id="section-{s.id}"><h2>{html.escape(s.title)}</h2>')
+        if s.caption:
+            body.append(f'<p class="caption">{html.escape(s.caption)}</p>')
+        if s.figure is not None:
+            s.figure.update_layout(template="plotly_white", height=520, margin={"t": 60})
+            body.append(s.figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{s.id}",
+                                         config={"displaylogo": False, "responsive": True}))
+        else:
+            body.append(f'<p class="empty" id="empty-{s.id}">{html.escape(s.note or "No data.")}</p>')
+        body.append(s.extra_html)
+        body.append("</section>")
+    title = f"autotune report: {study.study_name}"
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style>\n<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head>"
+            f"<body><h1>{html.escape(title)}</h1>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def write_report(study, out: str | Path, *, storage_url: str | None = None) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = render_html(study, storage_url=storage_url)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)  # a reader (a browser tab being refreshed) never sees half a page
+    return out
+
+
+def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
+    kind, names = objective_label(study)
+    counts = {o: sum(1 for r in rows if r.outcome == o) for o in ("complete", "infeasible", "fail", "pruned",
+                                                                   "running")}
+    feasible = [r for r in rows if r.outcome == "complete" and r.imgs_per_s is not None]
+    best = max(feasible, key=lambda r: r.imgs_per_s, default=None)
+    base = next((r for r in feasible if r.baseline), None)
+    fp = study.user_attrs.get("fingerprint") or {}
+    items = [("study", study.study_name), ("storage", storage_url or ""), ("objective", kind),
+             ("trials", ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "none")]
+    if best is not None:
+        gain = f" — {best.imgs_per_s / base.imgs_per_s:.2f}× trial {base.number} (baseline, " \
+               f"{base.imgs_per_s:,.1f})" if base and base.imgs_per_s else ""
+        util = f", {best.util:.0f} % util" if best.util is not None else ""
+        items.append(("fastest", f"trial {best.number}: {best.imgs_per_s:,.1f} imgs/s{util}{gain}"))
+    where = (f"{fp.get('gpu_count')} × {fp.get('gpu_model')}" if fp.get("gpu_count") else
+             f"CPU ({study.user_attrs.get('nproc_per_node', '?')} gloo ranks)")
+    if fp.get("driver"):
+        where += f", driver {fp['driver']}"
+    items.append(("hardware", where))
+    items.append(("generated", time.strftime("%Y-%m-%d %H:%M:%S %Z")))
+    med = [r.spread for r in feasible if r.spread is not None]
+    if med:
+        items.append(("median window spread", f"{statistics.median(med):.1%}"))
+    return "<table class=\"summary\">" + "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in items if v != "") + "</table>"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="failures"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1300px;color:#222}
+h1{font-size:1.6em}h2{font-size:1.25em;margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:4px}
+p.caption{color:#444;max-width:1000px}p.empty{color:#777;font-style:italic;padding:1em;background:#f6f6f6}
+table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:4px 8px;text-align:left}
+table.summary th{background:#f3f3f3}table.failures td:nth-child(3){max-width:600px}
+"""
