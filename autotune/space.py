@@ -71,7 +71,11 @@ class Condition:
         m = _COND.match(text)
         if not m:
             raise ValueError(f"cannot parse {text!r}: write PATH OP VALUE, e.g. 'loader.num_workers > 0'")
-        value = yaml.safe_load(m.group(3))
+        try:
+            value = yaml.safe_load(m.group(3))
+        except yaml.YAMLError:
+            raise ValueError(f"cannot parse the value in {text!r}: write PATH OP VALUE, e.g. "
+                             "'loader.num_workers > 0'") from None
         if m.group(2) == "in" and not isinstance(value, list):
             raise ValueError(f"{text!r}: 'in' needs a list, e.g. 'data.decode in [pil, torchvision-cpu]'")
         return cls(path=m.group(1), op=m.group(2), value=value)

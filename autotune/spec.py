@@ -181,8 +181,8 @@ class StudySpec:
             problems.append("name: missing (a study name, e.g. name: my-study)")
         spec = _build(cls, {"name": "?", **data}, "", problems)
         spec.source = source
-        if not problems:
-            problems.extend(spec.problems())
+        # Badly typed fields were left at their defaults, so the cross-field pass can run too: all problems at once.
+        problems.extend(spec.problems())
         if problems:
             raise SpecError(problems, source)
         return spec

@@ -1,0 +1,1 @@
+"""Test helpers that the job imports by name (``model.name: tests.helpers.models:hang``)."""

@@ -1,0 +1,75 @@
+"""Model factories that make a trial fail for real, the way a user model or a machine would.
+
+The job builds them through ``model.name: "tests.helpers.models:NAME"`` (called as ``NAME(num_classes=N,
+**model.kwargs)``); the trial's PYTHONPATH must include the repository root.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    """A real conv net (conv, BN, ReLU, pool, linear) small enough that a CPU trial is dominated by its launch."""
+
+    def __init__(self, num_classes: int, width: int = 8):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+                                      nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+def tiny(num_classes: int, width: int = 8) -> nn.Module:
+    return Tiny(num_classes, width)
+
+
+class _Explode(Tiny):
+    def __init__(self, num_classes: int, rank: int | None):
+        super().__init__(num_classes)
+        self.rank = rank
+
+    def forward(self, x):
+        if self.rank is None or int(os.environ.get("RANK", 0)) == self.rank:
+            raise RuntimeError("injected failure: this model's forward raises")
+        return super().forward(x)
+
+
+def explode(num_classes: int, rank: int | None = 1) -> nn.Module:
+    """Forward raises on ``rank`` (all ranks when None); the other ranks then lose their peer mid-collective."""
+    return _Explode(num_classes, rank)
+
+
+class _Hang(Tiny):
+    def forward(self, x):
+        while True:  # a deadlock, as far as anyone outside can tell
+            time.sleep(1)
+
+
+def hang(num_classes: int) -> nn.Module:
+    """Forward never returns: no window ever arrives."""
+    return _Hang(num_classes)
+
+
+class _MemoryLimited(Tiny):
+    def __init__(self, num_classes: int, max_batch: int):
+        super().__init__(num_classes)
+        self.max_batch = max_batch
+
+    def forward(self, x):
+        if x.shape[0] > self.max_batch:
+            # What a GPU says when a micro-batch does not fit; a CPU test cannot run out of device memory for real.
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate a batch of {x.shape[0]} "
+                                         f"(this model fits {self.max_batch})")
+        return super().forward(x)
+
+
+def memory_limited(num_classes: int, max_batch: int = 16) -> nn.Module:
+    """Runs out of memory above ``max_batch`` images per rank, like a GPU at its limit."""
+    return _MemoryLimited(num_classes, max_batch)

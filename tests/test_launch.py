@@ -1,0 +1,115 @@
+"""Trial launch: torchrun argv and environment (NVLS safety), failure classes, and a real job stopped mid-run."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from autotune.exceptions import LaunchError
+from autotune.launch import SAFETY_ENV, TrialJob, TrialRun, classify, processes_in, run_trial, torchrun_argv, trial_env
+from trainer.config import TrainConfig
+
+
+def _job(tmp_path, **cfg):
+    return TrialJob(config=TrainConfig().with_overrides(cfg), trial_dir=tmp_path, nproc_per_node=2, cores=8)
+
+
+def test_env_sets_the_trials_nccl_variables_threads_and_the_safety_variables(tmp_path):
+    job = _job(tmp_path, **{"nccl.algo": "Ring", "nccl.buffsize": 4 << 20})
+    env, ours = trial_env(job, {"PATH": "/bin", "NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "64"})
+    assert env["NCCL_ALGO"] == "Ring" and env["NCCL_BUFFSIZE"] == str(4 << 20)
+    assert env["OMP_NUM_THREADS"] == "4"  # 8 cores / 2 ranks, whatever the parent had
+    assert env["NCCL_DEBUG"] == "WARN" and env["PATH"] == "/bin"  # inherited
+    assert {k: env[k] for k in SAFETY_ENV} == SAFETY_ENV == {k: ours[k] for k in SAFETY_ENV}
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    job.gpus = ["GPU-aaaa", "GPU-bbbb"]
+    assert trial_env(job, {})[0]["CUDA_VISIBLE_DEVICES"] == "GPU-aaaa,GPU-bbbb"
+
+
+@pytest.mark.parametrize("inherited, message", [
+    ({"NCCL_NVLS_ENABLE": "1"}, "NCCL_NVLS_ENABLE=1: NVLink multicast must stay off"),
+    ({"NCCL_PROTO": "LL128"}, "LL128 may not be forced"),
+    ({"NCCL_ALGO": "NVLS"}, "NVLS algorithms may not be used"),
+    ({"TORCH_SYMM_MEM_DISABLE_MULTICAST": "0"}, "TORCH_SYMM_MEM_DISABLE_MULTICAST=0 in the environment"),
+])
+def test_an_unsafe_inherited_environment_is_refused(tmp_path, inherited, message):
+    with pytest.raises(LaunchError, match=message):
+        trial_env(_job(tmp_path), inherited)
+
+
+def test_an_unsafe_config_is_refused_even_if_it_skipped_validation(tmp_path):
+    job = _job(tmp_path)
+    job.config.nccl.extra = {"NCCL_NVLS_ENABLE": "1"}  # set behind TrainConfig's back
+    with pytest.raises(LaunchError, match="NVLink multicast must stay off"):
+        trial_env(job, {})
+
+
+def test_argv_runs_torchrun_of_this_python_standalone_unless_multi_node(tmp_path):
+    argv = torchrun_argv(2, [], tmp_path / "c.yaml", tmp_path / "r.jsonl")
+    assert argv[:4] == [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert argv[-6:] == ["-m", "trainer", "--config", str(tmp_path / "c.yaml"), "--result", str(tmp_path / "r.jsonl")]
+    multi = torchrun_argv(8, ["--nnodes=2", "--rdzv-endpoint=h:29500"], tmp_path / "c", tmp_path / "r")
+    assert "--standalone" not in multi and "--nnodes=2" in multi
+    with pytest.raises(LaunchError, match="nproc_per_node"):
+        torchrun_argv(2, ["--nproc-per-node=4"], tmp_path / "c", tmp_path / "r")
+
+
+def _run(tmp_path, records=(), log="", rc=1, stopped=None, n_before_stop=None):
+    (tmp_path / "log.txt").write_text(log)
+    return TrialRun(records=list(records), returncode=rc, stopped=stopped, log_path=tmp_path / "log.txt",
+                    n_before_stop=n_before_stop)
+
+
+def test_root_cause_wins_when_ranks_report_different_classes(tmp_path):
+    recs = [{"kind": "error", "class": "nccl", "rank": 0, "t": 1.0, "message": "Connection closed by peer"},
+            {"kind": "error", "class": "oom", "rank": 1, "t": 2.0, "message": "CUDA out of memory"}]
+    assert classify(_run(tmp_path, recs)) == ("oom", "rank 1: CUDA out of memory")
+    recs[1]["class"] = "crash"
+    assert classify(_run(tmp_path, recs))[0] == "crash"
+
+
+@pytest.mark.parametrize("log, cls", [
+    ("...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n", "oom"),
+    ("RuntimeError: DataLoader worker (pid 123) is killed by signal: Bus error.\n", "loader"),
+    ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n", "nccl"),
+    ("Traceback ...\nValueError: something else\n", "crash"),
+])
+def test_without_an_error_record_the_log_tail_decides(tmp_path, log, cls):
+    assert classify(_run(tmp_path, log=log))[0] == cls
+
+
+def test_killed_runs_are_classified_by_why_they_were_killed(tmp_path):
+    late = [{"kind": "error", "class": "nccl", "rank": 0, "t": 5.0, "message": "peer closed"}]
+    assert classify(_run(tmp_path, late, stopped="hang", n_before_stop=0))[0] == "hang"
+    assert classify(_run(tmp_path, late, stopped="pruned", n_before_stop=0)) == (None, None)
+    ok = [{"kind": "summary", "imgs_per_s": 10.0}]
+    assert classify(_run(tmp_path, ok, rc=0)) == (None, None)
+    assert classify(_run(tmp_path, [], rc=0))[0] == "crash"  # exit 0 without a summary is not a success
+
+
+@pytest.mark.slow
+def test_a_real_job_is_streamed_live_and_stopped_with_its_whole_process_tree(tmp_path, repo_on_pythonpath):
+    cfg = TrainConfig().with_overrides({
+        "model.name": "tests.helpers.models:tiny", "data.image_size": 32, "training.batch_size": 8,
+        "loader.num_workers": 1, "measure.warmup_min_steps": 2, "measure.settle_steps": 2,
+        "measure.settle_tolerance": 1.0, "measure.window_s": 0.5, "measure.windows": 50, "measure.max_windows": 50,
+        "ddp.timeout_s": 30.0})
+    arrivals = []
+
+    def on_record(rec):
+        arrivals.append((rec["kind"], time.time()))
+        return rec["kind"] == "window" and rec["window"] == 1  # "prune" after the second window
+
+    run = run_trial(TrialJob(config=cfg, trial_dir=tmp_path / "t", nproc_per_node=2, timeout_s=60), on_record)
+    assert run.stopped == "pruned" and run.failure_class is None
+    kinds = [k for k, _ in arrivals]
+    assert kinds[:2] == ["start", "warmup_done"] and kinds.count("window") == 2 and "summary" not in kinds
+    assert run.leftover_pids == [] and processes_in(set(run.pgids)) == []
+    assert len(run.pgids) >= 3  # torchrun's group and one per rank (ranks start their own sessions)
+    t = run.timing()
+    assert 0 < t["launch_s"] < t["wall_s"] and t["measure_s"] == pytest.approx(1.0, abs=0.5)
+    assert (tmp_path / "t" / "log.txt").read_text().startswith("$ " + sys.executable)
+    assert TrainConfig.from_yaml(tmp_path / "t" / "config.yaml") == cfg

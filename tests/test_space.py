@@ -1,0 +1,115 @@
+"""Search space → real Optuna trials: conditional knobs, derived accumulation, baseline, known-OOM skipping."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune.exceptions import SpecError
+from autotune.space import DEFAULT_SPACE, predicted_oom, resolve
+from autotune.spec import StudySpec
+from trainer.config import TrainConfig
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _spec(**over):
+    data = {"name": "t", "base": {"model": {"name": "resnet18"}}}
+    data.update(over)
+    return StudySpec.from_dict(data)
+
+
+def test_default_space_has_the_architecture_knobs_and_resolves_auto_per_rank():
+    spec = _spec()
+    space = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=False, cores=32)
+    p = space.by_path()
+    assert set(p) == set(DEFAULT_SPACE)
+    assert (p["loader.num_workers"].low, p["loader.num_workers"].high) == (0, 16)  # cores per rank
+    assert p["data.decode"].choices == ("pil", "torchvision-cpu", "nvjpeg-gpu")
+    assert p["nccl.algo"].choices == (None, "Ring", "Tree")  # "default" is NCCL's own choice
+    assert "training.compile" not in p
+    order = [x.path for x in space.params]
+    assert order.index("loader.num_workers") < order.index("loader.prefetch_factor")
+
+
+def test_cpu_only_drops_what_needs_a_gpu():
+    space = resolve(_spec(), world_size=2, nproc_per_node=2, cpu_only=True, cores=2)
+    p = space.by_path()
+    assert "nvjpeg-gpu" not in p["data.decode"].choices and "fp16" not in p["training.precision"].choices
+    assert not any(k.startswith("nccl.") for k in p)
+    assert p["loader.num_workers"].high == 1
+    assert any("nvjpeg-gpu dropped" in n for n in space.notes)
+
+
+def test_conditional_knobs_only_appear_when_their_condition_holds():
+    spec = _spec(default_space=False, space={
+        "loader.num_workers": {"low": 0, "high": 2},
+        "loader.prefetch_factor": {"low": 1, "high": 8, "when": "loader.num_workers > 0"},
+        "loader.persistent_workers": {"choices": [False, True], "when": "loader.num_workers > 0"},
+        "nccl.algo": {"choices": ["default", "Ring"], "when": "data.decode in [nvjpeg-gpu]"},  # reads the base
+    })
+    space = resolve(spec, world_size=1, nproc_per_node=1, cpu_only=False, cores=4)
+    base = spec.base_config().to_dict()
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1))
+    seen_zero = seen_more = False
+    for _ in range(30):
+        t = study.ask()
+        over = space.suggest(t, base)
+        TrainConfig().with_overrides(over)  # every suggestion is a valid config
+        if over["loader.num_workers"] == 0:
+            seen_zero = True
+            assert "loader.prefetch_factor" not in t.params and "loader.persistent_workers" not in t.params
+        else:
+            seen_more = True
+            assert 1 <= over["loader.prefetch_factor"] <= 8
+        assert "nccl.algo" not in over  # base decode is pil
+        study.tell(t, 1.0)
+    assert seen_zero and seen_more
+
+
+def test_fixed_global_batch_derives_accumulation_and_drops_batches_that_do_not_divide():
+    spec = _spec(default_space=False, fixed_global_batch=256,
+                 space={"training.batch_size": [16, 32, 48, 64, 256], "training.precision": ["fp32", "bf16"]})
+    space = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=False, cores=8)
+    assert space.by_path()["training.batch_size"].choices == (16, 32, 64)  # 48 and 256 cannot make 256 over 2 ranks
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(10):
+        t = study.ask()
+        over = space.suggest(t, spec.base_config().to_dict())
+        assert over["training.batch_size"] * over["training.accum_steps"] * 2 == 256
+        assert "training.accum_steps" not in t.params  # derived, not searched
+        study.tell(t, 1.0)
+    with pytest.raises(SpecError, match="no batch choice divides it"):
+        resolve(_spec(default_space=False, fixed_global_batch=100, space={"training.batch_size": [64]}),
+                world_size=2, nproc_per_node=2, cpu_only=False, cores=8)
+
+
+def test_baseline_becomes_trial_0_params_through_enqueue():
+    spec = _spec(baseline={"training.batch_size": 64, "loader.num_workers": 4, "loader.prefetch_factor": 2,
+                           "nccl.algo": "default"})
+    space = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=False, cores=32)
+    base = spec.base_config().to_dict()
+    params = space.baseline_params(spec, base)
+    assert params["training.batch_size"] == 64 and params["nccl.algo"] is None
+    assert params["training.precision"] == "fp32"  # not in the baseline: the base value
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial(params)
+    t = study.ask()
+    over = space.suggest(t, base)
+    assert {k: over[k] for k in params} == params
+    bad = _spec(baseline={"training.batch_size": 80})
+    with pytest.raises(SpecError, match=r"baseline.training.batch_size=80: outside the searched \{32, 48"):
+        resolve(bad, world_size=1, nproc_per_node=1, cpu_only=False, cores=4).baseline_params(
+            bad, bad.base_config().to_dict())
+
+
+def test_an_oom_rules_out_larger_batches_with_the_same_memory_settings_only():
+    def cfg(**o):
+        return TrainConfig().with_overrides(o).to_dict()
+
+    ooms = [(7, cfg(**{"training.batch_size": 128, "training.precision": "fp32"}))]
+    assert predicted_oom(cfg(**{"training.batch_size": 256, "training.precision": "fp32"}), ooms) == 7
+    assert predicted_oom(cfg(**{"training.batch_size": 128, "loader.num_workers": 9}), ooms) == 7
+    assert predicted_oom(cfg(**{"training.batch_size": 96}), ooms) is None
+    assert predicted_oom(cfg(**{"training.batch_size": 256, "training.precision": "bf16"}), ooms) is None
+    assert predicted_oom(cfg(**{"training.batch_size": 256, "training.channels_last": True}), ooms) is None
