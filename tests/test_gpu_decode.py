@@ -87,6 +87,25 @@ def test_batched_crop_matches_torchvision_per_image(decoded):
     assert err16.mean() < 0.1 and err16.max() < 1.0, (err16.mean(), err16.max())
 
 
+def test_grouping_by_crop_size_changes_nothing(decoded):
+    # One big photo among small ones: grouped by crop size, each group padded to its own largest crop.
+    big = torch.nn.functional.interpolate(decoded[0][None].float(), size=(900, 1300), mode="bilinear")[0]
+    images = [big.round().to(torch.uint8)] + decoded[1:12]
+    heights = torch.tensor([im.shape[1] for im in images])
+    widths = torch.tensor([im.shape[2] for im in images])
+    boxes = sample_crop_boxes(heights, widths, generator=torch.Generator().manual_seed(2))
+    boxes[0] = torch.tensor([10, 20, 850, 1200])
+    flip = torch.arange(12) % 3 == 0
+    whole = batched_resized_crop(images, boxes, 32, flip=flip, channels_last=True, max_cells=2**40)
+    grouped = batched_resized_crop(images, boxes, 32, flip=flip, channels_last=True, max_cells=120_000)
+    assert grouped.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(grouped, whole, atol=1e-4, rtol=1e-4)
+    ref = reference(images, boxes, 32, flip, dtype=torch.float32)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    torch.testing.assert_close(grouped, (ref / 255 - mean) / std, atol=1e-4, rtol=1e-4)
+
+
 def test_normalize_and_channels_last(decoded):
     boxes = sample_crop_boxes(torch.tensor([im.shape[1] for im in decoded[:6]]),
                               torch.tensor([im.shape[2] for im in decoded[:6]]), generator=torch.Generator())

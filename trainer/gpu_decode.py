@@ -192,7 +192,7 @@ def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, si
                          flip: torch.Tensor | None = None, normalize: bool = True,
                          mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                          channels_last: bool = False, compute_dtype: torch.dtype | None = None,
-                         out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                         out_dtype: torch.dtype = torch.float32, max_cells: int = 2**25) -> torch.Tensor:
     """Crop ``boxes[b] = [top, left, h, w]`` out of each 3xHxW uint8 image, resize it to ``size`` x ``size`` with
     antialiased bilinear interpolation (as ``torchvision.transforms.v2.functional.resized_crop(..., antialias=True)``),
     flip where ``flip`` is true, and (``normalize``) scale to [0, 1] and normalize by ``mean``/``std``; without
@@ -200,11 +200,56 @@ def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, si
 
     ``compute_dtype`` is the matmuls' dtype: default float32 on CPU and float16 on CUDA (tensor cores, half the
     memory traffic; uint8 values are exact in it and the error stays below the uint8 rounding of the CPU paths).
+
+    Crops are padded to the largest in their group, so one 2000-px photo among 300-px ones would inflate the whole
+    batch: images are grouped by crop size, each group holding at most ``max_cells`` padded pixels (a lone crop
+    larger than that is a group of its own). Typical ImageNet-sized batches of 256 make two or three groups.
     """
     n, device = len(images), images[0].device
     if compute_dtype is None:
         compute_dtype = torch.float16 if device.type == "cuda" else torch.float32
     boxes = boxes.cpu()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    result = torch.empty((n, 3, size, size), dtype=out_dtype, device=device, memory_format=fmt)
+    if normalize:
+        scale = torch.tensor([1.0 / (255.0 * s) for s in std], dtype=torch.float32).view(1, 3, 1, 1).to(device)
+        shift = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=torch.float32).view(1, 3, 1, 1).to(device)
+    groups = _groups_by_crop_size(boxes, max_cells)
+    for members in groups:
+        sub_flip = None if flip is None else flip[members]
+        out = _resized_crops(
+            [images[i] for i in members.tolist()], boxes[members], size, sub_flip, compute_dtype)
+        target = result if len(groups) == 1 else torch.empty_like(result[:len(members)], memory_format=fmt)
+        if normalize:
+            torch.addcmul(shift, out, scale, out=target)
+        else:
+            target.copy_(out)
+        if len(groups) > 1:
+            result.index_copy_(0, members.to(device, non_blocking=True), target)
+    return result
+
+
+def _groups_by_crop_size(boxes: torch.Tensor, max_cells: int) -> list[torch.Tensor]:
+    order = torch.argsort(boxes[:, 2] * boxes[:, 3]).tolist()
+    groups, current, max_h, max_w = [], [], 0, 0
+    for i in order:
+        h, w = int(boxes[i, 2]), int(boxes[i, 3])
+        grown_h, grown_w = max(max_h, h), max(max_w, w)
+        if current and (len(current) + 1) * grown_h * grown_w > max_cells:
+            groups.append(current)
+            current, grown_h, grown_w = [], h, w
+        current.append(i)
+        max_h, max_w = grown_h, grown_w
+    groups.append(current)
+    if len(groups) == 1:
+        return [torch.arange(len(order))]  # keep the caller's order: no scatter needed
+    return [torch.tensor(g, dtype=torch.int64) for g in groups]
+
+
+def _resized_crops(images: Sequence[torch.Tensor], boxes: torch.Tensor, size: int, flip: torch.Tensor | None,
+                   compute_dtype: torch.dtype) -> torch.Tensor:
+    """The resampled crops, 0-255 scale, as a B x 3 x size x size view of a rows-channels-columns buffer."""
+    n, device = len(images), images[0].device
     crops = gather_crops(images, boxes)  # B x Hc x 3 x Wc
     hc, wc = crops.shape[1], crops.shape[3]
     crop_hw = boxes[:, 2:4].to(device, non_blocking=True)
@@ -212,14 +257,7 @@ def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, si
     wx = antialias_weights(crop_hw[:, 1], size, wc, dtype=compute_dtype, flip=flip)
     rows = torch.bmm(wy, crops.to(compute_dtype).view(n, hc, 3 * wc))  # B x size x (3 * Wc)
     out = torch.bmm(rows.view(n, size * 3, wc), wx.transpose(1, 2))  # B x (size * 3) x size: rows, channels, columns
-    out = out.view(n, size, 3, size).permute(0, 2, 1, 3)
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    result = torch.empty((n, 3, size, size), dtype=out_dtype, device=device, memory_format=fmt)
-    if not normalize:
-        return result.copy_(out)
-    inv_std = torch.tensor([1.0 / (255.0 * s) for s in std], device=device, dtype=torch.float32).view(1, 3, 1, 1)
-    shift = torch.tensor([-m / s for m, s in zip(mean, std)], device=device, dtype=torch.float32).view(1, 3, 1, 1)
-    return torch.addcmul(shift, out, inv_std, out=result)
+    return out.view(n, size, 3, size).permute(0, 2, 1, 3)
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------------------------
