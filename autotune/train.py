@@ -1,0 +1,509 @@
+"""Full runs: an exported config (``autotune export best.yaml``) → ``torchrun -m trainer`` in train mode.
+
+The job is the one every search trial ran, in ``train`` mode: epochs over the dataset with DistributedSampler,
+warm-up + cosine LR, validation each epoch, atomic checkpoints, exact resume. This module prepares the run (the
+config's world size, torchrun arguments and environment from the export's ``autotune:`` section, the NVLink-multicast
+safety variables always), launches it in a process group of its own, turns the job's JSON-lines stream into a
+progress bar, and at the end sets the measured imgs/s and NVML utilization against the figures the search measured
+for the same config: a full run that is clearly slower than its trial means something differs (another host, a busy
+file system, a different world size) and the user should know.
+
+Ctrl-C (or SIGTERM/SIGHUP to this process) kills the whole job — torchrun, its ranks and their loader workers — and
+says how to resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from autotune.exceptions import AutotuneError, LaunchError
+
+SLOWER_WARNING = 0.05
+"""Warn when the run's median imgs/s is more than this fraction below the search's figure for the config."""
+
+NVML_INTERVAL_S = 1.0
+"""A full run lasts hours: 1 Hz keeps the sampler's memory small and is plenty for a run-long mean."""
+
+POLL_S = 0.25
+GROUP_SCAN_S = 2.0
+"""How often the process tree is re-scanned for new process groups (ranks and loader workers)."""
+
+TORCHRUN_FLAGS = ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "rdzv_backend", "rdzv_conf", "master_addr",
+                  "master_port", "max_restarts")
+"""torchrun options ``autotune train`` passes through (multi-node runs); spelled with dashes on the command line."""
+
+
+class TrainError(AutotuneError):
+    """The full run could not start, or the job failed."""
+
+
+@dataclass(kw_only=True)
+class TrainOptions:
+    config: Path
+    """An exported YAML (``autotune export``) or any TrainConfig YAML."""
+
+    epochs: int | None = None
+    """Epochs to train; default: the config's ``training.epochs``."""
+
+    resume: bool = False
+    """Continue from the newest checkpoint in the run's checkpoint folder."""
+
+    out: Path | None = None
+    """Run folder (checkpoints, logs, result stream); default: the config's ``output_dir``."""
+
+    nproc_per_node: int | None = None
+    """Ranks per node; default: the export's ``autotune.torchrun.nproc_per_node`` (the searched world size)."""
+
+    torchrun_args: dict[str, str] = field(default_factory=dict)
+    """Pass-through torchrun options by name (``nnodes``, ``rdzv_endpoint``, ...); they replace the export's."""
+
+    gpus: list[str] | None = None
+    """GPUs to use, indices into ``CUDA_VISIBLE_DEVICES`` or UUIDs; default: the first ``nproc_per_node`` visible."""
+
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Further settings by dotted path (``--set data.val_fraction=0.05``)."""
+
+
+@dataclass(kw_only=True)
+class TrainPlan:
+    """Everything decided before launch."""
+
+    config: Any
+    """The TrainConfig the job runs (train mode, epochs, resume, output_dir applied)."""
+
+    export: dict[str, Any]
+    """The ``autotune:`` section of the YAML (empty for a hand-written config)."""
+
+    out: Path
+    config_path: Path
+    result_path: Path
+    log_path: Path
+    nproc: int
+    nnodes: int
+    torchrun_args: list[str]
+    gpu_entries: list[str] | None
+    """CUDA_VISIBLE_DEVICES entries of this node's ranks; ``None`` on a machine without GPUs."""
+
+    extra_env: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+    comparable: bool = True
+    """Whether the search's figures were measured at this world size (otherwise no comparison is made)."""
+
+
+# ---- planning ------------------------------------------------------------------------------------------------------
+
+
+def load_config(path: Path) -> tuple[Any, dict[str, Any]]:
+    """(TrainConfig, the export's ``autotune:`` section or {})."""
+    from trainer.config import TrainConfig, load_yaml_mapping
+
+    data = load_yaml_mapping(path)
+    section = data.get("autotune") or {}
+    if not isinstance(section, dict):
+        raise TrainError(f"{path}: the autotune: section must be a mapping; re-export with `autotune export`")
+    return TrainConfig.from_dict(data), section
+
+
+def plan(o: TrainOptions, *, nvml=None) -> TrainPlan:
+    from trainer.config import nccl_env_problems
+
+    from autotune import gpu as gpu_mod
+
+    cfg, section = load_config(Path(o.config))
+    tr = section.get("torchrun") or {}
+    notes: list[str] = []
+    searched_nproc = tr.get("nproc_per_node")
+    nproc = o.nproc_per_node or searched_nproc
+    export_args = [str(a) for a in tr.get("args") or []]
+    torchrun_args = merge_torchrun_args(export_args, o.torchrun_args)
+    nnodes = _nnodes(torchrun_args)
+
+    # GPUs: this host's, whatever the search host had; CUDA_VISIBLE_DEVICES is pinned to UUIDs like a trial's.
+    nvml = nvml if nvml is not None else gpu_mod.Nvml()
+    visible = gpu_mod.visible_entries(nvml.count() if nvml.available else _cuda_count())
+    entries = gpu_mod.select(visible, o.gpus) if visible else None
+    if o.gpus and not visible:
+        raise TrainError(f"--gpus {','.join(o.gpus)}: no GPU visible on this machine")
+    if nproc is None:
+        nproc = len(entries) if entries else 2
+        notes.append(f"{o.config} records no world size (not an export?): {nproc} rank(s) per node")
+    if nproc < 1:
+        raise TrainError(f"--nproc-per-node {nproc}: must be >= 1")
+    if entries:
+        if nproc > len(entries):
+            raise TrainError(f"{nproc} ranks per node but {len(entries)} GPU(s) selected ({','.join(entries)}); "
+                             "lower --nproc-per-node or select more GPUs with --gpus")
+        entries = entries[:nproc]
+        gpus = gpu_mod.to_nvml(nvml, entries)
+        entries = [g.uuid if g.index >= 0 else e for g, e in zip(gpus, entries)] if gpus else entries
+
+    searched_world = (searched_nproc or 0) * _nnodes(export_args)
+    comparable = bool(section.get("measured")) and searched_world == nproc * nnodes
+    if section.get("measured") and not comparable:
+        notes.append(f"the search measured a world of {searched_world} rank(s), this run has {nproc * nnodes}: its "
+                     "figures are not comparable (and the learning rate was scaled for the searched global batch)")
+
+    t = cfg.training
+    overrides: dict[str, Any] = {"training.mode": "train", "checkpoint.resume": bool(o.resume)}
+    if o.epochs is not None:
+        if o.epochs < 1:
+            raise TrainError(f"--epochs {o.epochs}: must be >= 1")
+        overrides.update({"training.epochs": o.epochs, "training.steps": None})
+    elif t.epochs is None and t.steps is None:
+        raise TrainError(f"{o.config} sets no training.epochs: pass --epochs N")
+    out = Path(o.out if o.out is not None else cfg.output_dir).expanduser().resolve()
+    overrides["output_dir"] = str(out)
+    overrides.update(o.overrides)
+    cfg = cfg.with_overrides(overrides)
+
+    ckpts = sorted(cfg.checkpoint_dir.glob("ckpt-*.pt")) if cfg.checkpoint_dir.is_dir() else []
+    if ckpts and not o.resume:
+        raise TrainError(f"{cfg.checkpoint_dir} holds checkpoints of an earlier run (newest {ckpts[-1].name}): "
+                         "pass --resume to continue it, or --out NEW_DIR for a fresh run")
+    if o.resume and not ckpts:
+        notes.append(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from the beginning")
+    if cfg.training.validate_every and cfg.data.kind == "imagefolder" and not _has_validation(cfg):
+        notes.append("no validation data (no val/ folder next to train/, data.val_fraction 0): no top-1/top-5; "
+                     "`--set data.val_fraction=0.05` holds out 5 % of the training images")
+
+    env = {str(k): str(v) for k, v in (section.get("env") or {}).items()}
+    # The search host's GPU list means nothing here; thread counts are per rank, so only valid at that world size.
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if nproc != searched_nproc:
+        env.pop("OMP_NUM_THREADS", None)
+    problems = nccl_env_problems({k: v for k, v in env.items() if k.startswith("NCCL_")})
+    if problems:
+        raise LaunchError(f"{o.config}: autotune.env: " + "; ".join(problems))
+    return TrainPlan(config=cfg, export=section, out=out, config_path=out / "train.yaml",
+                     result_path=out / "result.jsonl", log_path=out / "train.log", nproc=nproc, nnodes=nnodes,
+                     torchrun_args=torchrun_args, gpu_entries=entries or None, extra_env=env, notes=notes,
+                     comparable=comparable)
+
+
+def merge_torchrun_args(base: list[str], flags: dict[str, str]) -> list[str]:
+    """``base`` (the export's torchrun args) with every option named in ``flags`` replaced by the given value."""
+    names = {k.replace("_", "-") for k in flags}
+    out, i = [], 0
+    while i < len(base):
+        a = base[i]
+        key = a.split("=", 1)[0].lstrip("-").replace("_", "-")
+        takes_value = a.startswith("--") and "=" not in a and i + 1 < len(base) and not base[i + 1].startswith("--")
+        if key in names:
+            i += 2 if takes_value else 1
+            continue
+        out.extend(base[i:i + (2 if takes_value else 1)])
+        i += 2 if takes_value else 1
+    for k, v in flags.items():
+        out.extend([f"--{k.replace('_', '-')}", str(v)])
+    return out
+
+
+def _nnodes(args: list[str]) -> int:
+    for i, a in enumerate(args):
+        key, _, val = a.partition("=")
+        if key.replace("_", "-") == "--nnodes":
+            val = val or (args[i + 1] if i + 1 < len(args) else "1")
+            try:
+                return int(val.split(":")[-1])
+            except ValueError:
+                return 1
+    return 1
+
+
+def _cuda_count() -> int:
+    """GPUs without NVML (rare: a container without the library); no torch import when there is clearly none."""
+    if not Path("/dev/nvidiactl").exists() and not Path("/proc/driver/nvidia").exists():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _has_validation(cfg) -> bool:
+    d = cfg.data
+    if d.val_path or d.val_fraction > 0:
+        return True
+    return bool(d.path) and (Path(d.path) / "val").is_dir()
+
+
+# ---- running -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class TrainResult:
+    returncode: int
+    records: list[dict] = field(default_factory=list)
+    summary: dict | None = None
+    vals: list[dict] = field(default_factory=list)
+    checkpoints: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+    gpu: dict[str, Any] = field(default_factory=dict)
+    """``autotune.gpu.summarize`` of the run's windows (``util_available`` False without NVML)."""
+
+    wall_s: float = 0.0
+    leftover_pids: list[int] = field(default_factory=list)
+
+
+class _Interrupted(BaseException):
+    """SIGTERM/SIGHUP to this process: handled like Ctrl-C (kill the job, then exit)."""
+
+
+def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None, nvml=None) -> TrainResult:
+    """Launch the job, stream it, and clean up; KeyboardInterrupt (and SIGTERM/SIGHUP) kills the whole job."""
+    from autotune import gpu as gpu_mod
+    from autotune.launch import TrialJob, _LineReader, torchrun_argv, trial_env
+
+    p.out.mkdir(parents=True, exist_ok=True)
+    p.config.to_yaml(p.config_path)
+    job = TrialJob(config=p.config, trial_dir=p.out, nproc_per_node=p.nproc, gpus=p.gpu_entries,
+                   torchrun_args=p.torchrun_args, extra_env=p.extra_env)
+    env, _ = trial_env(job)
+    argv = torchrun_argv(p.nproc, p.torchrun_args, p.config_path, p.result_path)
+
+    nvml = nvml if nvml is not None else gpu_mod.Nvml()
+    gpus = gpu_mod.to_nvml(nvml, p.gpu_entries) if p.gpu_entries and nvml.available else []
+    sampler = gpu_mod.Sampler(nvml, gpus, interval=NVML_INTERVAL_S)
+
+    reader = _LineReader(p.result_path)
+    reader.pos = p.result_path.stat().st_size if p.result_path.exists() else 0  # a resumed run appends
+    view = ProgressView(out=out, enabled=out.isatty() if progress is None else progress)
+    result = TrainResult(returncode=-1)
+    t0 = time.monotonic()
+    with open(p.log_path, "ab") as log:
+        log.write(("\n$ " + " ".join(argv) + "\n").encode())
+        log.flush()
+        # Only the main thread may install handlers (the CLI runs there; an embedding caller keeps its own).
+        old = ({s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+               if threading.current_thread() is threading.main_thread() else {})
+        proc, groups = None, set()
+        try:
+            sampler.start()
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
+            groups = {proc.pid}
+            result.returncode = _follow(proc, groups, reader, result, view)
+            # A rank that exited can leave loader workers behind; they belong to the run too.
+            result.leftover_pids = _cleanup(proc, groups, only_if_alive=True)
+        except (KeyboardInterrupt, _Interrupted):
+            view.close()
+            if proc is not None:
+                left = _cleanup(proc, groups, only_if_alive=False)
+                print(f"autotune train: interrupted: job killed{f' ({len(left)} processes would not die: {left})' if left else ''}; "
+                      f"continue it with `autotune train --config {p.config_path} --resume` "
+                      f"(checkpoints in {p.config.checkpoint_dir})", file=sys.stderr, flush=True)
+            raise KeyboardInterrupt from None
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            sampler.stop()
+            view.close()
+    for rec in reader.read(final=True):
+        _take(rec, result, view)
+    result.wall_s = time.monotonic() - t0
+    windows = [r for r in result.records if r.get("kind") == "window"]
+    result.gpu = gpu_mod.summarize(sampler.samples, windows, len(gpus)) if gpus else \
+        {"util_available": False, "reason": "no GPU" if not p.gpu_entries else (nvml.reason or "no NVML device")}
+    return result
+
+
+def _raise_interrupted(signum, frame):
+    raise _Interrupted(signum)
+
+
+def _follow(proc, groups: set[int], reader, result: TrainResult, view: "ProgressView") -> int:
+    from autotune.launch import _groups_of_tree
+
+    last_scan = 0.0
+    while True:
+        if time.monotonic() - last_scan >= GROUP_SCAN_S:
+            groups |= _groups_of_tree(proc.pid)
+            last_scan = time.monotonic()
+        for rec in reader.read():
+            _take(rec, result, view)
+        if proc.poll() is not None:
+            return proc.returncode
+        time.sleep(POLL_S)
+
+
+def _cleanup(proc, groups: set[int], *, only_if_alive: bool) -> list[int]:
+    from autotune.launch import kill_tree, processes_in
+
+    if only_if_alive and proc.poll() is not None and not processes_in(groups):
+        return []
+    return kill_tree(proc, groups)
+
+
+def _take(rec: dict, result: TrainResult, view: "ProgressView") -> None:
+    result.records.append(rec)
+    kind = rec.get("kind")
+    if kind == "summary":
+        result.summary = rec
+    elif kind == "val":
+        result.vals.append(rec)
+    elif kind == "checkpoint":
+        result.checkpoints.append(rec)
+    elif kind == "error":
+        result.errors.append(rec)
+    view.record(rec)
+
+
+class ProgressView:
+    """The job's records on the terminal: a tqdm bar (steps, imgs/s, loss, ETA) on a TTY, plain lines otherwise;
+    validation results and checkpoints always get a line of their own."""
+
+    def __init__(self, *, out: TextIO, enabled: bool):
+        self.out, self.enabled, self.bar = out, enabled, None
+        self.rate: float | None = None
+
+    def _say(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.out)
+        else:
+            print(text, file=self.out, flush=True)
+
+    def _ensure_bar(self, total: int | None, step: int) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=total, initial=step, unit="step", file=self.out, dynamic_ncols=True,
+                            smoothing=0.1, desc="train")
+        elif total and self.bar.total != total:
+            self.bar.total = total
+
+    def record(self, rec: dict) -> None:
+        kind = rec.get("kind")
+        if kind == "window" and rec.get("imgs_per_s") is not None:
+            self.rate = float(rec["imgs_per_s"])
+        elif kind == "start":
+            self._say(f"job started: {rec.get('world_size')} rank(s), {rec.get('backend')} on {rec.get('device')}"
+                      + (f" ({rec['gpu']})" if rec.get("gpu") else ""))
+        elif kind == "resume":
+            self._say(f"resumed from {rec.get('path')} (epoch {rec.get('epoch')}, step {rec.get('step')})")
+            self._ensure_bar(None, int(rec.get("step", 0)))
+        elif kind in ("progress", "epoch"):
+            step = int(rec.get("step", 0))
+            self._ensure_bar(rec.get("total_steps"), step)
+            if kind == "progress" and rec.get("imgs_per_s") is not None:
+                self.rate = float(rec["imgs_per_s"])
+            if self.bar is not None:
+                self.bar.update(max(0, step - self.bar.n))
+                post = {"epoch": rec.get("epoch")}
+                if rec.get("loss") is not None:
+                    post["loss"] = f"{float(rec['loss']):.4f}"
+                if self.rate is not None:
+                    post["imgs/s"] = f"{self.rate:,.0f}"
+                self.bar.set_postfix(post, refresh=True)
+            elif kind == "progress":
+                total = rec.get("total_steps")
+                speed = f"{self.rate:,.1f} imgs/s" if self.rate else "warming up"
+                self._say(f"step {step}/{total} epoch {rec.get('epoch')} loss {float(rec.get('loss', 'nan')):.4f} "
+                          f"{speed}")
+        elif kind == "val":
+            self._say(f"epoch {rec.get('epoch')}: val top1 {float(rec['top1']):.4f} top5 {float(rec['top5']):.4f} "
+                      f"loss {float(rec['loss']):.4f} ({rec.get('images')} images)")
+        elif kind == "checkpoint":
+            self._say(f"checkpoint: {rec.get('path')} (epoch {rec.get('epoch')}, step {rec.get('step')})")
+        elif kind == "error":
+            self._say(f"error on rank {rec.get('rank')} ({rec.get('class')}): {rec.get('message')}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+# ---- the verdict ---------------------------------------------------------------------------------------------------
+
+
+def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[str, Any]]:
+    """(lines, warnings, a JSON-able summary) comparing the run with the search's figures."""
+    from autotune.progress import fmt_duration
+
+    lines: list[str] = []
+    warnings: list[str] = []
+    s = r.summary or {}
+    ips = s.get("imgs_per_s")
+    last_val = r.vals[-1] if r.vals else None
+    m = p.export.get("measured") or {}
+    lines.append(f"done in {fmt_duration(r.wall_s)}: {s.get('epochs', '?')} epoch(s), {s.get('steps', '?')} steps"
+                 + (f"; final val top1 {last_val['top1']:.4f} top5 {last_val['top5']:.4f} (epoch {last_val['epoch']})"
+                    if last_val else "; no validation") + f"; checkpoints in {p.config.checkpoint_dir}")
+    if ips is None:
+        lines.append("measured: no timed window closed (the run was too short to measure throughput)")
+    else:
+        lines.append(f"measured: {ips:,.1f} imgs/s (median of {s.get('windows')} windows, spread "
+                     f"{float(s.get('spread') or 0):.1%})")
+    g = r.gpu
+    if g.get("util_available"):
+        lines.append(f"GPU: NVML utilization {g['util_mean']:.0f} % (p50 per GPU: {g.get('util_p50_per_gpu')}), "
+                     f"power {g.get('power_mean_w')} W, memory max {g.get('mem_used_max_mib')} MiB")
+    else:
+        lines.append(f"GPU: NVML utilization unavailable ({g.get('reason') or 'no sample inside a timed window'})")
+    ratio = None
+    if m.get("imgs_per_s") and ips is not None:
+        searched = float(m["imgs_per_s"])
+        ratio = ips / searched
+        util = f", util {m['util_mean']:.0f} %" if m.get("util_mean") is not None else ""
+        src = f"study {p.export.get('study')}, trial {p.export.get('trial')}"
+        if p.comparable:
+            lines.append(f"search ({src}): {searched:,.1f} imgs/s{util} -> this run: {ratio:.1%} of it")
+            if ratio < 1 - SLOWER_WARNING:
+                warnings.append(f"this run is {1 - ratio:.1%} slower than the search measured for the same config "
+                                f"({ips:,.1f} vs {searched:,.1f} imgs/s): check that the host, GPUs, data location "
+                                "and concurrent load match the search's (`autotune show`), and the log "
+                                f"{p.log_path}")
+        else:
+            lines.append(f"search ({src}): {searched:,.1f} imgs/s{util} at another world size: not compared")
+    summary = {"imgs_per_s": ips, "spread": s.get("spread"), "windows": s.get("windows"), "epochs": s.get("epochs"),
+               "steps": s.get("steps"), "val": last_val, "gpu": g, "searched": m or None, "ratio": ratio,
+               "comparable": p.comparable, "wall_s": round(r.wall_s, 3), "returncode": r.returncode,
+               "checkpoints": [c.get("path") for c in r.checkpoints]}
+    return lines, warnings, summary
+
+
+def failure_message(p: TrainPlan, r: TrainResult) -> str:
+    from autotune.launch import CLASS_PRIORITY
+
+    if r.errors:
+        e = min(r.errors, key=lambda e: (CLASS_PRIORITY.index(e.get("class")) if e.get("class") in CLASS_PRIORITY
+                                         else len(CLASS_PRIORITY), float(e.get("t", 0))))
+        return f"the job failed ({e.get('class')}, rank {e.get('rank')}): {e.get('message')}; log: {p.log_path}"
+    return f"the job exited with code {r.returncode} and no error record; log: {p.log_path}"
+
+
+def log_tail(path: Path, lines: int = 15) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 8192))
+            return f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def write_summary(p: TrainPlan, summary: dict[str, Any]) -> Path:
+    path = p.out / "train-summary.json"
+    path.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return path
+
+
+def describe(p: TrainPlan) -> str:
+    where = (f"{p.nproc} GPU(s) per node ({', '.join(e[:12] for e in p.gpu_entries)})" if p.gpu_entries
+             else f"{p.nproc} gloo rank(s) on the CPU")
+    t = p.config.training
+    length = f"{t.epochs} epoch(s)" if t.steps is None else f"{t.steps} steps"
+    nodes = f" x {p.nnodes} nodes" if p.nnodes > 1 else ""
+    return (f"autotune train: {p.config.name}: {length} on {where}{nodes}, {t.precision}, batch {t.batch_size}"
+            f"{f' x {t.accum_steps} accum' if t.accum_steps > 1 else ''}, lr {p.config.optimizer.lr:g} "
+            f"({p.config.optimizer.schedule}); run folder {p.out} (log: {p.log_path.name})")
+
