@@ -12,7 +12,7 @@ each choice here):
 - Crop + resize of all images is two batched matmuls with antialiased bilinear weights, computed exactly as
   ``torch.nn.functional.interpolate(mode="bilinear", antialias=True)`` (what torchvision's ``resized_crop`` uses)
   computes them; the flip is folded into the horizontal weights and normalization into the final write, which
-  also produces the channels_last layout. A per-image Python loop here cost 4x the decode itself.
+  also produces the channels_last layout. A per-image Python loop after the decode cut 21,800 imgs/s to 4,400.
 - Decode and augment run one batch ahead in a background thread on a side CUDA stream, handed over with an event:
   decoding synchronously on the training stream cost ~20 %.
 
@@ -31,9 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainer.config import ConfigError, TrainConfig
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from trainer.data import IMAGENET_MEAN, IMAGENET_STD
 
 
 # ---- worker side: bytes only -----------------------------------------------------------------------------------------
