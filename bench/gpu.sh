@@ -18,3 +18,18 @@ esac
 python3 bench/run.py --data "$data" --out "$out/results.json" --trials-dir /tmp/bench-trials --timeout 150 $runs 2>&1 \
   | tee "$out/run.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
 tar czf "$out/trials.tgz" -C /tmp bench-trials
+if [ "$stage" = job ]; then
+  # The nvJPEG pipeline alone on one GPU: decode, crop, full pipeline by worker count (and its accuracy checks).
+  timeout 150 python3 bench/pipeline_gpu.py "$data" --out "$out/pipeline_gpu.json" --workers 6,15 --seconds 5 2>&1 \
+    | tail -40
+fi
+python3 - "$out/results.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+print(f"{'run':<22}{'imgs/s':>10}{'spread':>8}{'util%':>7}{'memGiB':>8}{'cpu%':>6}{'launch':>7}{'wall':>6}")
+for r in rows:
+    print(f"{r['name']:<22}{(r.get('imgs_per_s') or 0):>10,.0f}{(r.get('spread') or 0):>8.3f}"
+          f"{(r.get('util_mean') or 0):>7.1f}{(r.get('mem_used_max_mib') or 0) / 1024:>8.1f}"
+          f"{(r.get('cpu_busy_pct') or 0):>6.0f}{(r.get('launch_s') or 0):>7.1f}{r.get('bench_wall_s', 0):>6.0f}"
+          f"  {r.get('failure') or ''} {(r.get('failure_message') or '')[:80]}")
+PY
