@@ -195,8 +195,8 @@ def search(o: SearchOptions, say=print):
             trial.set_user_attr(k, v)
         overrides = space.suggest(trial, base_dict)
         trial_dir = logs / f"trial-{trial.number}"
-        attrs: dict[str, Any] = {"overrides": overrides, "log_path": str(trial_dir / "log.txt"),
-                                 "util_available": util_available}
+        attrs: dict[str, Any] = {"overrides": overrides, "log_path": str((trial_dir / "log.txt").resolve()),
+                                 "util_available": util_available, "util_mean": None}
         t0 = time.monotonic()
         failure, message, run = None, None, None
         cfg = None
