@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 from autotune.cli import command
-from autotune.exceptions import AutotuneError
+from autotune.exceptions import AutotuneError, StorageError
 
 INSTALL_HINT = "optuna-dashboard is not installed: pip install 'ddp-autotune[dashboard]'"
 
@@ -37,6 +38,10 @@ def run(args) -> int:
     from autotune import study as study_mod
 
     url = study_mod.resolve_storage(args.study, args.storage)
+    db = url.split(":///", 1)[1] if url.startswith("sqlite:///") else None
+    if db and db != ":memory:" and not Path(db).is_file():
+        # Opening it would create an empty database and show an empty dashboard: say what is wrong instead.
+        raise StorageError(f"{url}: no such database; run `autotune search` first or pass --storage URL")
     storage = study_mod.open_storage(url)
     app = optuna_dashboard.wsgi(storage)
 

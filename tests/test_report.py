@@ -1,0 +1,172 @@
+"""`autotune report`: one self-contained HTML page, every section present, and it renders in headless Chromium.
+
+The studies here are real Optuna studies in SQLite whose trials carry the user attrs `autotune search` writes (a real
+search's report is checked in test_train_cmd.py, which already runs one).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+REPO = Path(__file__).resolve().parents[1]
+DIST = {"training.batch_size": CategoricalDistribution([64, 128, 256]),
+        "training.precision": CategoricalDistribution(["fp32", "bf16", "fp16"]),
+        "data.decode": CategoricalDistribution(["pil", "torchvision-cpu", "nvjpeg-gpu"]),
+        "ddp.bucket_cap_mb": FloatDistribution(5, 100, log=True)}
+
+# (state, params, imgs/s windows, util, failure class) — the shape of a small GPU study, trial 0 the baseline.
+TRIALS = [
+    ("ok", (64, "fp32", "pil", 25.0), [1650, 1681, 1700], 59.0, None),
+    ("ok", (256, "bf16", "torchvision-cpu", 40.0), [3150, 3204, 3230], 46.0, None),
+    ("ok", (256, "bf16", "nvjpeg-gpu", 60.0), [7100, 7146, 7180], 91.0, None),
+    ("ok", (256, "fp16", "nvjpeg-gpu", 30.0), [8500, 8625, 8700], 88.0, None),
+    ("ok", (128, "fp32", "torchvision-cpu", 10.0), [2000, 2300, 2150], 70.0, None),
+    ("infeasible", (256, "fp32", "nvjpeg-gpu", 20.0), [], None, "oom"),
+    ("fail", (128, "bf16", "pil", 15.0), [], None, "nccl"),
+    ("fail", (64, "fp16", "pil", 50.0), [], None, "hang"),
+    ("pruned", (128, "fp16", "torchvision-cpu", 80.0), [900, 950], 40.0, None),
+]
+
+
+def make_study(storage: str, name: str = "gpu-study", *, pareto: bool = False, util: bool = True,
+               trials=TRIALS) -> optuna.Study:
+    study = optuna.create_study(study_name=name, storage=storage,
+                                directions=["maximize", "maximize"] if pareto else ["maximize"])
+    study.set_user_attr("objective", "pareto" if pareto else "throughput")
+    study.set_user_attr("nproc_per_node", 2)
+    study.set_user_attr("fingerprint", {"gpu_model": "NVIDIA H200", "gpu_count": 2, "driver": "580.00"})
+    for number, (state, (bs, prec, dec, bucket), windows, u, cls) in enumerate(trials):
+        params = {"training.batch_size": bs, "training.precision": prec, "data.decode": dec,
+                  "ddp.bucket_cap_mb": bucket}
+        attrs = {"log_path": f"studies/{name}/trial-{number}/log.txt", "util_available": util,
+                 "config": {"training": {"precision": prec, "batch_size": bs}, "data": {"decode": dec}}}
+        if number == 0:
+            attrs["baseline"] = True
+        if windows:
+            med = sorted(windows)[len(windows) // 2]
+            attrs.update(imgs_per_s=float(med), imgs_per_s_windows=[float(w) for w in windows],
+                         spread=(max(windows) - min(windows)) / med)
+        if util:
+            attrs["util_mean"] = u
+        if cls:
+            attrs.update(failure_class=cls, failure_message=f"rank 1: {cls} happened")
+        ips = attrs.get("imgs_per_s", 0.0)
+        if state == "ok":
+            attrs["constraint"] = 0.0
+            values, st = ([ips, u] if pareto else [ips]), TrialState.COMPLETE
+        elif state == "infeasible":
+            attrs["constraint"] = 1.0
+            values, st = ([0.0, 0.0] if pareto else [0.0]), TrialState.COMPLETE
+        else:
+            values, st = None, TrialState.PRUNED if state == "pruned" else TrialState.FAIL
+        study.add_trial(create_trial(state=st, values=values, params=params, distributions=DIST, user_attrs=attrs))
+    return study
+
+
+def unescaped(page: str) -> str:
+    """The page with plotly's JSON \\uXXXX escapes (it writes "/" and "·" so) turned back into characters."""
+    return re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), page)
+
+
+def report(tmp_path: Path, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, "-m", "autotune", "report", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_report_has_every_section_and_is_self_contained(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'gpu.db'}"
+    make_study(storage)
+    r = report(tmp_path, "--storage", storage, "--out", "out/report.html")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "9 trials" in r.stdout
+    page = (tmp_path / "out" / "report.html").read_text()
+    for div in ("history", "importances", "parallel", "util", "spread", "failures"):
+        assert f'id="plot-{div}"' in page, div
+    assert 'id="empty-pareto"' in page and "single-objective" in page
+    # Offline: plotly.js is inlined, nothing is fetched.
+    assert not re.findall(r"<script[^>]*\ssrc=", page) and not re.findall(r"<link[^>]*\shref=", page)
+    assert len(page) > 3_000_000 and page.count("Plotly.newPlot(") >= 6
+    # The utilization caption states the design figure as such; the scatter groups precision x decode.
+    assert "46 %" in page and "59 %" in page and "ARCHITECTURE.md" in page
+    for group in ("bf16 · nvjpeg-gpu", "fp16 · nvjpeg-gpu", "fp32 · pil", "bf16 · torchvision-cpu"):
+        assert group in unescaped(page)
+    assert "Optimization history" in page and "Best Value" in page
+    assert "Parameter importances" in page and "Parallel coordinates" in page
+    # Failures: counted by class and listed with their message and log.
+    assert "Failed trials by class (3 of 9; 1 pruned)" in page
+    assert "rank 1: oom happened" in page and "studies/gpu-study/trial-7/log.txt" in page
+    assert "fastest" in page and "5.13× trial 0" in page  # 8625 / 1681
+
+
+def test_pareto_study_gets_its_front(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'p.db'}"
+    make_study(storage, "pareto-study", pareto=True)
+    r = report(tmp_path, "--study", "pareto-study", "--storage", storage, "--out", "p.html")
+    assert r.returncode == 0, r.stdout + r.stderr
+    page = (tmp_path / "p.html").read_text()
+    assert 'id="plot-pareto"' in page and "Pareto front" in page
+    assert 'id="plot-history"' in page and "Best imgs/s so far" in unescaped(page)
+
+
+def test_sections_without_data_say_so(tmp_path):
+    from autotune.report import render_html
+
+    storage = f"sqlite:///{tmp_path / 'cpu.db'}"
+    few = [t for t in TRIALS[:2]]
+    study = make_study(storage, "cpu-study", util=False, trials=few)
+    page = render_html(study)
+    assert 'id="empty-util"' in page and "utilization is recorded as unavailable" in page
+    assert 'id="empty-importances"' in page and "Too few feasible completed trials" in page
+    assert 'id="empty-failures"' in page and "No trial failed" in page
+    assert 'id="plot-history"' in page and 'id="plot-spread"' in page
+
+    empty = optuna.create_study(study_name="empty", storage=storage)
+    page = render_html(empty)
+    assert page.count('class="empty"') == len(("history", "importances", "parallel", "util", "spread", "failures",
+                                               "pareto"))
+
+
+def test_missing_study_is_one_line(tmp_path):
+    r = report(tmp_path, "--study", "nope")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "autotune search" in r.stderr
+    r = report(tmp_path, "--storage", "sqlite:///nope.db")
+    assert r.returncode == 2 and "no such database" in r.stderr and not (tmp_path / "nope.db").exists()
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (CI installs it)")
+def test_report_renders_in_headless_chromium(tmp_path):
+    from PIL import Image, ImageStat
+
+    storage = f"sqlite:///{tmp_path / 'gpu.db'}"
+    make_study(storage)
+    html = tmp_path / "report.html"
+    r = report(tmp_path, "--storage", storage, "--out", str(html))
+    assert r.returncode == 0, r.stderr
+    png = tmp_path / "shot.png"
+    shot = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                           "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
+                           "--window-size=1400,3000", "--virtual-time-budget=5000", html.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert png.is_file(), shot.stderr[-2000:]
+    img = Image.open(png).convert("RGB")
+    assert img.size == (1400, 3000)
+    assert max(ImageStat.Stat(img.convert("L")).stddev) > 20  # not a blank page
+    # Text alone is grey; plotted markers, lines and bars are coloured: the JavaScript drew the figures.
+    hsv = np.asarray(img.convert("HSV"))
+    saturated = int(((hsv[..., 1] > 100) & (hsv[..., 2] > 80)).sum())
+    assert saturated > 0.005 * img.size[0] * img.size[1], saturated
+    # The captions came through, not a script error page.
+    assert re.search(r"Optimization history", html.read_text())

@@ -1,0 +1,220 @@
+"""`autotune train` on the export of a real CPU-demo search: 2 epochs with 2 gloo ranks, validation, checkpoints;
+killed after epoch 1 and resumed, it ends with exactly the weights of an uninterrupted run."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from autotune import train as tr
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def autotune_env(cwd: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+            "AUTOTUNE_CACHE": str(cwd / "cache"), "PYTHONUNBUFFERED": "1"}
+
+
+def autotune(*args, cwd: Path, timeout: int = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, env=autotune_env(cwd),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def search_dir(tmp_path_factory) -> Path:
+    """A real 2-trial CPU-demo study (baseline + one sampled trial), and its export."""
+    d = tmp_path_factory.mktemp("cpu-demo-search")
+    r = autotune("search", "--spec", "cpu-demo", "--trials", "2", cwd=d)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = autotune("export", "best.yaml", "--study", "cpu-demo", cwd=d)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return d
+
+
+# Validation needs held-out images (the demo's generated set has no val/ folder); progress every half second.
+TRAIN_FLAGS = ("--epochs", "2", "--set", "data.val_fraction=0.2", "--set", "training.log_every_s=0.5",
+               "--no-progress")
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "result.jsonl").read_text().splitlines() if line.strip()]
+
+
+def live_pids_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.slow
+def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
+    best = search_dir / "best.yaml"
+    exported = yaml.safe_load(best.read_text())["autotune"]
+    assert exported["torchrun"]["nproc_per_node"] == 2 and exported["measured"]["imgs_per_s"] > 0
+
+    # Uninterrupted: 2 epochs, validation after each, a checkpoint after each, the verdict against the search.
+    a = tmp_path / "a"
+    r = autotune("train", "--config", str(best), "--out", str(a), *TRAIN_FLAGS, cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "2 gloo rank(s) on the CPU" in out
+    assert "epoch 1: val top1" in out and "epoch 2: val top1" in out
+    assert "NVML utilization unavailable (no GPU)" in out
+    assert f"search (study cpu-demo, trial {exported['trial']}): " in out
+    recs = records(a)
+    assert [c["epoch"] for c in recs if c["kind"] == "checkpoint"] == [1, 2]
+    vals = [v for v in recs if v["kind"] == "val"]
+    assert [v["epoch"] for v in vals] == [1, 2] and all(0 <= v["top1"] <= v["top5"] <= 1 for v in vals)
+    assert vals[0]["images"] == 64  # 20 % of 320 generated images, each counted once across the 2 ranks
+    assert any(r_["kind"] == "progress" for r_ in recs)
+    summary = json.loads((a / "train-summary.json").read_text())
+    assert summary["val"]["epoch"] == 2 and summary["gpu"]["util_available"] is False
+    assert summary["imgs_per_s"] > 0 and summary["comparable"] is True
+    assert summary["ratio"] == pytest.approx(summary["imgs_per_s"] / exported["measured"]["imgs_per_s"])
+    written = yaml.safe_load((a / "train.yaml").read_text())
+    assert written["training"]["mode"] == "train" and written["training"]["epochs"] == 2
+    assert "autotune" not in written and written["output_dir"] == str(a)
+    final = sorted((a / "checkpoints").glob("ckpt-*.pt"))
+    assert len(final) == 2
+
+    # Interrupted: SIGTERM to `autotune train` once epoch 1's checkpoint is written kills the whole job.
+    b = tmp_path / "b"
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "train", "--config", str(best), "--out", str(b),
+                             *TRAIN_FLAGS], cwd=tmp_path, env=autotune_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (b / "result.jsonl").exists() and any(x["kind"] == "checkpoint" for x in records(b)):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[0]
+        assert live_pids_mentioning(str(b / "train.yaml")), "the job should be running"
+        proc.send_signal(signal.SIGTERM)
+        text, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, text
+    assert "interrupted: job killed" in text and "--resume" in text
+    assert live_pids_mentioning(str(b / "train.yaml")) == []  # torchrun, ranks, loader workers: all gone
+    assert [c["epoch"] for c in records(b) if c["kind"] == "checkpoint"] == [1]
+
+    # Without --resume the earlier run's checkpoints are not silently mixed with a new run's.
+    r = autotune("train", "--config", str(best), "--out", str(b), *TRAIN_FLAGS, cwd=tmp_path)
+    assert r.returncode == 2 and "pass --resume" in r.stderr, r.stdout + r.stderr
+
+    r = autotune("train", "--config", str(best), "--out", str(b), "--resume", *TRAIN_FLAGS, cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "resumed from" in out and "(epoch 1," in out
+    (resume,) = [x for x in records(b) if x["kind"] == "resume"]
+    assert resume["epoch"] == 1
+    straight = torch.load(final[-1], weights_only=False)
+    resumed = torch.load(b / "checkpoints" / final[-1].name, weights_only=False)
+    assert (resumed["epoch"], resumed["step"]) == (straight["epoch"], straight["step"])
+    for key, value in straight["model"].items():
+        torch.testing.assert_close(resumed["model"][key], value, rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.slow
+def test_report_of_the_real_search(search_dir, tmp_path):
+    r = autotune("report", "--study", "cpu-demo", "--out", str(tmp_path / "r.html"), cwd=search_dir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    page = (tmp_path / "r.html").read_text()
+    for div in ("plot-history", "plot-spread"):
+        assert f'id="{div}"' in page
+    assert 'id="empty-util"' in page and "utilization is recorded as unavailable" in page  # CPU study
+
+
+# ---- the parts that need no job ---------------------------------------------------------------------------------
+
+
+def export_yaml(tmp_path: Path, **section) -> Path:
+    from trainer.config import TrainConfig
+
+    data = TrainConfig().with_overrides({"training.epochs": 3, "output_dir": str(tmp_path / "run")}).to_dict()
+    data["autotune"] = {"study": "s", "trial": 3, "torchrun": {"nproc_per_node": 2, "args": []},
+                        "env": {"OMP_NUM_THREADS": "4", "NCCL_ALGO": "Ring", "CUDA_VISIBLE_DEVICES": "GPU-elsewhere"},
+                        "measured": {"imgs_per_s": 100.0}, **section}
+    path = tmp_path / "best.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_plan_takes_world_and_env_from_the_export(tmp_path):
+    p = tr.plan(tr.TrainOptions(config=export_yaml(tmp_path)))
+    assert p.nproc == 2 and p.nnodes == 1 and p.comparable
+    assert p.config.training.mode == "train" and p.config.training.epochs == 3
+    assert p.extra_env == {"OMP_NUM_THREADS": "4", "NCCL_ALGO": "Ring"}  # the search host's GPU list is dropped
+    assert p.out == (tmp_path / "run").resolve() and p.result_path == p.out / "result.jsonl"
+
+    from autotune.launch import TrialJob, torchrun_argv, trial_env
+
+    env, _ = trial_env(TrialJob(config=p.config, trial_dir=p.out, nproc_per_node=p.nproc, extra_env=p.extra_env),
+                       base={"PATH": "/usr/bin"})
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert env["NVSHMEM_DISABLE_NVLS"] == "1" and env["OMP_NUM_THREADS"] == "4"
+    argv = torchrun_argv(p.nproc, p.torchrun_args, p.config_path, p.result_path)
+    assert "--standalone" in argv and argv[argv.index("--nproc-per-node") + 1] == "2"
+
+
+def test_plan_multi_node_flags_pass_through_and_world_change_is_noted(tmp_path):
+    path = export_yaml(tmp_path, torchrun={"nproc_per_node": 2, "args": ["--nnodes", "1", "--max-restarts=0"]})
+    p = tr.plan(tr.TrainOptions(config=path, nproc_per_node=1, epochs=1,
+                                torchrun_args={"nnodes": "4", "node_rank": "1", "rdzv_endpoint": "h:29500"}))
+    assert p.torchrun_args == ["--max-restarts=0", "--nnodes", "4", "--node-rank", "1", "--rdzv-endpoint", "h:29500"]
+    assert p.nnodes == 4 and not p.comparable  # a world of 4 ranks, the search measured 2
+    assert any("not comparable" in n for n in p.notes)
+    assert "OMP_NUM_THREADS" not in p.extra_env  # it was per rank for 2 ranks
+    from autotune.launch import torchrun_argv
+
+    assert "--standalone" not in torchrun_argv(p.nproc, p.torchrun_args, p.config_path, p.result_path)
+
+
+def test_plan_refuses_unsafe_env_and_missing_epochs(tmp_path):
+    from autotune.exceptions import LaunchError
+
+    with pytest.raises(LaunchError, match="NVLS"):
+        tr.plan(tr.TrainOptions(config=export_yaml(tmp_path, env={"NCCL_NVLS_ENABLE": "1"})))
+    from trainer.config import TrainConfig
+
+    plain = tmp_path / "plain.yaml"
+    TrainConfig().to_yaml(plain)
+    with pytest.raises(tr.TrainError, match="--epochs"):
+        tr.plan(tr.TrainOptions(config=plain))
+
+
+def test_progress_view_draws_a_bar_with_rate_loss_and_val_lines():
+    buf = io.StringIO()
+    view = tr.ProgressView(out=buf, enabled=True)
+    for rec in ({"kind": "start", "world_size": 2, "backend": "gloo", "device": "cpu"},
+                {"kind": "window", "imgs_per_s": 1234.5},
+                {"kind": "progress", "step": 5, "epoch": 0, "total_steps": 20, "loss": 2.5, "imgs_per_s": 1234.5},
+                {"kind": "val", "epoch": 1, "top1": 0.25, "top5": 0.75, "loss": 2.0, "images": 64},
+                {"kind": "epoch", "epoch": 1, "step": 10}):
+        view.record(rec)
+    view.close()
+    text = buf.getvalue()
+    assert "10/20" in text and "imgs/s=1,234" in text and "loss=2.5000" in text
+    assert "epoch 1: val top1 0.2500 top5 0.7500" in text
