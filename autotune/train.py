@@ -15,7 +15,6 @@ says how to resume.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -129,7 +128,8 @@ def plan(o: TrainOptions, *, nvml=None) -> TrainPlan:
 
     # GPUs: this host's, whatever the search host had; CUDA_VISIBLE_DEVICES is pinned to UUIDs like a trial's.
     nvml = nvml if nvml is not None else gpu_mod.Nvml()
-    visible = gpu_mod.visible_entries(nvml.count() if nvml.available else _cuda_count())
+    count = nvml.count() if nvml.available else _cuda_count()
+    visible = gpu_mod.visible_entries(count) if count else []  # CUDA_VISIBLE_DEVICES=0 on a CPU host is no GPU
     entries = gpu_mod.select(visible, o.gpus) if visible else None
     if o.gpus and not visible:
         raise TrainError(f"--gpus {','.join(o.gpus)}: no GPU visible on this machine")
@@ -169,6 +169,13 @@ def plan(o: TrainOptions, *, nvml=None) -> TrainPlan:
     if ckpts and not o.resume:
         raise TrainError(f"{cfg.checkpoint_dir} holds checkpoints of an earlier run (newest {ckpts[-1].name}): "
                          "pass --resume to continue it, or --out NEW_DIR for a fresh run")
+    node_rank = next((v for k, v in _pairs(torchrun_args) if k == "node-rank"), "0")
+    if nnodes > 1 and str(node_rank) != "0":
+        notes.append(f"node rank {node_rank}: rank 0 runs on another node, so progress, validation and the figures "
+                     "are shown there; this node shows only its own errors")
+    if nnodes > 1 and o.resume:
+        notes.append("multi-node --resume: every node reads the checkpoint rank 0 wrote, so --out must be on a file "
+                     "system all nodes share")
     if o.resume and not ckpts:
         notes.append(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from the beginning")
     if cfg.training.validate_every and cfg.data.kind == "imagefolder" and not _has_validation(cfg):
@@ -207,16 +214,25 @@ def merge_torchrun_args(base: list[str], flags: dict[str, str]) -> list[str]:
     return out
 
 
+def _pairs(args: list[str]):
+    """(option name with dashes, value) of torchrun-style ``--key value`` / ``--key=value`` arguments."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--"):
+            key, eq, val = a[2:].partition("=")
+            if not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                val, i = args[i + 1], i + 1
+            yield key.replace("_", "-"), val
+        i += 1
+
+
 def _nnodes(args: list[str]) -> int:
-    for i, a in enumerate(args):
-        key, _, val = a.partition("=")
-        if key.replace("_", "-") == "--nnodes":
-            val = val or (args[i + 1] if i + 1 < len(args) else "1")
-            try:
-                return int(val.split(":")[-1])
-            except ValueError:
-                return 1
-    return 1
+    val = next((v for k, v in _pairs(args) if k == "nnodes"), "1")
+    try:
+        return int(str(val).split(":")[-1])  # "2" or an elastic range "1:4" (the maximum)
+    except ValueError:
+        return 1
 
 
 def _cuda_count() -> int:
@@ -274,7 +290,14 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
     sampler = gpu_mod.Sampler(nvml, gpus, interval=NVML_INTERVAL_S)
 
     reader = _LineReader(p.result_path)
-    reader.pos = p.result_path.stat().st_size if p.result_path.exists() else 0  # a resumed run appends
+    if p.result_path.exists():  # a resumed run appends to the killed run's stream: read only what is new
+        with open(p.result_path, "rb+") as f:
+            size = f.seek(0, 2)
+            if size:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")  # a line torn by the kill must not swallow the new run's first record
+        reader.pos = p.result_path.stat().st_size
     view = ProgressView(out=out, enabled=out.isatty() if progress is None else progress)
     result = TrainResult(returncode=-1)
     t0 = time.monotonic()

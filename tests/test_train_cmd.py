@@ -186,6 +186,7 @@ def test_plan_multi_node_flags_pass_through_and_world_change_is_noted(tmp_path):
     assert p.torchrun_args == ["--max-restarts=0", "--nnodes", "4", "--node-rank", "1", "--rdzv-endpoint", "h:29500"]
     assert p.nnodes == 4 and not p.comparable  # a world of 4 ranks, the search measured 2
     assert any("not comparable" in n for n in p.notes)
+    assert any("rank 0 runs on another node" in n for n in p.notes)
     assert "OMP_NUM_THREADS" not in p.extra_env  # it was per rank for 2 ranks
     from autotune.launch import torchrun_argv
 

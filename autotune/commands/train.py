@@ -32,7 +32,7 @@ def run(args) -> int:
     import yaml
 
     from autotune import train as tr
-    from autotune.gpu import parse_gpu_list
+    from autotune.gpu import Nvml, parse_gpu_list
 
     overrides = {}
     for item in args.overrides:
@@ -44,11 +44,12 @@ def run(args) -> int:
     options = tr.TrainOptions(config=args.config, epochs=args.epochs, resume=args.resume, out=args.out,
                               nproc_per_node=args.nproc_per_node, torchrun_args=flags,
                               gpus=parse_gpu_list(args.gpus), overrides=overrides)
-    plan = tr.plan(options)
+    nvml = Nvml()
+    plan = tr.plan(options, nvml=nvml)
     print(tr.describe(plan), flush=True)
     for note in plan.notes:
         print(f"autotune train: note: {note}", flush=True)
-    result = tr.run(plan, progress=False if args.no_progress else None)
+    result = tr.run(plan, progress=False if args.no_progress else None, nvml=nvml)
     if result.returncode != 0:
         for line in tr.log_tail(plan.log_path):
             print(f"  | {line}", file=sys.stderr)
