@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.exceptions import StorageError
+from autotune.launch import nnodes_of
 
 PICKS = ("best", "fastest", "util", "balanced")
 
@@ -112,7 +113,7 @@ def build(study, trial) -> tuple[dict[str, Any], list[str]]:
     data = cfg.to_dict()
     nproc = int(study.user_attrs.get("nproc_per_node") or 1)
     torchrun_args = list(study.user_attrs.get("torchrun_args") or [])
-    world = nproc * _nnodes(torchrun_args)
+    world = nproc * nnodes_of(torchrun_args)
     lr_record, warn = scale_lr(data, reference_batch=study.user_attrs.get("reference_global_batch"), world=world)
     if warn:
         warnings.append(warn)
@@ -167,15 +168,3 @@ def write(data: dict[str, Any], path: str | Path) -> Path:
     tmp.write_text(head + yaml.safe_dump(data, sort_keys=False))
     tmp.replace(path)
     return path
-
-
-def _nnodes(args: list[str]) -> int:
-    for i, a in enumerate(args):
-        key, _, val = a.partition("=")
-        if key == "--nnodes":
-            val = val or (args[i + 1] if i + 1 < len(args) else "1")
-            try:
-                return int(val.split(":")[-1])
-            except ValueError:
-                return 1
-    return 1

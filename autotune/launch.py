@@ -172,6 +172,19 @@ def torchrun_argv(nproc: int, torchrun_args: list[str], config_path: Path, resul
             "--result", str(result_path)]
 
 
+def nnodes_of(torchrun_args: list[str]) -> int:
+    """Nodes from ``--nnodes N`` / ``--nnodes=MIN:MAX`` (the max) in torchrun arguments; 1 without."""
+    for i, a in enumerate(torchrun_args):
+        key, _, val = a.partition("=")
+        if key == "--nnodes":
+            val = val or (torchrun_args[i + 1] if i + 1 < len(torchrun_args) else "1")
+            try:
+                return int(val.split(":")[-1])
+            except ValueError:
+                return 1
+    return 1
+
+
 # ---- running -----------------------------------------------------------------------------------------------------
 
 

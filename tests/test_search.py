@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -169,3 +171,24 @@ def test_a_study_made_by_another_spec_is_not_silently_mixed(tmp_path):
     spec.write_text(FAILURE_SPEC.replace("choices: [8, 32, 64]", "choices: [8, 16]"))
     r = autotune("search", "--spec", str(spec), "--storage", storage, cwd=tmp_path, timeout=60)
     assert r.returncode == 2 and "exists with a different spec" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ctrl_c_kills_the_running_trial_and_records_it(tmp_path):
+    spec = tmp_path / "failures.yaml"
+    spec.write_text(FAILURE_SPEC.replace('baseline: {model.name: "tests.helpers.models:tiny"',
+                                         'baseline: {model.name: "tests.helpers.models:hang"'))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "search", "--spec", str(spec)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "studies" / "failures" / "trial-0" / "result.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and "start" in log.read_text()):
+        time.sleep(0.2)
+    assert log.exists(), proc.kill() or proc.communicate()[0]
+    proc.send_signal(signal.SIGINT)  # the search only, as a terminal's Ctrl-C reaches it (trials have own sessions)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in out, out
+    (t,) = optuna.load_study(study_name="failures", storage=f"sqlite:///{tmp_path / 'studies' / 'failures.db'}").trials
+    assert t.state == optuna.trial.TrialState.FAIL and t.user_attrs["failure_class"] == "interrupted"
+    start = json.loads(log.read_text().splitlines()[0])
+    assert not Path(f"/proc/{start['pid']}").exists()  # rank 0 of the trial is gone

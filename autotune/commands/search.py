@@ -141,7 +141,7 @@ def search(o: SearchOptions, say=print):
 
     from autotune import gpu as gpu_mod
     from autotune import study as study_mod
-    from autotune.launch import TrialJob, run_trial
+    from autotune.launch import TrialJob, nnodes_of, run_trial
     from autotune.objective import Objective, measured_attrs, state_for
     from autotune.progress import Progress
     from autotune.space import predicted_oom, resolve
@@ -152,7 +152,7 @@ def search(o: SearchOptions, say=print):
     util_available = o.nvml.available and bool(o.gpus)
     reason = "no GPU" if not o.entries else (o.nvml.reason or "no NVML device for the selected GPUs")
     objective.check(util_available, reason)
-    nnodes = _nnodes(spec.world.torchrun_args)
+    nnodes = nnodes_of(spec.world.torchrun_args)
     space = resolve(spec, world_size=o.nproc * nnodes, nproc_per_node=o.nproc, cpu_only=not o.entries)
     base = ensure_data(spec, o.data, say)
     base_dict = base.to_dict()
@@ -184,13 +184,7 @@ def search(o: SearchOptions, say=print):
                                                                            f"{p.when.value}" if p.when else "")
                                              for p in space.params))
 
-    progress = Progress(total=trials, timeout_s=timeout_s)
-    t_start = time.monotonic()
-    for _ in range(trials):
-        if timeout_s is not None and time.monotonic() - t_start > timeout_s:
-            say(f"autotune: time budget of {timeout_s:.0f} s spent; stopping")
-            break
-        trial = study.ask()
+    def run_one(trial) -> None:
         for k, v in study_mod.owner().items():
             trial.set_user_attr(k, v)
         overrides = space.suggest(trial, base_dict)
@@ -235,12 +229,8 @@ def search(o: SearchOptions, say=print):
                                          gpus=[g.uuid for g in o.gpus] if o.gpus else o.entries,
                                          torchrun_args=spec.world.torchrun_args, timeout_s=trial_timeout),
                                 on_record=on_record)
-            except KeyboardInterrupt:
+            finally:
                 samples = sampler.stop()
-                trial.set_user_attr("failure_class", "interrupted")
-                study.tell(trial, state=TrialState.FAIL)
-                raise
-            samples = sampler.stop()
             failure, message = run.failure_class, run.failure_message
             attrs.update(measured_attrs(run.windows, run.summary))
             attrs.update(run.timing())
@@ -292,19 +282,34 @@ def search(o: SearchOptions, say=print):
                             wall=time.monotonic() - t0)
         if failure is not None and state != "pruned":
             progress.say(f"      {failure}: {message} (log: {attrs['log_path']})")
+
+    progress = Progress(total=trials, timeout_s=timeout_s)
+    t_start = time.monotonic()
+    for _ in range(trials):
+        if timeout_s is not None and time.monotonic() - t_start > timeout_s:
+            say(f"autotune: time budget of {timeout_s:.0f} s spent; stopping")
+            break
+        trial = study.ask()
+        try:
+            run_one(trial)
+        except BaseException as e:
+            _abandon(study, trial, e)
+            raise
     return study
 
 
-def _nnodes(torchrun_args: list[str]) -> int:
-    for i, a in enumerate(torchrun_args):
-        key, _, val = a.partition("=")
-        if key == "--nnodes":
-            val = val or (torchrun_args[i + 1] if i + 1 < len(torchrun_args) else "1")
-            try:
-                return int(val.split(":")[-1])
-            except ValueError:
-                return 1
-    return 1
+def _abandon(study, trial, exc: BaseException) -> None:
+    """A trial the search could not finish (Ctrl-C, an unsafe environment, a bug) is FAIL, not left RUNNING."""
+    from optuna.trial import TrialState
+
+    try:  # on a trial that was already told, Optuna refuses the first call: nothing to do then
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        trial.set_user_attr("failure_class", "interrupted" if interrupted else "search")
+        trial.set_user_attr("failure_message", "interrupted (Ctrl-C)" if interrupted else
+                            f"{type(exc).__name__}: {exc}"[:300])
+        study.tell(trial, state=TrialState.FAIL)
+    except Exception:  # noqa: BLE001 - already finished, or the storage is gone: the original error matters more
+        pass
 
 
 def _reference_batch(base, baseline: dict[str, Any], world: int) -> int:
