@@ -218,8 +218,10 @@ class Sampler:
             req = lib.c_nvmlGpmMetricsGet_t()
             req.version, req.numMetrics, req.sample1, req.sample2 = lib.NVML_GPM_METRICS_GET_VERSION, 1, prev, cur
             req.metrics[0].metricId = lib.NVML_GPM_METRIC_SM_UTIL
-            lib.nvmlGpmMetricsGet(req)
-            lib.nvmlGpmSampleFree(prev)
+            try:
+                lib.nvmlGpmMetricsGet(req)
+            finally:
+                lib.nvmlGpmSampleFree(prev)
             return float(req.metrics[0].value)
         except Exception:  # noqa: BLE001
             self._gpm_ok[i] = False

@@ -133,7 +133,7 @@ class PrunerSpec:
     """Finished trials before any pruning."""
 
     n_warmup_steps: int = 1
-    """Windows always measured before a trial may be pruned (window index > this)."""
+    """The first window index at which a trial may be pruned: 1 means two windows are always measured."""
 
 
 @dataclass(kw_only=True)

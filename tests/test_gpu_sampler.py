@@ -178,3 +178,39 @@ def test_real_machine_without_gpu_reports_unavailable():
     if lib.available and lib.count():
         pytest.skip("a GPU machine: NVML is available here")
     assert gpu.summarize([], [{"t0": 0.0, "t1": 1.0}], 0)["util_available"] is False
+
+
+def test_gpm_sm_activity_where_supported_without_leaking_samples(monkeypatch):
+    m = fake_pynvml(n=1)
+    live = set()
+
+    class Req:
+        def __init__(self):
+            self.metrics = [types.SimpleNamespace(metricId=0, value=0.0)]
+
+    def alloc():
+        s = object()
+        live.add(id(s))
+        m._keep = getattr(m, "_keep", []) + [s]
+        return s
+
+    def metrics_get(req):
+        assert req.sample1 is not req.sample2 and req.metrics[0].metricId == m.NVML_GPM_METRIC_SM_UTIL
+        req.metrics[0].value = 77.0
+
+    m.nvmlGpmQueryDeviceSupport = lambda h: types.SimpleNamespace(isSupportedDevice=1)
+    m.nvmlGpmSampleAlloc = alloc
+    m.nvmlGpmSampleGet = lambda h, s: s
+    m.nvmlGpmSampleFree = lambda s: live.discard(id(s))
+    m.c_nvmlGpmMetricsGet_t = Req
+    m.NVML_GPM_METRICS_GET_VERSION, m.NVML_GPM_METRIC_SM_UTIL = 1, 2
+    m.nvmlGpmMetricsGet = metrics_get
+    monkeypatch.setitem(sys.modules, "pynvml", m)
+    lib = gpu.Nvml()
+    s = gpu.Sampler(lib, gpu.to_nvml(lib, ["0"]))
+    for _ in range(4):
+        s.sample_once()
+    s.stop()
+    assert [x.sm_active for x in s.samples] == [None, 77.0, 77.0, 77.0]  # a GPM figure needs two samples
+    assert gpu.summarize(s.samples, [{"t0": 0, "t1": time.time() + 1}], 1)["sm_active_mean"] == 77.0
+    assert not live  # every GPM sample freed
