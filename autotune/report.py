@@ -121,7 +121,8 @@ def _get(d: dict, dotted: str, default=None):
 
 
 def plot_study(study, rows: list[TrialRow], *, feasible_only: bool):
-    """An in-memory copy of the finished trials with the search's feasibility as Optuna constraints."""
+    """An in-memory copy of the study's trials (only the feasible completed ones with ``feasible_only``) with the
+    search's feasibility as Optuna constraints."""
     import optuna
     from optuna.trial import TrialState, create_trial
 
@@ -129,16 +130,17 @@ def plot_study(study, rows: list[TrialRow], *, feasible_only: bool):
     copy = optuna.create_study(directions=study.directions, study_name=study.study_name)
     trials = []
     for t in study.get_trials(deepcopy=False):
-        if t.state not in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
-            continue
         infeasible = by_number[t.number].outcome == "infeasible"
         if feasible_only and (t.state != TrialState.COMPLETE or infeasible):
             continue
         system_attrs = {k: v for k, v in t.system_attrs.items() if not k.startswith("constraints")}
         system_attrs["constraints"] = [1.0 if infeasible else 0.0]
+        # Unfinished trials are copied too (without values), so the copy's trial numbers stay the study's.
         trials.append(create_trial(state=t.state, values=t.values if t.state == TrialState.COMPLETE else None,
-                                   params=t.params, distributions=t.distributions, user_attrs=t.user_attrs,
-                                   system_attrs=system_attrs, intermediate_values=t.intermediate_values))
+                                   params=t.params if t.state != TrialState.WAITING else {},
+                                   distributions=t.distributions if t.state != TrialState.WAITING else {},
+                                   user_attrs=t.user_attrs, system_attrs=system_attrs,
+                                   intermediate_values=t.intermediate_values))
     copy.add_trials(trials)
     return copy
 

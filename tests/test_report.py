@@ -132,6 +132,19 @@ def test_sections_without_data_say_so(tmp_path):
     assert 'id="empty-failures"' in page and "No trial failed" in page
     assert 'id="plot-history"' in page and 'id="plot-spread"' in page
 
+    # A trial still running (another search worker) neither breaks the page nor renumbers the trials after it.
+    running = study.ask()
+    running.set_user_attr("owner_pid", 1)
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[2500.0], params={"training.batch_size": 128},
+                                 distributions={"training.batch_size": DIST["training.batch_size"]},
+                                 user_attrs={"imgs_per_s": 2500.0, "imgs_per_s_windows": [2500.0], "spread": 0.0}))
+    from autotune.report import plot_study, trial_rows
+
+    rows = trial_rows(study)
+    assert [r.outcome for r in rows] == ["complete", "complete", "running", "complete"]
+    assert [t.number for t in plot_study(study, rows, feasible_only=False).trials] == [0, 1, 2, 3]
+    assert 'id="plot-history"' in render_html(study)
+
     empty = optuna.create_study(study_name="empty", storage=storage)
     page = render_html(empty)
     assert page.count('class="empty"') == len(("history", "importances", "parallel", "util", "spread", "failures",
