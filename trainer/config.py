@@ -203,8 +203,10 @@ class MeasureConfig:
     """Warm-up ends after this long even if step time has not settled (recorded as ``warmup_capped``)."""
 
     settle_steps: int = 5
-    """Warm-up ends when the median of the last N step times is within ``settle_tolerance`` of the N before."""
+    """Warm-up ends when the last span of steps took within ``settle_tolerance`` of the span before; a span is at
+    least this many steps and at least ``settle_span_s`` long."""
 
+    settle_span_s: float = 1.0
     settle_tolerance: float = 0.1
     window_s: float = 3.0
     """Target length of one timed window."""

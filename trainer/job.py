@@ -83,7 +83,8 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
         step, epoch = resume(cfg, env, raw_model, optimizer, scaler, scheduler, writer)
 
     meter = ThroughputMeter(cfg.measure, images_per_step=t.batch_size * t.accum_steps, device=env.device,
-                            emit=writer.write, continuous=t.mode == "train")
+                            emit=writer.write, continuous=t.mode == "train",
+                            prefetched_steps=math.ceil(prefetched_batches(cfg) / t.accum_steps))
     loss = torch.zeros((), device=env.device)
     last_log = time.monotonic()
     while not finished(cfg, step, epoch, meter):
@@ -115,6 +116,14 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
         save(cfg, env, raw_model, optimizer, scaler, scheduler, step, epoch, writer)  # the final state, always
     pipeline.close()
     finish(cfg, env, meter, loss, step, epoch, writer)
+
+
+def prefetched_batches(cfg: TrainConfig) -> int:
+    """Batches the loader workers hold ready before the first step (plus one decoded ahead on the GPU path)."""
+    if cfg.data.kind == "synthetic" or cfg.loader.num_workers == 0:
+        return 0
+    ahead = 1 if cfg.data.decode == "nvjpeg-gpu" else 0
+    return cfg.loader.num_workers * (cfg.loader.prefetch_factor or 2) + ahead
 
 
 def finished(cfg: TrainConfig, step: int, epoch: int, meter: ThroughputMeter) -> bool:
@@ -160,7 +169,7 @@ def measure_loader(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
     """The input pipeline alone: how many images per second it delivers to this rank's device."""
     pipeline = build_pipeline(cfg, rank=env.rank, world_size=env.world_size, device=env.device)
     meter = ThroughputMeter(cfg.measure, images_per_step=cfg.training.batch_size, device=env.device,
-                            emit=writer.write)
+                            emit=writer.write, prefetched_steps=prefetched_batches(cfg))
     epoch, checksum = 0, torch.zeros((), device=env.device)
     while not meter.done:
         pipeline.set_epoch(epoch)

@@ -9,6 +9,7 @@ the measured steps keep their normal host/device overlap.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -68,6 +69,9 @@ class ThroughputMeter:
     continuous: bool = False
     """Train mode: keep measuring windows for the whole run instead of finishing after the protocol."""
 
+    prefetched_steps: int = 0
+    """Steps the input pipeline can serve from batches prefetched before training started; always discarded."""
+
     state: str = "warmup"
     warmup_steps: int = 0
     warmup_capped: bool = False
@@ -80,6 +84,10 @@ class ThroughputMeter:
     _win_steps: int = 0
     _win_t0_wall: float = 0.0
     _win_t0: float = 0.0
+
+    @property
+    def min_steps(self) -> int:
+        return max(self.cfg.warmup_min_steps, self.prefetched_steps)
 
     @property
     def done(self) -> bool:
@@ -110,19 +118,23 @@ class ThroughputMeter:
         self._step_times.append(now - self._t_last)
         self._t_last = now
         self.warmup_steps += 1
-        k = self.cfg.settle_steps
-        n = len(self._step_times)
         capped = now - self._t_start >= self.cfg.warmup_max_s
         settled = False
-        if self.warmup_steps >= self.cfg.warmup_min_steps and n >= 2 * k:
-            last = statistics.median(self._step_times[-k:])
-            prev = statistics.median(self._step_times[-2 * k:-k])
-            settled = abs(last - prev) <= self.cfg.settle_tolerance * prev
+        # Steps served from the loader's prefetch buffer are fast and say nothing about the steady state: only the
+        # steps after `min_steps` are compared. Input-bound steps arrive in bursts (a worker finishes a whole batch),
+        # so two consecutive spans of at least `settle_span_s` are compared by their total time, not step by step.
+        usable = self._step_times[self.min_steps:]
+        k = self.cfg.settle_steps
+        if len(usable) >= 2 * k:
+            span = max(k, math.ceil(self.cfg.settle_span_s / max(statistics.median(usable[-k:]), 1e-9)))
+            if len(usable) >= 2 * span:
+                last, prev = sum(usable[-span:]), sum(usable[-2 * span:-span])
+                settled = abs(last - prev) <= self.cfg.settle_tolerance * prev
         # Every rank must leave warm-up on the same step: when all have settled, or any has hit the time cap.
         unsettled, any_capped = _allreduce([float(not settled), float(capped)], dist.ReduceOp.MAX, self.device)
         if unsettled and not any_capped:
             return
-        local = statistics.median(self._step_times[-k:])
+        local = statistics.median(self._step_times[-self.cfg.settle_steps:])
         self.step_time_s = _allreduce([local], dist.ReduceOp.MAX, self.device)[0]
         self.warmup_capped = bool(unsettled)
         self.steps_per_window = max(1, round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
@@ -149,8 +161,10 @@ class ThroughputMeter:
         self.windows.append(w)
         self.emit({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
                    "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3)})
-        # Re-aim the next window at window_s from what this one really took (every rank computes the same number).
-        self.steps_per_window = max(1, round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9)))
+        # Re-aim the next window at window_s from what this one really took (every rank computes the same number),
+        # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
+        aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))
+        self.steps_per_window = max(1, min(2 * w.steps, max(w.steps // 2, aim)))
         if not self.continuous and self._protocol_complete():
             self.state = "done"
             return
