@@ -84,7 +84,8 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
 
     meter = ThroughputMeter(cfg.measure, images_per_step=t.batch_size * t.accum_steps, device=env.device,
                             emit=writer.write, continuous=t.mode == "train",
-                            prefetched_steps=math.ceil(prefetched_batches(cfg) / t.accum_steps))
+                            prefetched_steps=math.ceil(prefetched_batches(cfg) / t.accum_steps),
+                            span_steps=math.ceil(cfg.loader.num_workers / t.accum_steps))
     loss = torch.zeros((), device=env.device)
     last_log = time.monotonic()
     while not finished(cfg, step, epoch, meter):
@@ -169,7 +170,8 @@ def measure_loader(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
     """The input pipeline alone: how many images per second it delivers to this rank's device."""
     pipeline = build_pipeline(cfg, rank=env.rank, world_size=env.world_size, device=env.device)
     meter = ThroughputMeter(cfg.measure, images_per_step=cfg.training.batch_size, device=env.device,
-                            emit=writer.write, prefetched_steps=prefetched_batches(cfg))
+                            emit=writer.write, prefetched_steps=prefetched_batches(cfg),
+                            span_steps=cfg.loader.num_workers)
     epoch, checksum = 0, torch.zeros((), device=env.device)
     while not meter.done:
         pipeline.set_epoch(epoch)

@@ -72,6 +72,9 @@ class ThroughputMeter:
     prefetched_steps: int = 0
     """Steps the input pipeline can serve from batches prefetched before training started; always discarded."""
 
+    span_steps: int = 1
+    """Fewest steps in a settle span: one batch from every loader worker, so a span sees each worker's rhythm."""
+
     state: str = "warmup"
     warmup_steps: int = 0
     warmup_capped: bool = False
@@ -124,7 +127,7 @@ class ThroughputMeter:
         # steps after `min_steps` are compared. Input-bound steps arrive in bursts (a worker finishes a whole batch),
         # so two consecutive spans of at least `settle_span_s` are compared by their total time, not step by step.
         usable = self._step_times[self.min_steps:]
-        k = self.cfg.settle_steps
+        k = max(self.cfg.settle_steps, self.span_steps)
         if len(usable) >= 2 * k:
             span = max(k, math.ceil(self.cfg.settle_span_s / max(statistics.median(usable[-k:]), 1e-9)))
             if len(usable) >= 2 * span:
@@ -172,26 +175,33 @@ class ThroughputMeter:
 
     def _protocol_complete(self) -> bool:
         n = len(self.windows)
-        if n < self.cfg.windows:
-            return False
-        return n >= self.cfg.max_windows or self.spread() <= self.cfg.spread_target
+        return n >= self.cfg.max_windows or (n >= self.cfg.windows and self.spread(self.steady()) <= self.cfg.spread_target)
 
-    def spread(self) -> float:
-        rates = [w.imgs_per_s for w in self.windows]
+    def steady(self) -> list[Window]:
+        """The windows the result stands on: the latest ``windows`` of them when those agree within the spread
+        target (earlier ones were still warming up: a late recompile, a loader catching up), else all of them."""
+        tail = self.windows[-self.cfg.windows:]
+        return tail if self.spread(tail) <= self.cfg.spread_target else list(self.windows)
+
+    @staticmethod
+    def spread(windows: list[Window]) -> float:
+        rates = [w.imgs_per_s for w in windows]
         if len(rates) < 2:
             return 0.0
         med = statistics.median(rates)
         return (max(rates) - min(rates)) / med if med > 0 else float("inf")
 
     def summary(self) -> dict[str, Any]:
-        rates = [w.imgs_per_s for w in self.windows]
+        used = self.steady()
+        rates = [w.imgs_per_s for w in used]
         return {
             "imgs_per_s": round(statistics.median(rates), 3) if rates else None,
-            "imgs_per_s_windows": [round(r, 3) for r in rates],
+            "imgs_per_s_windows": [round(w.imgs_per_s, 3) for w in self.windows],
+            "windows_used": [w.index for w in used],
             "imgs_per_s_min": round(min(rates), 3) if rates else None,
             "imgs_per_s_max": round(max(rates), 3) if rates else None,
-            "spread": round(self.spread(), 5),
-            "windows": len(rates),
+            "spread": round(self.spread(used), 5),
+            "windows": len(self.windows),
             "warmup_steps": self.warmup_steps,
             "warmup_capped": self.warmup_capped,
             "step_time_s": self.step_time_s,
