@@ -1,5 +1,6 @@
-"""The nvjpeg-gpu pipeline's device-agnostic parts, on CPU: byte packing, torchvision-exact crop sampling and
-resampling, and the one-batch-ahead pipeline (decoding with libjpeg-turbo on a CPU device)."""
+"""The nvjpeg-gpu and hybrid pipelines' device-agnostic parts, on CPU: byte packing, torchvision-exact crop sampling
+and resampling, the one-batch-ahead pipeline (decoding with libjpeg-turbo on a CPU device), the hybrid CPU/GPU split,
+and the hybrid path through the real 2-rank gloo job."""
 
 from __future__ import annotations
 
@@ -16,11 +17,28 @@ from torchvision.datasets.folder import find_classes, make_dataset
 from torchvision.io import decode_jpeg, read_file
 from torchvision.transforms.v2 import functional as F
 
+from tests.jobutil import kinds, run_job, tiny_config
 from trainer.config import ConfigError, TrainConfig
+from trainer.data import DeviceNormalize, TensorJPEGDataset, cpu_transforms
 from trainer.datagen import make_image_folder
-from trainer.gpu_decode import (IMAGENET_MEAN, IMAGENET_STD, BatchedDecodePipeline, GpuDecodePipeline,
-                                JpegBytesDataset, batched_resized_crop, collate_bytes, decode_batch, pack_bytes,
-                                sample_crop_boxes, unpack_bytes)
+from trainer.gpu_decode import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    BatchedDecodePipeline,
+    GpuDecodePipeline,
+    HybridCollate,
+    HybridDataset,
+    HybridDecodePipeline,
+    JpegBytesDataset,
+    antialias_weights,
+    batched_resized_crop,
+    collate_bytes,
+    cpu_share,
+    decode_batch,
+    pack_bytes,
+    sample_crop_boxes,
+    unpack_bytes,
+)
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +103,26 @@ def test_batched_crop_matches_torchvision_per_image(decoded):
                                 compute_dtype=torch.float16)
     err16 = (half - out[:4]).abs()
     assert err16.mean() < 0.1 and err16.max() < 1.0, (err16.mean(), err16.max())
+
+
+def test_antialias_taps_hold_every_weight_of_the_dense_filter():
+    # The dense definition (every input column, same float32 arithmetic), against the taps-only computation, from
+    # 224x up to 16x down.
+    lengths = torch.tensor([1, 9, 13, 224, 225, 300, 448, 451, 1999, 3584])
+    size, max_len = 224, 3584
+    flip = torch.arange(len(lengths)) % 2 == 1
+    length = lengths.float().view(-1, 1, 1)
+    scale = length / size
+    support = scale.clamp(min=1.0)
+    centre = scale * (torch.arange(size, dtype=torch.float32).view(1, -1, 1) + 0.5)
+    j = torch.arange(max_len, dtype=torch.float32).view(1, 1, -1)
+    dense = (1 - ((j + 0.5 - centre) / support).abs()).clamp(min=0) * (j < length)
+    dense = dense / dense.sum(2, keepdim=True)
+    dense = torch.where(flip.view(-1, 1, 1), dense.flip(1), dense)
+    ours = antialias_weights(lengths, size, max_len, flip=flip)
+    assert ours.shape == (len(lengths), size, max_len)
+    torch.testing.assert_close(ours, dense, atol=1e-6, rtol=0)  # only the order of the sums differs
+    assert bool(((ours > 0).sum(2) == (dense > 0).sum(2)).all())  # no tap lost at any scale
 
 
 def test_grouping_by_crop_size_changes_nothing(decoded):
@@ -281,3 +319,91 @@ def test_pipeline_reraises_a_loader_error(folder, tmp_path):
     assert multiprocessing.active_children() == []
     with pytest.raises(ConfigError, match="cannot fill one batch"):
         BatchedDecodePipeline(config(), samples[:7], rank=0, world_size=1, device="cpu")
+
+
+# ---- hybrid ----------------------------------------------------------------------------------------------------------
+
+
+def test_cpu_share_is_the_rounded_fraction_of_every_batch():
+    assert [cpu_share(256, f) for f in (0.0, 0.25, 0.5, 0.75, 1.0)] == [0, 64, 128, 192, 256]
+    assert [cpu_share(8, f) for f in (0.1, 0.3, 0.5, 0.99)] == [1, 2, 4, 8]  # half up: 0.8 -> 1, 2.4 -> 2
+    assert cpu_share(3, 0.5) == 2
+    with pytest.raises(ConfigError, match=r"data.hybrid_cpu_fraction=1.5: must be in \[0, 1\]"):
+        TrainConfig().with_overrides({"data.hybrid_cpu_fraction": 1.5})
+
+
+def test_hybrid_worker_decodes_the_first_positions_like_torchvision_cpu(folder):
+    samples = samples_of(folder)
+    cfg = config(**{"data.hybrid_cpu_fraction": 0.3})
+    transform = cpu_transforms(cfg, train=True, decode="torchvision-cpu")
+    ds = HybridDataset(samples, transform, 0.3)
+    indices = [17, 3, 40, 8, 71, 25, 0, 56]  # a sampler's batch: positions 0..1 decode here (0.3 x 8 -> 2)
+    torch.manual_seed(11)
+    items = ds.__getitems__(indices)
+    torch.manual_seed(11)
+    reference = TensorJPEGDataset(samples, transform)
+    for p, (item, (path, label)) in enumerate(zip(items, [samples[i] for i in indices])):
+        assert item[1] == label
+        if p < 2:
+            image, expected_label = reference[indices[p]]
+            assert item[0].dtype == torch.uint8 and item[0].shape == (3, 48, 48) and expected_label == label
+            assert torch.equal(item[0], image)  # same RNG draws, same crop: the torchvision-cpu transform itself
+        else:
+            with open(path, "rb") as f:
+                assert item[0] == f.read()
+    images, buf, lengths, labels = HybridCollate(48)(items)
+    assert images.shape == (2, 3, 48, 48) and images.dtype == torch.uint8
+    assert torch.equal(images[1], items[1][0]) and len(lengths) == 6
+    assert [bytes(v.numpy()) for v in unpack_bytes(buf, lengths)] == [x for x, _ in items[2:]]
+    assert labels.tolist() == [samples[i][1] for i in indices]
+    empty = HybridCollate(48)([(b"\xff", 1)])  # fraction 0: an empty CPU share still has the image shape
+    assert empty[0].shape == (0, 3, 48, 48) and empty[3].tolist() == [1]
+
+
+def test_hybrid_batch_is_the_cpu_share_then_the_gpu_share(folder):
+    samples = samples_of(folder)
+    cfg = config(**{"data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.25, "loader.num_workers": 0})
+    pipe = HybridDecodePipeline(cfg, samples, rank=1, world_size=2, device="cpu")
+    pipe.set_epoch(2)
+    torch.manual_seed(5)  # no workers: the CPU share draws from this process's RNG
+    images, labels = next(iter(pipe))
+    pipe.close()
+    batch = list(pipe.sampler)[:8]
+    assert images.shape == (8, 3, 48, 48) and images.dtype == torch.float32
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert labels.tolist() == [samples[i][1] for i in batch]
+
+    torch.manual_seed(5)
+    transform = cpu_transforms(cfg, train=True, decode="torchvision-cpu")
+    cpu_part = torch.stack([TensorJPEGDataset(samples, transform)[i][0] for i in batch[:2]])
+    normalize = DeviceNormalize(torch.device("cpu"), channels_last=True)
+    torch.testing.assert_close(images[:2], normalize(cpu_part), atol=1e-5, rtol=1e-5)
+    buf, lengths, _ = collate_bytes([JpegBytesDataset(samples)[i] for i in batch[2:]])
+    generator = torch.Generator().manual_seed((cfg.training.seed * 100_003 + 2) * 4_099 + 1)
+    torch.testing.assert_close(images[2:], pipe.decode_and_crop(buf, lengths, generator), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0])
+def test_hybrid_extremes_and_determinism(folder, fraction):
+    pipe = HybridDecodePipeline(config(**{"data.decode": "hybrid", "data.hybrid_cpu_fraction": fraction}),
+                                samples_of(folder), rank=0, world_size=2, device="cpu")
+    pipe.set_epoch(1)
+    first = list(pipe)
+    assert len(first) == 4 and all(x.shape == (8, 3, 48, 48) and torch.isfinite(x).all() for x, _ in first)
+    again = list(pipe)  # workers reseeded from (seed, epoch, rank): the same crops
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
+    pipe.set_epoch(2)
+    assert not torch.equal(first[0][0], next(iter(pipe))[0])
+    pipe.close()
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.slow
+def test_hybrid_runs_in_the_real_job(tiny_jpegs, tmp_path):
+    cfg = tiny_config(**{"data.kind": "imagefolder", "data.path": str(tiny_jpegs), "data.decode": "hybrid",
+                         "data.hybrid_cpu_fraction": 0.5})
+    code, records, log = run_job(cfg, tmp_path)
+    assert code == 0, log
+    windows, (summary,) = kinds(records, "window"), kinds(records, "summary")
+    assert len(windows) >= 3 and all(w["images"] == w["steps"] * 4 * 2 for w in windows)
+    assert summary["loss_finite"] and summary["imgs_per_s"] > 0

@@ -1,22 +1,28 @@
-"""The ``nvjpeg-gpu`` input pipeline: loader workers only read file bytes; the rank's GPU decodes and augments.
+"""The ``nvjpeg-gpu`` and ``hybrid`` input pipelines: loader workers read bytes; the rank's GPU decodes and augments.
 
-On the H200 machines one CPU core decodes + crops ~350 JPEGs/s while one GPU trains ResNet-50 at ~4,500 imgs/s, so
-the CPU paths cannot keep up however many workers they get. nvJPEG decodes ~21,800 imgs/s in batches of 256; what
-remains is to keep everything after the decode batched too (see ``../shared/GPU.md`` for the measurements behind
-each choice here):
+On the H200 machines one CPU core decodes + crops ~350 JPEGs/s while one GPU trains ResNet-50 at ~4,500-6,000
+imgs/s, so the CPU paths cannot keep up however many workers they get. nvJPEG decodes thousands of imgs/s in batches
+of 256; what remains is to keep everything after the decode batched too, and cheap in both device time and host
+(GIL) time, because it shares the GPU and the process with training (see ``../shared/GPU.md`` for the
+measurements behind each choice here):
 
 - Workers return one batch as ONE uint8 tensor of concatenated file bytes + lengths + labels: every tensor that
   crosses the worker queue costs a shared-memory handle, and 256 small ones per batch halved throughput.
 - RandomResizedCrop boxes are sampled for the whole batch at once with torchvision's rule (10 tries, log-uniform
   aspect ratio, centre-crop fallback), on the CPU with the pipeline's own generator: no GPU sync, reproducible.
-- Crop + resize of all images is two batched matmuls with antialiased bilinear weights, computed exactly as
-  ``torch.nn.functional.interpolate(mode="bilinear", antialias=True)`` (what torchvision's ``resized_crop`` uses)
-  computes them; the flip is folded into the horizontal weights and normalization into the final write, which
-  also produces the channels_last layout. A per-image Python loop after the decode cut 21,800 imgs/s to 4,400.
-- Decode and augment run one batch ahead in a background thread on a side CUDA stream, handed over with an event:
-  decoding synchronously on the training stream cost ~20 %.
+- Crop + resize of all images is one row gather and two batched matmuls with antialiased bilinear weights,
+  computed exactly as ``torch.nn.functional.interpolate(mode="bilinear", antialias=True)`` (what torchvision's
+  ``resized_crop`` uses) computes them; the flip is folded into the horizontal weights and normalization into the
+  final write, which also produces the channels_last layout. A per-image Python loop after the decode cut
+  21,800 imgs/s to 4,400. The gather indexes whole crop rows (one offset per image, row and channel), and the
+  weights are computed only for the few taps each output reads, then scattered into the matmul operands; all
+  per-image host numbers reach the device in one pinned copy per batch.
+- Decode and augment run one batch ahead in a background thread on a high-priority side CUDA stream, handed over
+  with an event: decoding synchronously on the training stream cost ~20 %.
+- ``hybrid`` moves a fixed share of every batch back to the workers (decoded and augmented there as in the
+  ``torchvision-cpu`` path), so spare CPU cores take work off the GPU and the pipeline's thread.
 
-Every function before the pipeline class is device-agnostic (CPU tensors in tests, CUDA tensors in training).
+Every function before the pipeline classes is device-agnostic (CPU tensors in tests, CUDA tensors in training).
 """
 
 from __future__ import annotations
@@ -28,11 +34,10 @@ import threading
 from typing import Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
 from trainer.config import ConfigError, TrainConfig
-from trainer.data import IMAGENET_MEAN, IMAGENET_STD
-
+from trainer.data import IMAGENET_MEAN, IMAGENET_STD, TensorJPEGDataset
 
 # ---- worker side: bytes only -----------------------------------------------------------------------------------------
 
@@ -72,6 +77,56 @@ def collate_bytes(batch: Sequence[tuple[bytes, int]]) -> tuple[torch.Tensor, tor
     """DataLoader ``collate_fn``: ``(packed bytes, lengths, labels)`` — three tensors per batch, whatever its size."""
     buf, lengths = pack_bytes([b for b, _ in batch])
     return buf, lengths, torch.tensor([label for _, label in batch], dtype=torch.int64)
+
+
+# ---- worker side, hybrid: part decoded here, part as bytes -----------------------------------------------------------
+
+
+def cpu_share(batch_size: int, fraction: float) -> int:
+    """How many images of a batch the ``hybrid`` path decodes in the loader workers: ``fraction`` of the batch,
+    rounded half up, so every batch splits the same way."""
+    return min(batch_size, max(0, math.floor(fraction * batch_size + 0.5)))
+
+
+class HybridDataset(Dataset):
+    """The ``hybrid`` path's worker side. Fetched a batch at a time (the DataLoader calls ``__getitems__`` with the
+    batch's indices): the first ``cpu_share`` positions are decoded and augmented here exactly as the
+    ``torchvision-cpu`` path does it (``TensorJPEGDataset``: libjpeg-turbo, transforms.v2 on uint8), the rest are
+    read as bytes for the GPU. Positions, not file indices, decide, so the split is exact in every batch and
+    deterministic in the sampler's order (which is already a shuffle)."""
+
+    def __init__(self, samples: Sequence[tuple[str, int]], transform, cpu_fraction: float):
+        self.samples, self.cpu_fraction = samples, cpu_fraction
+        self.decoded = TensorJPEGDataset(samples, transform)
+        self.raw = JpegBytesDataset(samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        return self.raw[i]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor | bytes, int]]:
+        k = cpu_share(len(indices), self.cpu_fraction)
+        return [self.decoded[i] if p < k else self.raw[i] for p, i in enumerate(indices)]
+
+
+class HybridCollate:
+    """``collate_fn`` of the hybrid path: ``(CPU share as ONE uint8 k x 3 x S x S tensor, packed bytes of the GPU
+    share, their lengths, labels)`` — labels in output order, CPU share first. One tensor for all decoded images:
+    each tensor crossing the worker queue costs a shared-memory handle (``default_collate`` stacks straight into
+    shared memory in a worker)."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __call__(self, batch: Sequence[tuple[torch.Tensor | bytes, int]]):
+        cpu = [(x, y) for x, y in batch if isinstance(x, torch.Tensor)]
+        raw = [(x, y) for x, y in batch if not isinstance(x, torch.Tensor)]
+        images = (default_collate([x for x, _ in cpu]) if cpu
+                  else torch.empty((0, 3, self.size, self.size), dtype=torch.uint8))
+        buf, lengths = pack_bytes([x for x, _ in raw])
+        return images, buf, lengths, torch.tensor([y for _, y in cpu + raw], dtype=torch.int64)
 
 
 # ---- decode ----------------------------------------------------------------------------------------------------------
@@ -141,97 +196,184 @@ def sample_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, *, scale: tup
     return torch.stack([top, left, h_box, w_box], dim=1).to(torch.int64)
 
 
-def antialias_weights(lengths: torch.Tensor, out_size: int, max_len: int, *, dtype: torch.dtype = torch.float32,
-                      flip: torch.Tensor | None = None) -> torch.Tensor:
-    """Resampling matrices (B x out_size x max_len) taking each row of ``lengths[b]`` inputs to ``out_size``
-    outputs: bilinear with the antialias filter of ``interpolate(mode="bilinear", antialias=True)`` (a triangle
-    stretched by the downscale factor, pixel centres aligned, clamped at the edges); columns past an image's length
-    are zero. ``flip[b]`` reverses the output order (a horizontal flip when used for columns)."""
+def _antialias_taps(lengths: torch.Tensor, out_size: int, taps: int, *,
+                    flip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The nonzero part of each resampling row: ``(index, weight)``, both ``len(lengths) x out_size x taps``.
+
+    The weights are those of ``interpolate(mode="bilinear", antialias=True)``: a triangle stretched by the downscale
+    factor, pixel centres aligned, renormalized over the taps inside the image. Output ``i`` only reads input
+    pixels within ``support`` of its centre, so ``taps = ceil(2 * support) + 2`` columns starting just below
+    ``centre - support`` hold every nonzero weight (``_tap_count``); computing just those instead of a dense
+    row over the whole crop is what keeps this cheap (``taps`` is ~8 where a crop row is ~400 pixels). Taps outside
+    ``[0, length)`` get weight 0 and an index clamped into that range, so adding them anywhere changes nothing.
+    ``flip[b]`` reverses the output order (a horizontal flip when used for columns)."""
     device = lengths.device
     length = lengths.to(torch.float32).view(-1, 1, 1)
     scale = length / out_size
     support = torch.clamp(scale, min=1.0)  # downscaling widens the filter to cover every input pixel
     centre = scale * (torch.arange(out_size, device=device, dtype=torch.float32).view(1, -1, 1) + 0.5)
-    j = torch.arange(max_len, device=device, dtype=torch.float32).view(1, 1, -1)
+    j = torch.floor(centre - support - 0.5) + torch.arange(taps, device=device, dtype=torch.float32).view(1, 1, -1)
     w = torch.clamp(1.0 - ((j + 0.5 - centre) / support).abs(), min=0.0)
-    w = w * (j < length)
+    w = w * ((j >= 0) & (j < length))
     w = w / w.sum(dim=2, keepdim=True)
+    index = torch.minimum(j.clamp(min=0), length - 1).to(torch.int64)
     if flip is not None:
-        w = torch.where(flip.to(device).view(-1, 1, 1), w.flip(1), w)
-    return w.to(dtype)
+        f = flip.to(device).view(-1, 1, 1)
+        index, w = torch.where(f, index.flip(1), index), torch.where(f, w.flip(1), w)
+    return index, w
 
 
-def gather_crops(images: Sequence[torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
-    """The crop of every 3xHxW uint8 image, packed into one B x Hc x 3 x Wc uint8 tensor (Hc, Wc: the largest
-    crop). Rows-then-channels is the layout the vertical resample matmul can read without a copy. Cells beyond an
-    image's crop repeat its last row/column: finite values, which the zero weights there ignore."""
-    device = images[0].device
-    boxes = boxes.cpu()
-    n = len(images)
-    sizes = torch.tensor([[im.shape[-2], im.shape[-1]] for im in images], dtype=torch.int64)
-    numel = sizes[:, 0] * sizes[:, 1] * 3
-    offsets = torch.cumsum(numel, 0) - numel
-    hc, wc = int(boxes[:, 2].max()), int(boxes[:, 3].max())
-    index_dtype = torch.int32 if int(numel.sum()) < 2**31 else torch.int64
-    # One small host-to-device copy carries all per-image numbers; everything else is computed there.
-    meta = torch.cat([offsets.view(-1, 1), sizes, boxes], dim=1).to(device, non_blocking=True)
-    off, h_img, w_img, top, left, h, w = (meta[:, k:k + 1] for k in range(7))
-    ys = torch.minimum(torch.arange(hc, device=device).view(1, -1), h - 1)
-    xs = torch.minimum(torch.arange(wc, device=device).view(1, -1), w - 1)
-    rows = off + (top + ys) * w_img + left  # B x Hc
-    channels = torch.arange(3, device=device).view(1, -1) * (h_img * w_img)  # B x 3
-    index = (rows.to(index_dtype).view(n, hc, 1, 1) + channels.to(index_dtype).view(n, 1, 3, 1)
-             + xs.to(index_dtype).view(n, 1, 1, wc))
-    flat = torch.cat([im.reshape(-1) for im in images])
-    return torch.index_select(flat, 0, index.view(-1)).view(n, hc, 3, wc)
+def _tap_count(max_len: int, out_size: int) -> int:
+    # Inputs j with |j + 0.5 - centre| < support: an open interval of length 2 * support, started one below.
+    return math.ceil(2 * max(1.0, max_len / out_size)) + 2
+
+
+def antialias_weights(lengths: torch.Tensor, out_size: int, max_len: int, *, dtype: torch.dtype = torch.float32,
+                      flip: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense resampling matrices (B x out_size x max_len) taking each row of ``lengths[b]`` inputs to ``out_size``
+    outputs with the weights of ``_antialias_taps``; columns past an image's length are zero. ``max_len`` must be
+    at least ``lengths.max()``."""
+    index, w = _antialias_taps(lengths, out_size, _tap_count(max_len, out_size), flip=flip)
+    return _scatter_rows(index, w.to(dtype), max_len)
+
+
+def _scatter_rows(index: torch.Tensor, w: torch.Tensor, width: int) -> torch.Tensor:
+    # Each row's nonzero taps have distinct indices; the zero-weight ones land on some of them and add exactly 0.
+    dense = torch.zeros((*index.shape[:2], width), dtype=w.dtype, device=w.device)
+    return dense.scatter_add_(2, index, w)
+
+
+def _round_up(x: int, multiple: int = 8) -> int:
+    return -(-x // multiple) * multiple
+
+
+_NORMALIZE: dict = {}
+
+
+def _normalize_constants(device: torch.device, mean: Sequence[float], std: Sequence[float]):
+    """``(scale, shift)`` with ``x * scale + shift == (x / 255 - mean) / std``, made once per device: creating
+    them per batch cost two pageable host-to-device copies each time."""
+    key = (device, tuple(mean), tuple(std))
+    if key not in _NORMALIZE:
+        scale = torch.tensor([1.0 / (255.0 * s) for s in std], dtype=torch.float32).view(1, 3, 1, 1)
+        shift = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=torch.float32).view(1, 3, 1, 1)
+        _NORMALIZE[key] = (scale.to(device), shift.to(device))
+    return _NORMALIZE[key]
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # A pageable source makes a "non-blocking" copy synchronous (the driver stages it); a pinned one is truly async.
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def normalize_into(target: torch.Tensor, images: torch.Tensor, *, mean: Sequence[float] = IMAGENET_MEAN,
+                   std: Sequence[float] = IMAGENET_STD) -> torch.Tensor:
+    """``target = (images / 255 - mean) / std`` in one pass, for uint8 or float 0-255 ``images`` (any layout)."""
+    scale, shift = _normalize_constants(target.device, mean, std)
+    return torch.addcmul(shift, images, scale, out=target)
 
 
 def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, size: int, *,
                          flip: torch.Tensor | None = None, normalize: bool = True,
                          mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                          channels_last: bool = False, compute_dtype: torch.dtype | None = None,
-                         out_dtype: torch.dtype = torch.float32, max_cells: int = 2**25) -> torch.Tensor:
+                         out_dtype: torch.dtype = torch.float32, max_cells: int = 2**25,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
     """Crop ``boxes[b] = [top, left, h, w]`` out of each 3xHxW uint8 image, resize it to ``size`` x ``size`` with
     antialiased bilinear interpolation (as ``torchvision.transforms.v2.functional.resized_crop(..., antialias=True)``),
     flip where ``flip`` is true, and (``normalize``) scale to [0, 1] and normalize by ``mean``/``std``; without
-    ``normalize`` the output stays on the 0-255 scale. Returns B x 3 x size x size ``out_dtype``.
+    ``normalize`` the output stays on the 0-255 scale. Returns B x 3 x size x size ``out_dtype``, written into
+    ``out`` when given (any B x 3 x size x size view, e.g. a slice of a larger batch).
+
+    ``boxes`` and ``flip`` live on the CPU (they are sampled there); the images on the device. Everything the host
+    knows (sizes, boxes, flips, offsets) crosses to the device in one pinned copy; nothing waits for the device.
 
     ``compute_dtype`` is the matmuls' dtype: default float32 on CPU and float16 on CUDA (tensor cores, half the
     memory traffic; uint8 values are exact in it and the error stays below the uint8 rounding of the CPU paths).
 
-    Crops are padded to the largest in their group, so one 2000-px photo among 300-px ones would inflate the whole
-    batch: images are grouped by crop size, each group holding at most ``max_cells`` padded pixels (a lone crop
-    larger than that is a group of its own). Typical ImageNet-sized batches of 256 make two or three groups.
+    How: all images are concatenated into one flat uint8 buffer. A crop row of one channel is a contiguous run of
+    that buffer, so ``flat.unfold(0, Wc, 1)`` (a view: row ``i`` is ``flat[i:i + Wc]``) indexed by one start
+    offset per (image, row, channel) gathers every crop into B x Hc x 3 x Wc: the index has B * Hc * 3 entries,
+    not B * Hc * 3 * Wc (~400x fewer than a per-pixel index). Then two batched matmuls resample rows and columns.
+    Cells beyond a crop (padding to Hc, Wc) hold whatever pixels follow it: finite, and their weights are zero.
+
+    Crops are padded to the largest in their group (rounded up to a multiple of 8, which keeps every matmul
+    operand's leading dimension 16-byte aligned for the tensor cores), so one 2000-px photo among 300-px ones would
+    inflate the whole batch: images are grouped by crop size, each group holding at most ``max_cells`` padded
+    pixels (a lone crop larger than that is a group of its own). Typical ImageNet-sized batches of 256 make two or
+    three groups.
     """
     n, device = len(images), images[0].device
     if compute_dtype is None:
         compute_dtype = torch.float16 if device.type == "cuda" else torch.float32
-    boxes = boxes.cpu()
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    result = torch.empty((n, 3, size, size), dtype=out_dtype, device=device, memory_format=fmt)
-    if normalize:
-        scale = torch.tensor([1.0 / (255.0 * s) for s in std], dtype=torch.float32).view(1, 3, 1, 1).to(device)
-        shift = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=torch.float32).view(1, 3, 1, 1).to(device)
-    groups = _groups_by_crop_size(boxes, max_cells)
+    if out is None:
+        out = torch.empty((n, 3, size, size), dtype=out_dtype, device=device, memory_format=fmt)
+    elif tuple(out.shape) != (n, 3, size, size):
+        raise ValueError(f"out has shape {tuple(out.shape)}, expected {(n, 3, size, size)}")
+    box_list = boxes.cpu().tolist()
+    flips = flip.cpu().tolist() if flip is not None else [False] * n
+    groups = _groups_by_crop_size(box_list, max_cells)
+
+    # Host metadata, one row per image in group order: [position, first pixel of the crop in the flat buffer,
+    # image width, last crop row, channel plane size, crop height, crop width, flip].
+    meta, spans, offset, offsets = [], [], 0, []
+    for im in images:
+        offsets.append(offset)
+        offset += im.numel()
     for members in groups:
-        sub_flip = None if flip is None else flip[members]
-        out = _resized_crops(
-            [images[i] for i in members.tolist()], boxes[members], size, sub_flip, compute_dtype)
-        target = result if len(groups) == 1 else torch.empty_like(result[:len(members)], memory_format=fmt)
+        start = len(meta)
+        for i in members:
+            top, left, h, w = box_list[i]
+            height, width = images[i].shape[-2], images[i].shape[-1]
+            meta.append([i, offsets[i] + top * width + left, width, h - 1, height * width, h, w, int(flips[i])])
+        spans.append((start, len(meta), _round_up(max(box_list[i][2] for i in members)),
+                      _round_up(max(box_list[i][3] for i in members))))
+    meta_d = _to_device(torch.tensor(meta, dtype=torch.int64), device)
+    position, row0, width, last_row, plane, crop_h, crop_w, flip_d = (meta_d[:, k] for k in range(8))
+
+    # Resampling taps of all rows (heights) and columns (widths) of the batch at once: a few small kernels.
+    max_len = max(max(b[2], b[3]) for b in box_list)
+    taps = _tap_count(max_len, size)
+    tap_flip = torch.cat([torch.zeros_like(flip_d), flip_d]).bool() if flip is not None else None
+    tap_index, tap_w = _antialias_taps(torch.cat([crop_h, crop_w]), size, taps, flip=tap_flip)
+    tap_w = tap_w.to(compute_dtype)
+
+    # The tail pad lets the last row's run read Wc cells past the end; uint8 needs no initialization to be finite.
+    flat = torch.empty(offset + max(s[3] for s in spans), dtype=torch.uint8, device=device)
+    torch.cat([im.reshape(-1) for im in images], out=flat[:offset])
+    channel = torch.arange(3, device=device)
+    for start, end, hc, wc in spans:
+        g = end - start
+        ys = torch.arange(hc, device=device).view(1, -1)
+        rows = row0[start:end, None] + torch.minimum(ys, last_row[start:end, None]) * width[start:end, None]
+        first = rows.view(g, hc, 1) + plane[start:end, None, None] * channel  # g x Hc x 3 run starts
+        crops = flat.unfold(0, wc, 1).index_select(0, first.view(-1)).to(compute_dtype).view(g, hc, 3 * wc)
+        wy = _scatter_rows(tap_index[start:end], tap_w[start:end], hc)
+        wx = _scatter_rows(tap_index[n + start:n + end], tap_w[n + start:n + end], wc)
+        resampled = torch.bmm(wy, crops)  # g x size x (3 * Wc): rows, channels, columns
+        resampled = torch.bmm(resampled.view(g, size * 3, wc), wx.transpose(1, 2))  # g x (size * 3) x size
+        resampled = resampled.view(g, size, 3, size).permute(0, 2, 1, 3)
+        target = out if len(spans) == 1 else torch.empty((g, 3, size, size), dtype=out.dtype, device=device,
+                                                         memory_format=fmt)
         if normalize:
-            torch.addcmul(shift, out, scale, out=target)
+            normalize_into(target, resampled, mean=mean, std=std)
         else:
-            target.copy_(out)
-        if len(groups) > 1:
-            result.index_copy_(0, members.to(device, non_blocking=True), target)
-    return result
+            target.copy_(resampled)
+        if len(spans) > 1:
+            out.index_copy_(0, position[start:end], target)
+    return out
 
 
-def _groups_by_crop_size(boxes: torch.Tensor, max_cells: int) -> list[torch.Tensor]:
-    order = torch.argsort(boxes[:, 2] * boxes[:, 3]).tolist()
+def _groups_by_crop_size(boxes: list[list[int]], max_cells: int) -> list[list[int]]:
+    """Image indices grouped by crop area (plain Python on host numbers: no tensor indexing per image); a single
+    group keeps the caller's order, so its output needs no scatter."""
+    order = sorted(range(len(boxes)), key=lambda i: boxes[i][2] * boxes[i][3])
     groups, current, max_h, max_w = [], [], 0, 0
     for i in order:
-        h, w = int(boxes[i, 2]), int(boxes[i, 3])
+        h, w = boxes[i][2], boxes[i][3]
         grown_h, grown_w = max(max_h, h), max(max_w, w)
         if current and (len(current) + 1) * grown_h * grown_w > max_cells:
             groups.append(current)
@@ -240,22 +382,8 @@ def _groups_by_crop_size(boxes: torch.Tensor, max_cells: int) -> list[torch.Tens
         max_h, max_w = grown_h, grown_w
     groups.append(current)
     if len(groups) == 1:
-        return [torch.arange(len(order))]  # keep the caller's order: no scatter needed
-    return [torch.tensor(g, dtype=torch.int64) for g in groups]
-
-
-def _resized_crops(images: Sequence[torch.Tensor], boxes: torch.Tensor, size: int, flip: torch.Tensor | None,
-                   compute_dtype: torch.dtype) -> torch.Tensor:
-    """The resampled crops, 0-255 scale, as a B x 3 x size x size view of a rows-channels-columns buffer."""
-    n, device = len(images), images[0].device
-    crops = gather_crops(images, boxes)  # B x Hc x 3 x Wc
-    hc, wc = crops.shape[1], crops.shape[3]
-    crop_hw = boxes[:, 2:4].to(device, non_blocking=True)
-    wy = antialias_weights(crop_hw[:, 0], size, hc, dtype=compute_dtype)
-    wx = antialias_weights(crop_hw[:, 1], size, wc, dtype=compute_dtype, flip=flip)
-    rows = torch.bmm(wy, crops.to(compute_dtype).view(n, hc, 3 * wc))  # B x size x (3 * Wc)
-    out = torch.bmm(rows.view(n, size * 3, wc), wx.transpose(1, 2))  # B x (size * 3) x size: rows, channels, columns
-    return out.view(n, size, 3, size).permute(0, 2, 1, 3)
+        return [list(range(len(boxes)))]
+    return groups
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------------------------
@@ -267,30 +395,40 @@ class BatchedDecodePipeline:
     The protocol of every pipeline in ``trainer/data.py``: iterating yields ``(images, labels)`` on the device
     (float32, normalized, channels_last when configured; int64); ``len()`` is batches per epoch on this rank;
     ``set_epoch``; ``close``. On CUDA the work runs on a side stream and the consumer's stream waits on an event,
-    so training kernels and the next batch's decode overlap. On a CPU device the same code decodes with
-    libjpeg-turbo (used by the tests and the benchmark's smoke run; ``GpuDecodePipeline`` is what training uses).
+    so training kernels and the next batch's decode overlap. The side stream has high priority (``stream_priority``,
+    lower is higher): its kernels are small and many, and at equal priority each one queues behind the training
+    kernels that fill the GPU, which stretches the next batch's preparation well past its own GPU time. On a CPU
+    device the same code decodes with libjpeg-turbo (used by the tests and the benchmark's smoke run;
+    ``GpuDecodePipeline`` is what training uses).
     """
 
     def __init__(self, cfg: TrainConfig, samples: Sequence[tuple[str, int]], *, rank: int, world_size: int,
-                 device: torch.device | str, ahead: int = 1):
+                 device: torch.device | str, ahead: int = 1, stream_priority: int = -1):
         self.device = torch.device(device)
         self.cfg = cfg
         batch = cfg.training.batch_size
         if len(samples) < batch * world_size:
             raise ConfigError([f"{len(samples)} training images cannot fill one batch of {batch} on each of "
                                f"{world_size} ranks: lower training.batch_size or add images"])
-        self.dataset = JpegBytesDataset(samples)
+        self.dataset, collate = self._dataset(samples)
         self.sampler = DistributedSampler(self.dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                           seed=cfg.training.seed, drop_last=True)
         ld = cfg.loader
         self.loader = DataLoader(
-            self.dataset, batch_size=batch, sampler=self.sampler, collate_fn=collate_bytes, drop_last=True,
+            self.dataset, batch_size=batch, sampler=self.sampler, collate_fn=collate, drop_last=True,
             num_workers=ld.num_workers, prefetch_factor=ld.prefetch_factor if ld.num_workers > 0 else None,
             pin_memory=ld.pin_memory and self.device.type == "cuda",
-            persistent_workers=ld.persistent_workers and ld.num_workers > 0)
+            persistent_workers=ld.persistent_workers and ld.num_workers > 0, **self._loader_seeding())
         self.rank, self.ahead, self.epoch = rank, ahead, 0
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.stream = (torch.cuda.Stream(self.device, priority=stream_priority) if self.device.type == "cuda"
+                       else None)
         self._producer: _Producer | None = None
+
+    def _dataset(self, samples):
+        return JpegBytesDataset(samples), collate_bytes
+
+    def _loader_seeding(self) -> dict:
+        return {}
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -303,8 +441,10 @@ class BatchedDecodePipeline:
         if self._producer is not None:  # an earlier iteration the consumer left unfinished
             self._producer.stop()
         # Crops and flips derive from (seed, epoch, rank): a resumed run replays its epoch's augmentation.
-        generator = torch.Generator().manual_seed(
-            (self.cfg.training.seed * 100_003 + self.epoch) * 4_099 + self.rank)
+        seed = (self.cfg.training.seed * 100_003 + self.epoch) * 4_099 + self.rank
+        generator = torch.Generator().manual_seed(seed)
+        if self.loader.generator is not None:  # worker RNG seeds (hybrid's CPU share) are drawn from it below
+            self.loader.generator.manual_seed(seed)
         producer = _Producer(self, iter(self.loader), generator)  # workers fork here, in the caller's thread
         self._producer = producer
         try:
@@ -326,18 +466,23 @@ class BatchedDecodePipeline:
             if self._producer is producer:
                 self._producer = None
 
-    def prepare(self, buf: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """One packed batch from the loader -> ``(images, labels)`` on the device (on the current stream)."""
+    def prepare(self, batch, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch from the loader (packed bytes, lengths, labels) -> ``(images, labels)`` on the device (on the
+        current stream)."""
+        buf, lengths, labels = batch
+        return self.decode_and_crop(buf, lengths, generator), labels.to(self.device, non_blocking=True)
+
+    def decode_and_crop(self, buf: torch.Tensor, lengths: torch.Tensor, generator: torch.Generator,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode the packed JPEGs on the device and RandomResizedCrop + flip + normalize them (into ``out``)."""
         d = self.cfg.data
         images = decode_batch(unpack_bytes(buf, lengths), self.device)
         heights = torch.tensor([im.shape[-2] for im in images])
         widths = torch.tensor([im.shape[-1] for im in images])
         boxes = sample_crop_boxes(heights, widths, scale=d.crop_scale, ratio=d.crop_ratio, generator=generator)
         flip = torch.rand(len(images), generator=generator) < 0.5 if d.hflip else None
-        out = batched_resized_crop(images, boxes, d.image_size, flip=flip,
-                                   channels_last=self.cfg.training.channels_last)
-        return out, labels.to(self.device, non_blocking=True)
+        return batched_resized_crop(images, boxes, d.image_size, flip=flip,
+                                    channels_last=self.cfg.training.channels_last, out=out)
 
     def close(self) -> None:
         if self._producer is not None:
@@ -352,10 +497,45 @@ class GpuDecodePipeline(BatchedDecodePipeline):
     """``data.decode: nvjpeg-gpu`` — needs a CUDA device."""
 
     def __init__(self, cfg: TrainConfig, samples: Sequence[tuple[str, int]], *, rank: int, world_size: int,
-                 device: torch.device | str, ahead: int = 1):
+                 device: torch.device | str, ahead: int = 1, stream_priority: int = -1):
         if torch.device(device).type != "cuda" or not torch.cuda.is_available():
             raise ConfigError(["data.decode=nvjpeg-gpu needs a CUDA GPU: use torchvision-cpu or pil on this machine"])
-        super().__init__(cfg, samples, rank=rank, world_size=world_size, device=device, ahead=ahead)
+        super().__init__(cfg, samples, rank=rank, world_size=world_size, device=device, ahead=ahead,
+                         stream_priority=stream_priority)
+
+
+class HybridDecodePipeline(BatchedDecodePipeline):
+    """``data.decode: hybrid`` — ``data.hybrid_cpu_fraction`` of every batch is decoded and augmented by the loader
+    workers (``HybridDataset``), the rest by the device as in ``nvjpeg-gpu``; the output is the CPU share
+    (normalized on the device) followed by the GPU share, labels alike. The fraction trades CPU cores for device
+    time, which is what the tuner balances. Works on a CPU device too (both shares then decode with libjpeg-turbo).
+    """
+
+    def _dataset(self, samples):
+        from trainer.data import cpu_transforms
+
+        transform = cpu_transforms(self.cfg, train=True, decode="torchvision-cpu")
+        return (HybridDataset(samples, transform, self.cfg.data.hybrid_cpu_fraction),
+                HybridCollate(self.cfg.data.image_size))
+
+    def _loader_seeding(self) -> dict:
+        from trainer.data import _seed_worker
+
+        # The CPU share's transforms draw from each worker's torch RNG, seeded from this generator (as in the
+        # torchvision-cpu path); __iter__ reseeds it from (seed, epoch, rank).
+        return {"worker_init_fn": _seed_worker, "generator": torch.Generator().manual_seed(self.cfg.training.seed)}
+
+    def prepare(self, batch, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        cpu_images, buf, lengths, labels = batch
+        k, size = cpu_images.shape[0], self.cfg.data.image_size
+        fmt = torch.channels_last if self.cfg.training.channels_last else torch.contiguous_format
+        out = torch.empty((k + lengths.numel(), 3, size, size), dtype=torch.float32, device=self.device,
+                          memory_format=fmt)
+        if k:
+            normalize_into(out[:k], cpu_images.to(self.device, non_blocking=True))
+        if lengths.numel():
+            self.decode_and_crop(buf, lengths, generator, out=out[k:])
+        return out, labels.to(self.device, non_blocking=True)
 
 
 class _Producer:
@@ -376,14 +556,14 @@ class _Producer:
                 on_side_stream.enter_context(torch.cuda.device(p.device))
                 on_side_stream.enter_context(torch.cuda.stream(p.stream))
             with on_side_stream:
-                for buf, lengths, labels in self.batches:
+                for batch in self.batches:
                     if self.stopping.is_set():
                         return
                     if p.stream is not None:
                         # nvJPEG writes its outputs from its own stream; memory this stream freed (the last batch's
                         # temporaries) may be handed to those outputs only once this stream's reads of it are done.
                         p.stream.synchronize()
-                    images, labels = p.prepare(buf, lengths, labels, self.generator)
+                    images, labels = p.prepare(batch, self.generator)
                     ready = None
                     if p.stream is not None:
                         ready = torch.cuda.Event()
