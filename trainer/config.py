@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-DECODE_PATHS = ("pil", "torchvision-cpu", "nvjpeg-gpu")
+DECODE_PATHS = ("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid")
 DATA_KINDS = ("synthetic", "imagefolder")
 MODES = ("measure", "train", "loader")
 
@@ -65,9 +65,14 @@ class DataConfig:
     num_classes: int | None = None
     """Classes of the model head; ``None`` means: the ImageFolder's class count (1000 for synthetic data)."""
 
-    decode: Literal["pil", "torchvision-cpu", "nvjpeg-gpu"] = "pil"
+    decode: Literal["pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid"] = "pil"
     """Input pipeline: PIL in loader workers (the classic), ``torchvision.io`` libjpeg-turbo in workers (uint8 out,
-    normalized on the device), or nvJPEG on the GPU with batched GPU augmentation (workers only read bytes)."""
+    normalized on the device), nvJPEG on the GPU with batched GPU augmentation (workers only read bytes), or
+    ``hybrid``: ``hybrid_cpu_fraction`` of each batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu``."""
+
+    hybrid_cpu_fraction: float = 0.5
+    """``decode: hybrid`` only: the share of every batch decoded and augmented by the loader workers (0: all on the
+    GPU, 1: all on the CPU); it balances CPU cores against device time taken from training."""
 
     crop_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as in torchvision."""
@@ -330,6 +335,8 @@ class TrainConfig:
             p.append(f"data.image_size={d.image_size}: must be >= 8")
         if d.num_classes is not None and d.num_classes < 1:
             p.append(f"data.num_classes={d.num_classes}: must be >= 1")
+        if not 0.0 <= d.hybrid_cpu_fraction <= 1.0:
+            p.append(f"data.hybrid_cpu_fraction={d.hybrid_cpu_fraction}: must be in [0, 1]")
         if not 0.0 <= d.val_fraction < 1.0:
             p.append(f"data.val_fraction={d.val_fraction}: must be in [0, 1)")
         for name, (lo, hi) in (("crop_scale", d.crop_scale), ("crop_ratio", d.crop_ratio)):

@@ -9,6 +9,7 @@ config asks), labels int64 — so the loop never knows which path produced them:
 - ``torchvision-cpu``: ``torchvision.io.decode_jpeg`` (libjpeg-turbo) and transforms.v2 on uint8 tensors in the
   workers; uint8 crosses the queue and the bus (4x fewer bytes) and normalization runs on the device.
 - ``nvjpeg-gpu``: workers only read bytes; the GPU decodes and augments (``trainer/gpu_decode.py``).
+- ``hybrid``: a fixed share of every batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu`` (``gpu_decode.py``).
 """
 
 from __future__ import annotations
@@ -248,11 +249,12 @@ def build_pipeline(cfg: TrainConfig, *, rank: int, world_size: int, device: torc
     chosen = train_split if split == "train" else val_split
     if chosen is None:
         return None
-    if cfg.data.decode == "nvjpeg-gpu" and split == "train":
-        from trainer.gpu_decode import GpuDecodePipeline
+    if cfg.data.decode in ("nvjpeg-gpu", "hybrid") and split == "train":
+        from trainer.gpu_decode import GpuDecodePipeline, HybridDecodePipeline
 
-        return GpuDecodePipeline(cfg, chosen.samples, rank=rank, world_size=world_size, device=device)
-    if split == "val" and cfg.data.decode == "nvjpeg-gpu":
+        cls = GpuDecodePipeline if cfg.data.decode == "nvjpeg-gpu" else HybridDecodePipeline
+        return cls(cfg, chosen.samples, rank=rank, world_size=world_size, device=device)
+    if split == "val" and cfg.data.decode in ("nvjpeg-gpu", "hybrid"):
         # Validation is a small fraction of the run: the CPU tensor path is accurate and simple.
         cfg = cfg.with_overrides({"data.decode": "torchvision-cpu"})
     return LoaderPipeline(cfg, chosen, train=split == "train", rank=rank, world_size=world_size, device=device)

@@ -123,7 +123,7 @@ def prefetched_batches(cfg: TrainConfig) -> int:
     """Batches the loader workers hold ready before the first step (plus one decoded ahead on the GPU path)."""
     if cfg.data.kind == "synthetic" or cfg.loader.num_workers == 0:
         return 0
-    ahead = 1 if cfg.data.decode == "nvjpeg-gpu" else 0
+    ahead = 1 if cfg.data.decode in ("nvjpeg-gpu", "hybrid") else 0
     return cfg.loader.num_workers * (cfg.loader.prefetch_factor or 2) + ahead
 
 
