@@ -33,7 +33,9 @@ DEFAULT_SPACE: dict[str, Knob] = {
     "loader.prefetch_factor": Knob(low=1, high=8, when="loader.num_workers > 0"),
     "loader.pin_memory": Knob(choices=[True, False]),
     "loader.persistent_workers": Knob(choices=[False, True], when="loader.num_workers > 0"),
-    "data.decode": Knob(choices=["pil", "torchvision-cpu", "nvjpeg-gpu"]),
+    "data.decode": Knob(choices=["pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid"]),
+    # Three points span the trade: the ends (0 and 1) are nvjpeg-gpu and torchvision-cpu, already choices above.
+    "data.hybrid_cpu_fraction": Knob(choices=[0.25, 0.5, 0.75], when="data.decode == hybrid"),
     "ddp.bucket_cap_mb": Knob(low=5.0, high=200.0, log=True),
     "ddp.gradient_as_bucket_view": Knob(choices=[False, True]),
     "ddp.static_graph": Knob(choices=[False, True]),
@@ -341,6 +343,9 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
             if cpu_only and path == "data.decode" and "nvjpeg-gpu" in choices:
                 choices.remove("nvjpeg-gpu")
                 notes.append("data.decode: nvjpeg-gpu dropped (no GPU)")
+            if cpu_only and path == "data.decode" and "hybrid" in choices:
+                choices.remove("hybrid")
+                notes.append("data.decode: hybrid dropped (no GPU: both of its shares would decode on the CPU)")
             if cpu_only and path in ("training.precision",) and "fp16" in choices and len(choices) > 1:
                 choices.remove("fp16")
                 notes.append("training.precision: fp16 dropped (no GPU: CPU autocast is bf16)")
