@@ -45,6 +45,12 @@ PLAN: dict[str, tuple[str, dict]] = {
     "loader-pil": ("strong", {**LOADER, "data.decode": "pil"}),
     "loader-tvcpu": ("strong", {**LOADER, "data.decode": "torchvision-cpu"}),
     "loader-nvjpeg": ("strong", {**LOADER, "data.decode": "nvjpeg-gpu", "loader.num_workers": 6}),
+    # hybrid: a share of every batch decoded by the workers (torchvision-cpu), the rest by nvJPEG.
+    **{f"strong-hybrid-fp16-{pct}": ("strong", {"data.decode": "hybrid", "data.hybrid_cpu_fraction": pct / 100,
+                                                "loader.num_workers": 12, "training.precision": "fp16"})
+       for pct in (25, 50, 75)},
+    "loader-hybrid-50": ("strong", {**LOADER, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5,
+                                    "loader.num_workers": 12}),
 }
 
 
