@@ -25,7 +25,7 @@ def test_default_space_has_the_architecture_knobs_and_resolves_auto_per_rank():
     p = space.by_path()
     assert set(p) == set(DEFAULT_SPACE)
     assert (p["loader.num_workers"].low, p["loader.num_workers"].high) == (0, 16)  # cores per rank
-    assert p["data.decode"].choices == ("pil", "torchvision-cpu", "nvjpeg-gpu")
+    assert p["data.decode"].choices == ("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid")
     assert p["nccl.algo"].choices == (None, "Ring", "Tree")  # "default" is NCCL's own choice
     assert "training.compile" not in p
     order = [x.path for x in space.params]
