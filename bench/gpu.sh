@@ -13,6 +13,17 @@ python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchv
 python3 -m autotune make-data "$data" --images 32000 --classes 100 --no-progress 2>&1 | tail -1
 case "$stage" in
   job) runs=${*:-seed-default strong-pil strong-tvcpu strong-synthetic bare-synthetic loader-pil loader-tvcpu loader-nvjpeg strong-nvjpeg-bf16 strong-nvjpeg-fp16} ;;
+  pipeline)
+    # One GPU: stage costs (wall and GPU ms), and a ResNet-50 loop fed by each pipeline in one process.
+    timeout 150 python3 bench/pipeline_gpu.py "$data" --out "$out/pipeline_gpu.json" --workers 6 --hybrid 0.25,0.5 \
+      --train --seconds 3 2>&1 | tail -24
+    runs=${*:-strong-hybrid-fp16-50 strong-nvjpeg-fp16} ;;
+  search)
+    # A short real search of the default GPU study on the same JPEGs (its own data set is larger: made once).
+    timeout "${SEARCH_S:-200}" python3 -m autotune search --trials "${1:-4}" --data "$data" --storage "sqlite:////tmp/resnet50.db" 2>&1 \
+      | tee "$out/search.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
+    python3 -m autotune show --study resnet50 --storage "sqlite:////tmp/resnet50.db" 2>&1 | tee "$out/search-table.txt"
+    exit 0 ;;
   *) runs="$stage $*" ;;
 esac
 python3 bench/run.py --data "$data" --out "$out/results.json" --trials-dir /tmp/bench-trials --timeout 150 $runs 2>&1 \
