@@ -6,6 +6,10 @@ the same way. torchrun starts each rank in a session of its own, so "the process
 torchrun, its ranks and their DataLoader workers: all get SIGTERM, then SIGKILL, and the launcher checks that none
 is left.
 
+If the launcher itself dies (even by SIGKILL, which runs no clean-up), nothing of the trial outlives it: torchrun is
+started with a parent-death signal (``prctl(PR_SET_PDEATHSIG)``), each rank sets one towards torchrun
+(``trainer.lifeline``), and DataLoader workers exit when their rank is gone. No process left means no GPU memory held.
+
 Every trial runs with the NVLink-multicast safety variables set, and a config or an inherited environment that would
 turn NVLS on or force LL128 is refused before anything starts.
 """
@@ -38,6 +42,8 @@ KILL_GRACE_S = 5.0
 
 ERROR_GRACE_S = 30.0
 """After a rank reported an error, the others get this long to exit before the tree is killed."""
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 _LOG_PATTERNS = [
     ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED")),
@@ -188,9 +194,11 @@ def nnodes_of(torchrun_args: list[str]) -> int:
 # ---- running -----------------------------------------------------------------------------------------------------
 
 
-def run_trial(job: TrialJob, on_record: Callable[[dict], bool | None] | None = None) -> TrialRun:
+def run_trial(job: TrialJob, on_record: Callable[[dict], bool | None] | None = None,
+              on_poll: Callable[[], None] | None = None) -> TrialRun:
     """Launch, stream, watch, clean up. ``on_record`` sees each record as it arrives; returning True stops the job
-    (recorded as ``pruned``). KeyboardInterrupt kills the job, then propagates."""
+    (recorded as ``pruned``). ``on_poll`` runs on every poll (every ``POLL_S``; the trial's heartbeat rate-limits
+    itself). KeyboardInterrupt kills the job, then propagates."""
     d = Path(job.trial_dir)
     d.mkdir(parents=True, exist_ok=True)
     run = TrialRun(log_path=d / "log.txt", result_path=d / "result.jsonl", config_path=d / "config.yaml")
@@ -204,14 +212,16 @@ def run_trial(job: TrialJob, on_record: Callable[[dict], bool | None] | None = N
         log.flush()
         run.t_launch = time.time()
         proc = subprocess.Popen(run.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent_preexec())
         groups: set[int] = {proc.pid}
-        reader = _LineReader(run.result_path)
+        reader = LineReader(run.result_path)
         deadline = time.monotonic() + job.timeout_s
         error_deadline = None
         try:
             while True:
-                groups |= _groups_of_tree(proc.pid)
+                groups |= groups_of_tree(proc.pid)
+                if on_poll is not None:
+                    on_poll()
                 for rec in reader.read():
                     run.records.append(rec)
                     kind = rec.get("kind")
@@ -298,7 +308,7 @@ def _tail(path: Path | None, max_bytes: int = 16384) -> list[str]:
         return [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
 
 
-class _LineReader:
+class LineReader:
     """Tails a JSON-lines file that may not exist yet; returns only complete lines (a partial one waits)."""
 
     def __init__(self, path: Path):
@@ -333,7 +343,7 @@ class _LineReader:
 # ---- process tree ------------------------------------------------------------------------------------------------
 
 
-def _proc_table() -> dict[int, tuple[int, int, str]]:
+def proc_table() -> dict[int, tuple[int, int, str]]:
     """pid → (ppid, pgid, state) from /proc."""
     table = {}
     for entry in os.listdir("/proc"):
@@ -349,8 +359,9 @@ def _proc_table() -> dict[int, tuple[int, int, str]]:
     return table
 
 
-def _groups_of_tree(root: int) -> set[int]:
-    table = _proc_table()
+def groups_of_tree(root: int) -> set[int]:
+    """Process groups of ``root`` and its descendants, except this process's own."""
+    table = proc_table()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
@@ -366,7 +377,7 @@ def _groups_of_tree(root: int) -> set[int]:
 
 def processes_in(groups: set[int]) -> list[int]:
     """Live (non-zombie) processes whose process group is one of ``groups``."""
-    return sorted(pid for pid, (_, pgid, state) in _proc_table().items() if pgid in groups and state != "Z")
+    return sorted(pid for pid, (_, pgid, state) in proc_table().items() if pgid in groups and state != "Z")
 
 
 def _alive_in(groups: set[int]) -> bool:
@@ -376,7 +387,7 @@ def _alive_in(groups: set[int]) -> bool:
 def kill_tree(proc: subprocess.Popen, groups: set[int], grace: float = KILL_GRACE_S) -> list[int]:
     """SIGTERM every group of the trial, SIGKILL what is left after ``grace``; returns processes still alive."""
     if proc.poll() is None:
-        groups |= _groups_of_tree(proc.pid)
+        groups |= groups_of_tree(proc.pid)
     groups.discard(os.getpgrp())
     _signal_groups(groups, signal.SIGTERM)
     end = time.monotonic() + grace
@@ -385,7 +396,7 @@ def kill_tree(proc: subprocess.Popen, groups: set[int], grace: float = KILL_GRAC
             break
         time.sleep(0.05)
     if proc.poll() is None:
-        groups |= _groups_of_tree(proc.pid)
+        groups |= groups_of_tree(proc.pid)
     _signal_groups(groups, signal.SIGKILL)
     try:
         proc.wait(timeout=10)
@@ -403,3 +414,45 @@ def _signal_groups(groups: set[int], sig: int) -> None:
             os.killpg(g, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def descendants(root: int) -> list[int]:
+    """Live (non-zombie) descendants of ``root``, whatever their process group or session."""
+    table = proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, stack = [], list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        if table[pid][2] != "Z":
+            out.append(pid)
+        stack.extend(children.get(pid, []))
+    return sorted(out)
+
+
+# ---- dying with the parent -----------------------------------------------------------------------------------------
+
+
+def die_with_parent_preexec(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get ``sig`` when this process dies, or None off Linux.
+
+    The kernel ties the signal to the *thread* that forked the child, so launch from a thread that lives as long as
+    the job (the main thread). ``prctl`` is looked up here, in the parent: the child, forked from a process that may
+    run threads (the NVML sampler), must do no more than call it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died between fork and prctl: nobody would signal us
+            os._exit(1)
+
+    return preexec

@@ -276,7 +276,7 @@ class _Interrupted(BaseException):
 def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None, nvml=None) -> TrainResult:
     """Launch the job, stream it, and clean up; KeyboardInterrupt (and SIGTERM/SIGHUP) kills the whole job."""
     from autotune import gpu as gpu_mod
-    from autotune.launch import TrialJob, _LineReader, torchrun_argv, trial_env
+    from autotune.launch import LineReader, TrialJob, torchrun_argv, trial_env
 
     p.out.mkdir(parents=True, exist_ok=True)
     p.config.to_yaml(p.config_path)
@@ -289,7 +289,7 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
     gpus = gpu_mod.to_nvml(nvml, p.gpu_entries) if p.gpu_entries and nvml.available else []
     sampler = gpu_mod.Sampler(nvml, gpus, interval=NVML_INTERVAL_S)
 
-    reader = _LineReader(p.result_path)
+    reader = LineReader(p.result_path)
     if p.result_path.exists():  # a resumed run appends to the killed run's stream: read only what is new
         with open(p.result_path, "rb+") as f:
             size = f.seek(0, 2)
@@ -343,12 +343,12 @@ def _raise_interrupted(signum, frame):
 
 
 def _follow(proc, groups: set[int], reader, result: TrainResult, view: "ProgressView") -> int:
-    from autotune.launch import _groups_of_tree
+    from autotune.launch import groups_of_tree
 
     last_scan = 0.0
     while True:
         if time.monotonic() - last_scan >= GROUP_SCAN_S:
-            groups |= _groups_of_tree(proc.pid)
+            groups |= groups_of_tree(proc.pid)
             last_scan = time.monotonic()
         for rec in reader.read():
             _take(rec, result, view)

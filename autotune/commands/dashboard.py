@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from pathlib import Path
 
 from autotune.cli import command
-from autotune.exceptions import AutotuneError, StorageError
+from autotune.exceptions import AutotuneError
 
 INSTALL_HINT = "optuna-dashboard is not installed: pip install 'ddp-autotune[dashboard]'"
 
@@ -38,11 +37,7 @@ def run(args) -> int:
     from autotune import study as study_mod
 
     url = study_mod.resolve_storage(args.study, args.storage)
-    db = url.split(":///", 1)[1] if url.startswith("sqlite:///") else None
-    if db and db != ":memory:" and not Path(db).is_file():
-        # Opening it would create an empty database and show an empty dashboard: say what is wrong instead.
-        raise StorageError(f"{url}: no such database; run `autotune search` first or pass --storage URL")
-    storage = study_mod.open_storage(url)
+    storage = study_mod.open_storage(url, create=False)  # an empty new database would show an empty dashboard
     app = optuna_dashboard.wsgi(storage)
 
     class Server(ThreadingMixIn, WSGIServer):

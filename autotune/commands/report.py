@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from autotune.cli import command
-from autotune.exceptions import StorageError
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -22,11 +20,7 @@ def run(args) -> int:
     from autotune.report import trial_rows, write_report
 
     url = study_mod.resolve_storage(args.study, args.storage)
-    db = url.split(":///", 1)[1] if url.startswith("sqlite:///") else None
-    if db and db != ":memory:" and not Path(db).is_file():
-        # Opening it would create an empty database just to say it holds no study.
-        raise StorageError(f"{url}: no such database; run `autotune search` first or pass --storage URL")
-    study = study_mod.load(args.study, url)
+    study = study_mod.load(args.study, url)  # never creates a database: a missing file is an error
     out = write_report(study, args.out, storage_url=url)
     rows = trial_rows(study)
     print(f"autotune: report of study {study.study_name} ({len(rows)} trials) written to {out} "

@@ -1,16 +1,24 @@
-"""`autotune search`: an Optuna study whose trials are short torchrun DDP jobs, measured in global imgs/s."""
+"""`autotune search`: an Optuna study whose trials are short torchrun DDP jobs, measured in global imgs/s.
+
+Several searches may share one study (PostgreSQL, or a journal file on a shared file system): start one per node, or
+one per group of GPUs with ``--gpus``; each runs its ``--trials`` and they never run the same trial twice. Everything
+that can be checked before the study is touched is checked first (spec, models, data, knob ranges, GPUs, storage), so
+a mistake costs one line and no trace in the study.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from autotune.cli import command
-from autotune.exceptions import DataError, GPUError, LaunchError
+from autotune.exceptions import DataError, GPUError, LaunchError, SpecError
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -19,13 +27,18 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=int, help="trials to run in this call (default: the spec's budget.trials)")
     p.add_argument("--timeout", type=float, help="start no trial after this many seconds")
     p.add_argument("--trial-timeout", type=float, help="kill a trial with no measurement window for this long")
-    p.add_argument("--storage", help="SQLAlchemy URL (default: sqlite:///studies/<name>.db); resumes when it exists")
+    p.add_argument("--storage", help="SQLAlchemy URL (default: sqlite:///studies/<name>.db; postgresql+psycopg://"
+                                     "user:pass@host/db for many search workers) or journal:///path/x.journal (a "
+                                     "shared file system); resumes the study when it exists")
     p.add_argument("--study-name", help="default: the spec's name")
     p.add_argument("--nproc-per-node", type=int, help="ranks per node (default: every selected GPU; 2 on CPU)")
     p.add_argument("--gpus", help="GPUs to use, indices into CUDA_VISIBLE_DEVICES or UUIDs, e.g. 0,1")
     p.add_argument("--objective", choices=["throughput", "pareto", "weighted"], help="default: the spec's")
     p.add_argument("--seed", type=int, help="sampler seed (default: the spec's)")
     p.add_argument("--data", help="use this ImageFolder instead of the spec's data (generated when unset)")
+    p.add_argument("--stale-after", type=float, help="a RUNNING trial of a search on another machine whose heartbeat "
+                                                     "is older than this many seconds is stale: marked FAIL and run "
+                                                     "again (default 180)")
 
 
 def detect_gpus(nvml) -> int:
@@ -60,21 +73,47 @@ def data_cache_root(spec) -> Path:
     return Path(xdg) / "ddp-autotune" / "data"
 
 
-def ensure_data(spec, data_arg: str | None, say):
-    """The base config with a data folder: ``--data``, the spec's path, or a generated set (made once, cached)."""
+def given_data(spec, data_arg: str | None):
+    """The base config when its data already exists (``--data``, the spec's path, synthetic), checked: the folder
+    exists and holds images. None when the spec's data is to be generated (``generate_data``)."""
     if data_arg:
         path = Path(data_arg).expanduser().resolve()
         if not path.is_dir():
             raise DataError(f"--data {data_arg}: no such folder; run `autotune make-data {data_arg}` to make one")
-        return spec.base_config(str(path)).with_overrides({"data.kind": "imagefolder"})
-    if not spec.generates_data:
-        base = spec.base_config()
-        if base.data.kind == "imagefolder":
-            path = Path(base.data.path).expanduser()
-            if not path.is_dir():
-                raise DataError(f"base.data.path {path}: no such folder; fix the spec or pass --data DIR")
-            return base.with_overrides({"data.path": str(path.resolve())})
-        return base
+        base = spec.base_config(str(path)).with_overrides({"data.kind": "imagefolder"})
+        return _check_images(base, f"--data {data_arg}")
+    if spec.generates_data:
+        return None
+    base = spec.base_config()
+    if base.data.kind == "imagefolder":
+        path = Path(base.data.path).expanduser()
+        if not path.is_dir():
+            raise DataError(f"base.data.path {path}: no such folder; fix the spec or pass --data DIR")
+        base = base.with_overrides({"data.path": str(path.resolve())})
+        return _check_images(base, f"base.data.path {path}")
+    return base
+
+
+def _check_images(base, where: str):
+    """An ImageFolder with no image (or a validation split that does not match) fails every trial: say so now."""
+    from trainer.config import ConfigError
+    from trainer.data import resolve_splits
+
+    try:
+        resolve_splits(base)
+    except ConfigError as e:
+        raise DataError(f"{where}: {'; '.join(e.problems)}; it needs one folder per class with JPEG/PNG files in "
+                        "them (`autotune make-data DIR` makes one)") from None
+    return base
+
+
+def ensure_data(spec, data_arg: str | None, say):
+    """The base config with a data folder: ``--data``, the spec's path, or a generated set (made once, cached)."""
+    base = given_data(spec, data_arg)
+    return base if base is not None else generate_data(spec, say)
+
+
+def generate_data(spec, say):
     gen = spec.data.generate
     root = data_cache_root(spec) / "imagefolder-{images}x{classes}-seed{seed}".format(
         images=gen["images"], classes=gen["classes"], seed=gen.get("seed", 0))
@@ -92,6 +131,10 @@ def run(args) -> int:
     from autotune.gpu import Nvml, parse_gpu_list, select, to_nvml, visible_entries
 
     say = lambda s: print(s, flush=True)  # noqa: E731
+    for flag, value in (("--trials", args.trials), ("--timeout", args.timeout), ("--trial-timeout", args.trial_timeout),
+                        ("--stale-after", args.stale_after)):
+        if value is not None and value <= 0:
+            raise SpecError([f"{flag} {value:g}: must be > 0"], "autotune search")
     nvml = Nvml()
     n_visible = len(visible_entries(detect_gpus(nvml)))
     from autotune.spec import load_spec
@@ -113,12 +156,103 @@ def run(args) -> int:
     options = SearchOptions(spec=spec, nproc=nproc, entries=entries if on_gpu else None, gpus=gpus, nvml=nvml,
                             trials=args.trials, timeout_s=args.timeout, trial_timeout_s=args.trial_timeout,
                             storage=args.storage, study_name=args.study_name, objective=args.objective,
-                            seed=args.seed, data=args.data)
-    study = search(options, say=say)
+                            seed=args.seed, data=args.data, stale_after_s=args.stale_after)
+    # SIGTERM (a scheduler, `kill`) and SIGHUP (the terminal closed) end the search like Ctrl-C: the running trial's
+    # processes are killed and the trial is recorded, instead of leaving it RUNNING for the next search to reclaim.
+    old = ({s: signal.signal(s, _terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
+           if threading.current_thread() is threading.main_thread() else {})
+    try:
+        study = search(options, say=say)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
     best = best_line(study)
     if best:
         say(best)
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP: handled as Ctrl-C is (the launcher kills the trial's processes on KeyboardInterrupt)."""
+
+
+def _terminated(signum, frame):
+    raise Terminated(f"terminated ({signal.Signals(signum).name})")
+
+
+# ---- checks before the study is touched --------------------------------------------------------------------------
+
+
+def preflight(spec, base, space, baseline: dict[str, Any], world: int) -> None:
+    """What would otherwise fail trial after trial: model names that do not resolve, knob range ends outside what
+    the config accepts, a baseline config that is invalid, less data than one global batch. One SpecError/DataError
+    listing every problem."""
+    from trainer.config import ConfigError, TrainConfig
+
+    problems = model_problems(spec, space, baseline, base.model.name)
+    for p in space.params:
+        if p.kind == "categorical":
+            continue  # choices were checked with the spec
+        for end, value in (("low", p.low), ("high", p.high)):
+            try:
+                TrainConfig().with_overrides({p.path: value})
+            except ConfigError as e:
+                problems += [f"space.{p.path}.{end}: {x}" for x in e.problems if x.startswith(f"{p.path}=")]
+    base_dict = base.to_dict()
+    try:
+        cfg = base.with_overrides(space.derive(dict(baseline), base_dict))
+    except ConfigError as e:
+        problems += [f"baseline (trial 0): {x}" for x in e.problems]
+        cfg = None
+    if problems:
+        raise SpecError(problems, spec.source)
+    if cfg is not None and cfg.data.kind == "imagefolder" and cfg.data.path and Path(cfg.data.path).is_dir():
+        from trainer.data import resolve_splits
+
+        n = len(resolve_splits(cfg)[0].samples)
+        need = cfg.training.batch_size * cfg.training.accum_steps * world
+        if n < need:
+            raise DataError(f"data folder {cfg.data.path}: {n} training images, fewer than one global batch of trial "
+                            f"0 ({need} = batch x accum x {world} ranks); add images or lower the batch")
+
+
+def model_problems(spec, space, baseline: dict[str, Any], base_model: str) -> list[str]:
+    """Every model a trial may build must resolve: a torchvision classification model or an importable
+    ``package.module:function``."""
+    import difflib
+    import importlib
+
+    names = {base_model: "base.model.name"}
+    param = space.by_path().get("model.name")
+    for c in (param.choices if param is not None else ()):
+        names.setdefault(c, "space.model.name")
+    if "model.name" in baseline:
+        names.setdefault(baseline["model.name"], "baseline.model.name")
+    problems, known = [], None
+    for name, where in names.items():
+        if not isinstance(name, str):
+            continue
+        if ":" in name:
+            module, _, fn = name.partition(":")
+            try:
+                obj = getattr(importlib.import_module(module), fn, None)
+            except Exception as e:  # noqa: BLE001 - ImportError, or the module itself raising
+                problems.append(f"{where}={name!r}: cannot import {module} ({type(e).__name__}: {e}); is it on "
+                                "PYTHONPATH?")
+                continue
+            if not callable(obj):
+                problems.append(f"{where}={name!r}: {module} has no function {fn}")
+            continue
+        if known is None:
+            from trainer.model import classification_models
+
+            known = classification_models()
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else "see torchvision.models.list_models()"
+            problems.append(f"{where}={name!r}: not a torchvision classification model ({hint}); or give a factory "
+                            "as package.module:function")
+    return problems
 
 
 # ---- the search loop ---------------------------------------------------------------------------------------------
@@ -128,7 +262,7 @@ class SearchOptions:
     def __init__(self, *, spec, nproc: int, entries: list[str] | None, gpus: list, nvml, trials: int | None = None,
                  timeout_s: float | None = None, trial_timeout_s: float | None = None, storage: str | None = None,
                  study_name: str | None = None, objective: str | None = None, seed: int | None = None,
-                 data: str | None = None):
+                 data: str | None = None, stale_after_s: float | None = None):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -154,20 +288,29 @@ def search(o: SearchOptions, say=print):
     objective.check(util_available, reason)
     nnodes = nnodes_of(spec.world.torchrun_args)
     space = resolve(spec, world_size=o.nproc * nnodes, nproc_per_node=o.nproc, cpu_only=not o.entries)
-    base = ensure_data(spec, o.data, say)
-    base_dict = base.to_dict()
-    baseline = space.baseline_params(spec, base_dict)
+    # Checked before the storage is opened: a bad input leaves no trace. A generated data set is made after the
+    # storage is known to work (it can take minutes); until then the spec's base stands in for it.
+    base = given_data(spec, o.data)
+    probe = base or spec.base_config("<generated>")
+    baseline = space.baseline_params(spec, probe.to_dict())
+    preflight(spec, probe, space, baseline, o.nproc * nnodes)
 
     storage_url = o.storage or study_mod.default_storage(name)
     storage = study_mod.open_storage(storage_url)
+    if base is None:
+        base = generate_data(spec, say)
+    base_dict = base.to_dict()
     fingerprint = gpu_mod.fingerprint(o.nvml, o.gpus)
     study = study_mod.create_or_load(spec=spec, study_name=name, storage=storage, objective=objective, nproc=o.nproc,
-                                     seed=o.seed, attrs={"fingerprint": fingerprint,
-                                                         "torchrun_args": spec.world.torchrun_args,
-                                                         "reference_global_batch": _reference_batch(
-                                                             base, baseline, o.nproc * nnodes)})
-    n_before = len(study.get_trials(deepcopy=False))
-    study_mod.enqueue_baseline(study, baseline)
+                                     seed=o.seed, baseline=baseline,
+                                     attrs={"fingerprint": fingerprint, "torchrun_args": spec.world.torchrun_args,
+                                            "reference_global_batch": _reference_batch(base, baseline,
+                                                                                       o.nproc * nnodes)})
+    stale_after = o.stale_after_s or study_mod.STALE_AFTER_S
+    for line in study_mod.reclaim_stale(study, storage, stale_after_s=stale_after):
+        say(f"autotune: {line}")
+    so_far = study.get_trials(deepcopy=False)
+    n_before = len(so_far) if any(t.state.name != "WAITING" for t in so_far) else 0  # not just trial 0 enqueued
     logs = study_mod.log_root(storage_url, name)
     trials = o.trials or spec.budget.trials
     timeout_s = o.timeout_s if o.timeout_s is not None else spec.budget.timeout_s
@@ -175,7 +318,8 @@ def search(o: SearchOptions, say=print):
 
     where = f"{o.nproc} x {'GPU ' + ', '.join(g.name for g in o.gpus[:1]) if o.gpus else 'CPU (gloo)'}"
     say(f"autotune: study {name} ({'resuming, ' + str(n_before) + ' trials so far' if n_before else 'new'}) in "
-        f"{storage_url}; {trials} trial(s) on {where}; objective {objective.kind}; logs in {logs}/")
+        f"{study_mod.display_url(storage_url)}; {trials} trial(s) on {where}; objective {objective.kind}; "
+        f"logs in {logs}/")
     for note in space.notes:
         say(f"autotune: note: {note}")
     if not util_available:
@@ -184,9 +328,16 @@ def search(o: SearchOptions, say=print):
                                                                            f"{p.when.value}" if p.when else "")
                                              for p in space.params))
 
+    me = study_mod.owner()
+
     def run_one(trial) -> None:
-        for k, v in study_mod.owner().items():
+        for k, v in me.items():
             trial.set_user_attr(k, v)
+        heartbeat = study_mod.Heartbeat(trial)
+        heartbeat.beat(force=True)
+        if trial.user_attrs.get("retry_of") is not None:
+            progress.say(f"autotune: trial {trial.number} re-runs the parameters of stale trial "
+                         f"{trial.user_attrs['retry_of']}")
         overrides = space.suggest(trial, base_dict)
         trial_dir = logs / f"trial-{trial.number}"
         attrs: dict[str, Any] = {"overrides": overrides, "log_path": str((trial_dir / "log.txt").resolve()),
@@ -228,7 +379,7 @@ def search(o: SearchOptions, say=print):
                 run = run_trial(TrialJob(config=cfg, trial_dir=trial_dir, nproc_per_node=o.nproc,
                                          gpus=[g.uuid for g in o.gpus] if o.gpus else o.entries,
                                          torchrun_args=spec.world.torchrun_args, timeout_s=trial_timeout),
-                                on_record=on_record)
+                                on_record=on_record, on_poll=heartbeat.beat)
             finally:
                 samples = sampler.stop()
             failure, message = run.failure_class, run.failure_message
@@ -289,6 +440,9 @@ def search(o: SearchOptions, say=print):
         if timeout_s is not None and time.monotonic() - t_start > timeout_s:
             say(f"autotune: time budget of {timeout_s:.0f} s spent; stopping")
             break
+        # Another worker may have died since: its trial's parameters are then the next to run (enqueued first).
+        for line in study_mod.reclaim_stale(study, storage, stale_after_s=stale_after):
+            progress.say(f"autotune: {line}")
         trial = study.ask()
         try:
             run_one(trial)
@@ -305,7 +459,7 @@ def _abandon(study, trial, exc: BaseException) -> None:
     try:  # on a trial that was already told, Optuna refuses the first call: nothing to do then
         interrupted = isinstance(exc, KeyboardInterrupt)
         trial.set_user_attr("failure_class", "interrupted" if interrupted else "search")
-        trial.set_user_attr("failure_message", "interrupted (Ctrl-C)" if interrupted else
+        trial.set_user_attr("failure_message", (str(exc) or "interrupted (Ctrl-C)") if interrupted else
                             f"{type(exc).__name__}: {exc}"[:300])
         study.tell(trial, state=TrialState.FAIL)
     except Exception:  # noqa: BLE001 - already finished, or the storage is gone: the original error matters more
