@@ -30,3 +30,31 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run in an empty working directory (default storage ``./studies`` lands there)."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+PG_URL_ENV = "AUTOTUNE_TEST_POSTGRES_URL"
+"""A PostgreSQL server the tests may create databases on (``postgresql+psycopg://user@host:port/db``). `.ci/run`
+starts one on loopback and sets it, so CI always runs the PostgreSQL tests; without it they are skipped."""
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh, empty PostgreSQL database for one test (dropped afterwards)."""
+    url = os.environ.get(PG_URL_ENV)
+    if not url:
+        pytest.skip(f"{PG_URL_ENV} is not set (.ci/run starts a PostgreSQL server on loopback and sets it)")
+    import uuid
+
+    import sqlalchemy
+
+    server = sqlalchemy.engine.make_url(url)
+    name = f"autotune_test_{uuid.uuid4().hex[:10]}"
+    admin = sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as c:
+            c.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -7,7 +7,9 @@ The job builds them through ``model.name: "tests.helpers.models:NAME"`` (called 
 from __future__ import annotations
 
 import os
+import signal
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -73,3 +75,54 @@ class _MemoryLimited(Tiny):
 def memory_limited(num_classes: int, max_batch: int = 16) -> nn.Module:
     """Runs out of memory above ``max_batch`` images per rank, like a GPU at its limit."""
     return _MemoryLimited(num_classes, max_batch)
+
+
+class _Sleepy(Tiny):
+    def __init__(self, num_classes: int, delay_s: float):
+        super().__init__(num_classes)
+        self.delay_s = delay_s
+
+    def forward(self, x):
+        time.sleep(self.delay_s)  # a slow model that leaves the CPU to others (tests run several jobs on 2 cores)
+        return super().forward(x)
+
+
+def sleepy(num_classes: int, delay_s: float = 0.05) -> nn.Module:
+    """Each forward takes at least ``delay_s``: a trial that stays mid-flight long enough to be interrupted."""
+    return _Sleepy(num_classes, delay_s)
+
+
+class _DieOnRank(Tiny):
+    def __init__(self, num_classes: int, rank: int, after_steps: int):
+        super().__init__(num_classes)
+        self.rank, self.after_steps, self.steps = rank, after_steps, 0
+
+    def forward(self, x):
+        self.steps += 1
+        if int(os.environ.get("RANK", 0)) == self.rank and self.steps > self.after_steps:
+            os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer or a machine check does: no goodbye
+        return super().forward(x)
+
+
+def die_on_rank(num_classes: int, rank: int = 1, after_steps: int = 3) -> nn.Module:
+    """Rank ``rank`` SIGKILLs itself after ``after_steps`` forwards; its peers are left mid-collective."""
+    return _DieOnRank(num_classes, rank, after_steps)
+
+
+class _BlockWhile(Tiny):
+    def __init__(self, num_classes: int, flag: str):
+        super().__init__(num_classes)
+        self.flag = Path(flag)
+
+    def forward(self, x):
+        if self.flag.exists():
+            Path(f"{self.flag}.rank{os.environ.get('RANK', 0)}").touch()  # "I am stuck": the test may act now
+            while self.flag.exists():
+                time.sleep(0.1)
+        return super().forward(x)
+
+
+def block_while(num_classes: int, flag: str) -> nn.Module:
+    """Forward blocks while the file ``flag`` exists (touching ``FLAG.rankN`` first), then trains normally: a trial
+    stuck mid-flight, touching nothing shared (no collective, no store), that runs fine once the flag is gone."""
+    return _BlockWhile(num_classes, flag)
