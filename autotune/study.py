@@ -154,10 +154,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def _storage_fix(url: str, e: BaseException) -> str:
-    if isinstance(e, ModuleNotFoundError) or "No module named" in str(e):
-        if "psycopg" in str(e) or url.startswith("postgres"):
+    if isinstance(e, ImportError) or "No module named" in str(e):
+        if url.startswith("postgres"):
             return "install the PostgreSQL driver: pip install 'ddp-autotune[postgres]' (psycopg 3)"
-        return "install the database driver this URL names"
+        return "install the database driver the URL names"
     if type(e).__name__ == "ArgumentError" or "://" not in url:
         return ("write a SQLAlchemy URL (sqlite:///studies/x.db, postgresql+psycopg://user:pass@host/db) or a "
                 "journal file (journal:///path/x.journal)")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.cli import command
-from autotune.exceptions import DataError, GPUError, LaunchError, SpecError
+from autotune.exceptions import AutotuneError, DataError, GPUError, LaunchError, SpecError
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -81,7 +81,7 @@ def given_data(spec, data_arg: str | None):
         if not path.is_dir():
             raise DataError(f"--data {data_arg}: no such folder; run `autotune make-data {data_arg}` to make one")
         base = spec.base_config(str(path)).with_overrides({"data.kind": "imagefolder"})
-        return _check_images(base, f"--data {data_arg}")
+        return _check_images(base, "--data")
     if spec.generates_data:
         return None
     base = spec.base_config()
@@ -90,7 +90,7 @@ def given_data(spec, data_arg: str | None):
         if not path.is_dir():
             raise DataError(f"base.data.path {path}: no such folder; fix the spec or pass --data DIR")
         base = base.with_overrides({"data.path": str(path.resolve())})
-        return _check_images(base, f"base.data.path {path}")
+        return _check_images(base, "base.data.path")
     return base
 
 
@@ -134,17 +134,19 @@ def run(args) -> int:
     for flag, value in (("--trials", args.trials), ("--timeout", args.timeout), ("--trial-timeout", args.trial_timeout),
                         ("--stale-after", args.stale_after)):
         if value is not None and value <= 0:
-            raise SpecError([f"{flag} {value:g}: must be > 0"], "autotune search")
+            raise AutotuneError(f"{flag} {value:g}: must be > 0")
     nvml = Nvml()
     n_visible = len(visible_entries(detect_gpus(nvml)))
     from autotune.spec import load_spec
 
     spec = load_spec(choose_spec(args, n_visible, say))
+    if args.gpus and not n_visible:
+        raise GPUError(f"--gpus {args.gpus}: no GPU visible on this machine (CUDA_VISIBLE_DEVICES="
+                       f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); drop --gpus to search on the CPU")
     entries = select(visible_entries(detect_gpus(nvml)), parse_gpu_list(args.gpus))
     on_gpu = bool(entries)
-    if args.gpus and not on_gpu:
-        raise GPUError(f"--gpus {args.gpus}: no GPU visible on this machine")
-    nproc = args.nproc_per_node or spec.world.nproc_per_node or (len(entries) if on_gpu else 2)
+    nproc = args.nproc_per_node if args.nproc_per_node is not None else \
+        spec.world.nproc_per_node or (len(entries) if on_gpu else 2)
     if nproc < 1:
         raise LaunchError(f"--nproc-per-node {nproc}: must be >= 1")
     if on_gpu:

@@ -1,0 +1,117 @@
+"""Bad input never crashes and never touches the study: every mistake below gets one line saying what is wrong and
+how to fix it, exit code 2, and leaves the storage exactly as it was (same studies, same trials, same bytes) and no
+new file behind."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import cli
+from autotune import study as study_mod
+from autotune.objective import Objective
+from autotune.spec import StudySpec
+from tests.helpers.cli import autotune
+from tests.helpers.specs import tiny_spec
+from tests.jobutil import make_jpeg_folder
+
+M = "tests.helpers.models:"
+BASELINE = {"training.batch_size": 8, "ddp.bucket_cap_mb": 25.0}
+
+
+@pytest.fixture(scope="module")
+def existing(tmp_path_factory):
+    """A SQLite storage holding study ``bad`` (made by the tiny spec) with one finished trial, and data folders."""
+    d = tmp_path_factory.mktemp("bad-input")
+    url = f"sqlite:///{d / 'studies.db'}"
+    storage = study_mod.open_storage(url)
+    study = study_mod.create_or_load(spec=StudySpec.from_yaml(tiny_spec(d, "bad")), study_name="bad",
+                                     storage=storage, objective=Objective(), nproc=2, baseline=BASELINE)
+    trial = study.ask()
+    trial.suggest_categorical("training.batch_size", [4, 8, 16])
+    study.tell(trial, 1234.5)
+    (d / "empty" / "class0").mkdir(parents=True)
+    make_jpeg_folder(d / "few", classes=1, per_class=3)
+    return d, url
+
+
+def snapshot(d: Path, url: str):
+    storage = study_mod.open_storage(url, create=False)
+    studies = {}
+    for s in optuna.get_all_study_names(storage):
+        study = optuna.load_study(study_name=s, storage=storage)
+        studies[s] = (study.user_attrs, [(t.number, t.state, t.values, t.params, t.user_attrs) for t in study.trials])
+    return studies, hashlib.sha256((d / "studies.db").read_bytes()).hexdigest()
+
+
+CASES = {
+    # id: (spec changes, or a spec file's text; extra arguments; what the one line must say)
+    "invalid-yaml": ("name: bad\nbase: {model: [resnet18\n", [], "not valid YAML (line 3)"),
+    "unknown-model": ({"base.model.name": "resnet5000"}, [],
+                      "base.model.name='resnet5000': not a torchvision classification model (did you mean resnet50"),
+    "unknown-model-choice": ({"space.model.name": {"choices": [M + "tiny", M + "nothere"]}}, [],
+                             f"space.model.name='{M}nothere': tests.helpers.models has no function nothere"),
+    "unknown-knob": ({"space.training.batchsize": {"choices": [8, 16]}}, [],
+                     "space.training.batchsize: no such TrainConfig setting"),
+    "knob-range-out-of-range": ({"space.loader.num_workers": {"low": -1, "high": 2}}, [],
+                                "space.loader.num_workers.low: loader.num_workers=-1: must be >= 0"),
+    "knob-choice-out-of-range": ({"space.training.batch_size": {"choices": [0, 8]}}, [],
+                                 "space.training.batch_size: choice 0: training.batch_size=0: must be >= 1"),
+    "baseline-outside-its-knob": ({"baseline.training.batch_size": 12}, [],
+                                  "baseline.training.batch_size=12: outside the searched {4, 8, 16}"),
+    "missing-data-folder": ({}, ["--data", "{d}/nope"], "--data {d}/nope: no such folder; run `autotune make-data"),
+    "empty-dataset": ({}, ["--data", "{d}/empty"], "--data: data folder {d}/empty: Found no valid file"),
+    "less-data-than-a-batch": ({}, ["--data", "{d}/few"],
+                               "3 training images, fewer than one global batch of trial 0 (16 = batch x accum x 2"),
+    "unreachable-storage": ({}, ["--storage", "postgresql+psycopg://autotune@127.0.0.1:1/studies"],
+                            "Connection refused; check that the server runs and is reachable"),
+    "study-exists-with-another-spec": ({"space.training.batch_size": {"choices": [8, 16]}}, [],
+                                       "study bad exists with a different spec or world size"),
+    "no-trials": ({}, ["--trials", "0"], "--trials 0: must be > 0"),
+    "gpus-on-a-cpu-machine": ({}, ["--gpus", "0"], "--gpus 0: no GPU visible on this machine"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_the_study_unchanged(case, existing, tmp_path):
+    d, url = existing
+    changes, extra, message = CASES[case]
+    if isinstance(changes, str):
+        (tmp_path / "bad.yaml").write_text(changes)
+        spec = tmp_path / "bad.yaml"
+    else:
+        spec = tiny_spec(tmp_path, "bad", **changes)
+    extra = [a.replace("{d}", str(d)) for a in extra]
+    storage = [] if "--storage" in extra else ["--storage", url]
+    before = snapshot(d, url)
+
+    r = autotune("search", "--spec", spec, "--study-name", "bad", *storage, *extra, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("autotune search: error: ") and r.stderr.count("\n") == 1, r.stderr  # one line
+    assert message.replace("{d}", str(d)) in r.stderr, r.stderr
+    assert r.stdout == ""  # nothing started
+    assert snapshot(d, url) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # no database, log folder or data made
+
+
+def test_more_ranks_than_visible_gpus_is_refused_before_anything(existing, tmp_path, monkeypatch, capsys):
+    from tests.test_gpu_sampler import fake_pynvml  # the one fake allowed: this machine has no GPU
+
+    d, url = existing
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(n=2))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(d, url)
+    spec = tiny_spec(tmp_path, "bad")
+    for args, message in ((["--nproc-per-node", "4"], "--nproc-per-node 4: only 2 GPU(s) selected (0,1); lower it "
+                                                      "or select more with --gpus"),
+                          (["--gpus", "1", "--nproc-per-node", "2"], "--nproc-per-node 2: only 1 GPU(s) selected"),
+                          (["--gpus", "2"], "--gpus 2: 2 GPU(s) visible (indices 0..1)")):
+        rc = cli.main(["search", "--spec", str(spec), "--storage", url, "--study-name", "bad", *args])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("autotune search: error: ") and message in err and err.count("\n") == 1
+    assert snapshot(d, url) == before and sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
