@@ -173,7 +173,9 @@ def test_a_study_made_by_another_spec_is_not_silently_mixed(tmp_path):
     assert r.returncode == 2 and "exists with a different spec" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_ctrl_c_kills_the_running_trial_and_records_it(tmp_path):
+@pytest.mark.parametrize("sig, message", [(signal.SIGINT, "interrupted (Ctrl-C)"),
+                                          (signal.SIGTERM, "terminated (SIGTERM)")])
+def test_ctrl_c_or_sigterm_kills_the_running_trial_and_records_it(tmp_path, sig, message):
     spec = tmp_path / "failures.yaml"
     spec.write_text(FAILURE_SPEC.replace('baseline: {model.name: "tests.helpers.models:tiny"',
                                          'baseline: {model.name: "tests.helpers.models:hang"'))
@@ -185,10 +187,11 @@ def test_ctrl_c_kills_the_running_trial_and_records_it(tmp_path):
     while time.monotonic() < deadline and not (log.exists() and "start" in log.read_text()):
         time.sleep(0.2)
     assert log.exists(), proc.kill() or proc.communicate()[0]
-    proc.send_signal(signal.SIGINT)  # the search only, as a terminal's Ctrl-C reaches it (trials have own sessions)
+    proc.send_signal(sig)  # the search only, as a terminal's Ctrl-C reaches it (trials have own sessions)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in out, out
     (t,) = optuna.load_study(study_name="failures", storage=f"sqlite:///{tmp_path / 'studies' / 'failures.db'}").trials
     assert t.state == optuna.trial.TrialState.FAIL and t.user_attrs["failure_class"] == "interrupted"
+    assert t.user_attrs["failure_message"] == message
     start = json.loads(log.read_text().splitlines()[0])
     assert not Path(f"/proc/{start['pid']}").exists()  # rank 0 of the trial is gone

@@ -135,6 +135,11 @@ def run(args) -> int:
                         ("--stale-after", args.stale_after)):
         if value is not None and value <= 0:
             raise AutotuneError(f"{flag} {value:g}: must be > 0")
+    from autotune.study import HEARTBEAT_S
+
+    if args.stale_after is not None and args.stale_after < 3 * HEARTBEAT_S:
+        raise AutotuneError(f"--stale-after {args.stale_after:g}: must be >= {3 * HEARTBEAT_S:g} s (three heartbeats), "
+                            "or a live trial on another machine could be taken for stale")
     nvml = Nvml()
     n_visible = len(visible_entries(detect_gpus(nvml)))
     from autotune.spec import load_spec
