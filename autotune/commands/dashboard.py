@@ -55,7 +55,8 @@ def run(args) -> int:
                              "pick another --port (0: any free one)") from None
     host, port = httpd.server_address[:2]
     shown = f"[{host}]" if ":" in str(host) else host
-    print(f"autotune: optuna-dashboard for {url} at http://{shown}:{port}/dashboard (Ctrl-C stops it)", flush=True)
+    print(f"autotune: optuna-dashboard for {study_mod.display_url(url)} at http://{shown}:{port}/dashboard "
+          "(Ctrl-C stops it)", flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"autotune: warning: listening on {args.host}: anyone who can reach this port sees (and can edit) the "
               "studies; the dashboard has no login", file=sys.stderr, flush=True)

@@ -21,7 +21,7 @@ def run(args) -> int:
 
     url = study_mod.resolve_storage(args.study, args.storage)
     study = study_mod.load(args.study, url)  # never creates a database: a missing file is an error
-    out = write_report(study, args.out, storage_url=url)
+    out = write_report(study, args.out, storage_url=study_mod.display_url(url))  # no password in the page
     rows = trial_rows(study)
     print(f"autotune: report of study {study.study_name} ({len(rows)} trials) written to {out} "
           f"({out.stat().st_size / 2**20:.1f} MiB, self-contained; open it in a browser)")
