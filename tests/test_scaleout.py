@@ -3,6 +3,7 @@ journal file; the storage URL forms; the study set-up that makes trial 0 the bas
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -78,7 +79,9 @@ def test_storage_urls(tmp_path, monkeypatch):
     assert study_mod.journal_path("sqlite:///x.db") is None and study_mod.journal_path("postgresql://h/db") is None
     assert study_mod.display_url("postgresql+psycopg://me:s3cret@db.example:5432/studies") == \
         "postgresql+psycopg://me:***@db.example:5432/studies"
-    assert study_mod.normalize_url("postgresql://me@h/db") == "postgresql+psycopg://me@h/db"  # psycopg 3 only
+    psycopg2 = importlib.util.find_spec("psycopg2") is not None  # SQLAlchemy's default driver, if installed
+    assert study_mod.normalize_url("postgresql://me@h/db") == ("postgresql://me@h/db" if psycopg2 else
+                                                              "postgresql+psycopg://me@h/db")
     assert study_mod.log_root("sqlite:////data/s/x.db", "x") == Path("/data/s/x")
     assert study_mod.log_root("journal:///nfs/j/x.journal", "x") == Path("/nfs/j/x")
     assert study_mod.log_root("postgresql+psycopg://h/db", "x") == Path("studies/x")
