@@ -13,7 +13,7 @@ def test_defaults_round_trip_through_yaml(tmp_path):
     again = TrainConfig.from_yaml(path)
     assert again == cfg
     assert again.data.crop_scale == (0.2, 1.0)
-    assert again.nccl.to_env() == {"NCCL_ALGO": "Ring"}
+    assert again.nccl.to_env() == {"NCCL_ALGO": "allreduce:Ring"}
 
 
 def test_export_section_is_ignored_by_the_job(tmp_path):

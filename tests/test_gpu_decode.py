@@ -261,8 +261,10 @@ def test_decode_batch_gray_cmyk_and_png_as_rgb():
 
 
 def config(**overrides) -> TrainConfig:
+    # Train mode: these tests iterate whole epochs (measure runs stream epochs without end).
     base = {"data.kind": "imagefolder", "data.path": "unused", "data.image_size": 48, "training.batch_size": 8,
-            "loader.num_workers": 2, "training.channels_last": True, "training.seed": 5}
+            "loader.num_workers": 2, "training.channels_last": True, "training.seed": 5,
+            "training.mode": "train", "training.epochs": 1}
     return TrainConfig().with_overrides({**base, **overrides})
 
 

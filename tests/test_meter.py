@@ -67,3 +67,18 @@ def test_window_re_aim_is_bounded():
     steps = [w.steps for w in meter.windows]
     for a, b in zip(steps, steps[1:]):
         assert b <= 2 * a and b >= a // 2
+
+
+def test_time_spent_paused_is_not_a_warm_up_step():
+    records = []
+    meter = make(records, warmup_min_steps=0, settle_steps=3, settle_span_s=0.0, settle_tolerance=0.3)
+    for _ in range(3):
+        time.sleep(0.01)
+        meter.step()
+    with meter.paused():  # a validation pass in the middle of warm-up
+        time.sleep(0.3)
+    for _ in range(3):
+        time.sleep(0.01)
+        meter.step()
+    assert meter.state == "measure"  # two equal spans of 3 steps: settled, the pause did not count
+    assert max(meter._step_times) < 0.1

@@ -42,9 +42,10 @@ def search_dir(tmp_path_factory) -> Path:
     return d
 
 
-# Validation needs held-out images (the demo's generated set has no val/ folder); progress every half second.
+# Validation needs held-out images (the demo's generated set has no val/ folder); progress every half second;
+# 16 steps in all, so half-second windows, or a slow moment of this shared CI machine leaves no window closed.
 TRAIN_FLAGS = ("--epochs", "2", "--set", "data.val_fraction=0.2", "--set", "training.log_every_s=0.5",
-               "--no-progress")
+               "--set", "measure.window_s=0.5", "--no-progress")
 
 
 def records(out: Path) -> list[dict]:

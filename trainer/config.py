@@ -179,7 +179,9 @@ class DDPConfig:
 @dataclass(kw_only=True)
 class NcclConfig:
     algo: Literal["Ring", "Tree"] | None = None
-    """NCCL_ALGO; ``None`` leaves NCCL's choice."""
+    """The all-reduce algorithm (``NCCL_ALGO=allreduce:<algo>``); ``None`` leaves NCCL's choice. Scoped to
+    all-reduce because a bare ``NCCL_ALGO=Tree`` leaves broadcast and all-gather without any algorithm: on 2xH200
+    (NCCL 2.28.9) DDP's first broadcast then fails with "invalid usage"."""
 
     proto: Literal["Simple", "LL"] | None = None
     """NCCL_PROTO; ``None`` leaves NCCL's choice (LL128 is never forced)."""
@@ -193,8 +195,10 @@ class NcclConfig:
     """Further NCCL_* variables, passed as they are (NVLS may not be turned on)."""
 
     def to_env(self) -> dict[str, str]:
-        env = {f"NCCL_{k.upper()}": str(v) for k, v in (("algo", self.algo), ("proto", self.proto),
-               ("min_ctas", self.min_ctas), ("max_ctas", self.max_ctas), ("buffsize", self.buffsize)) if v is not None}
+        env = {f"NCCL_{k.upper()}": str(v) for k, v in (("proto", self.proto), ("min_ctas", self.min_ctas),
+               ("max_ctas", self.max_ctas), ("buffsize", self.buffsize)) if v is not None}
+        if self.algo is not None:
+            env["NCCL_ALGO"] = f"allreduce:{self.algo}"
         env.update({k: str(v) for k, v in self.extra.items()})
         return env
 

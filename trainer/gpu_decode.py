@@ -34,10 +34,10 @@ import threading
 from typing import Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from trainer.config import ConfigError, TrainConfig
-from trainer.data import IMAGENET_MEAN, IMAGENET_STD, TensorJPEGDataset
+from trainer.data import IMAGENET_MEAN, IMAGENET_STD, TensorJPEGDataset, train_sampler
 
 # ---- worker side: bytes only -----------------------------------------------------------------------------------------
 
@@ -411,8 +411,7 @@ class BatchedDecodePipeline:
             raise ConfigError([f"{len(samples)} training images cannot fill one batch of {batch} on each of "
                                f"{world_size} ranks: lower training.batch_size or add images"])
         self.dataset, collate = self._dataset(samples)
-        self.sampler = DistributedSampler(self.dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                          seed=cfg.training.seed, drop_last=True)
+        self.sampler = train_sampler(self.dataset, cfg, rank=rank, world_size=world_size)
         ld = cfg.loader
         self.loader = DataLoader(
             self.dataset, batch_size=batch, sampler=self.sampler, collate_fn=collate, drop_last=True,

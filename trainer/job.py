@@ -73,7 +73,8 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
     model, raw_model = build_ddp_model(cfg, env, num_classes(cfg))
     optimizer = build_optimizer(cfg, raw_model)
     scaler = grad_scaler(cfg, env.device)
-    steps_per_epoch = max(1, len(pipeline) // t.accum_steps)
+    # Measure runs read one endless stream of epochs (data.StreamingSampler): no epoch boundary in the windows.
+    steps_per_epoch = max(1, len(pipeline) // t.accum_steps) if t.mode == "train" else sys.maxsize
     total_steps = t.steps or (t.epochs or 1) * steps_per_epoch
     scheduler = build_scheduler(cfg, optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
     amp = autocast(cfg, env.device)
@@ -82,9 +83,10 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
     if t.mode == "train" and cfg.checkpoint.resume:
         step, epoch = resume(cfg, env, raw_model, optimizer, scaler, scheduler, writer)
 
+    # A train run's figure is its whole run's pace, loader start-up included: no prefetch discount there.
+    prefetched = 0 if t.mode == "train" else math.ceil(prefetched_batches(cfg) / t.accum_steps)
     meter = ThroughputMeter(cfg.measure, images_per_step=t.batch_size * t.accum_steps, device=env.device,
-                            emit=writer.write, continuous=t.mode == "train",
-                            prefetched_steps=math.ceil(prefetched_batches(cfg) / t.accum_steps),
+                            emit=writer.write, continuous=t.mode == "train", prefetched_steps=prefetched,
                             span_steps=math.ceil(cfg.loader.num_workers / t.accum_steps))
     loss = torch.zeros((), device=env.device)
     last_log = time.monotonic()
@@ -104,15 +106,15 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
                 last_log = time.monotonic()
                 progress(writer, env, step, epoch, total_steps, loss, scheduler, meter)
             if t.mode == "train" and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                meter.pause()
-                save(cfg, env, raw_model, optimizer, scaler, scheduler, step, epoch, writer)
+                with meter.paused():
+                    save(cfg, env, raw_model, optimizer, scaler, scheduler, step, epoch, writer)
             if finished(cfg, step, epoch, meter):
                 break
         if step == (epoch + 1) * steps_per_epoch:
             epoch += 1
             if t.mode == "train":
-                meter.pause()
-                end_of_epoch(cfg, env, raw_model, val_pipeline, optimizer, scaler, scheduler, step, epoch, writer)
+                with meter.paused():
+                    end_of_epoch(cfg, env, raw_model, val_pipeline, optimizer, scaler, scheduler, step, epoch, writer)
     if t.mode == "train" and not ckpt.checkpoint_path(cfg.checkpoint_dir, step).exists():
         save(cfg, env, raw_model, optimizer, scaler, scheduler, step, epoch, writer)  # the final state, always
     pipeline.close()

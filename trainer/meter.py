@@ -8,6 +8,7 @@ the measured steps keep their normal host/device overlap.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -108,10 +109,18 @@ class ThroughputMeter:
             if self._win_steps >= self.steps_per_window:
                 self._close_window()
 
-    def pause(self) -> None:
-        """Discard the open window (validation or a checkpoint is about to run; that time is not training)."""
-        if self.state == "measure":
-            self._win_steps, self._win_t0 = 0, 0.0
+    @contextlib.contextmanager
+    def paused(self):
+        """Validation or a checkpoint runs inside: that time is not training. A warm-up step's clock skips it; an
+        open window is discarded (its wall-clock span would no longer match what it measured)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.state == "warmup":
+                self._t_last += time.perf_counter() - start
+            elif self.state == "measure":
+                self._win_steps, self._win_t0 = 0, 0.0
 
     # ---- warm-up -----------------------------------------------------------------------------------------------
 
