@@ -22,11 +22,9 @@ Validation collects every problem before raising one SpecError.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -34,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.exceptions import SpecError
+from trainer.config import coerce_value, did_you_mean
 
 OBJECTIVES = ("throughput", "pareto", "weighted")
 SAMPLERS = ("tpe", "random")
@@ -324,11 +323,6 @@ def load_spec(name_or_path: str) -> StudySpec:
 # ---- generic builder: mapping -> kw-only dataclasses, collecting every problem -----------------------------------
 
 
-def _did_you_mean(name: str, options) -> str:
-    close = difflib.get_close_matches(name, list(options), n=3)
-    return f" (did you mean {', '.join(close)}?)" if close else ""
-
-
 def _build(cls, data: Any, prefix: str, problems: list[str]):
     if not isinstance(data, dict):
         problems.append(f"{prefix.rstrip('.') or 'spec'}: expected a mapping, got {type(data).__name__}")
@@ -338,7 +332,7 @@ def _build(cls, data: Any, prefix: str, problems: list[str]):
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            problems.append(f"{prefix}{key}: unknown setting{_did_you_mean(str(key), names)}")
+            problems.append(f"{prefix}{key}: unknown setting{did_you_mean(str(key), names)}")
             continue
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
@@ -348,7 +342,7 @@ def _build(cls, data: Any, prefix: str, problems: list[str]):
         elif cls is StudySpec and key in ("baseline", "export", "base") and value is None:
             kwargs[key] = {}
         else:
-            ok, converted, expected = _coerce(tp, value)
+            ok, converted, expected = coerce_value(tp, value)
             if ok:
                 kwargs[key] = converted
             else:
@@ -373,44 +367,3 @@ def _build_space(value: Any, problems: list[str]) -> dict[str, Knob | None]:
     return out
 
 
-def _coerce(tp, value) -> tuple[bool, Any, str]:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return True, None, "null"
-        expected = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            ok, converted, exp = _coerce(arg, value)
-            if ok:
-                return True, converted, exp
-            expected.append(exp)
-        return False, value, " or ".join(expected + (["null"] if type(None) in args else []))
-    if origin is Literal:
-        return value in args, value, "one of " + ", ".join(map(str, args))
-    if tp is bool:
-        return isinstance(value, bool), value, "true or false"
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool), value, "an integer"
-    if tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return ok, float(value) if ok else value, "a number"
-    if tp is str:
-        return isinstance(value, str), value, "a string"
-    if origin is list:
-        ok = isinstance(value, list)
-        if ok and args and args[0] is str:
-            ok = all(isinstance(v, str) for v in value)
-            return ok, value, "a list of strings"
-        return ok, value, "a list"
-    if origin is dict:
-        if not isinstance(value, dict):
-            return False, value, "a mapping"
-        if args and args[1] is float:
-            ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
-            return ok, {k: float(v) for k, v in value.items()} if ok else value, "a mapping of numbers"
-        return True, dict(value), "a mapping"
-    if tp is typing.Any:
-        return True, value, "anything"
-    return True, value, str(tp)

@@ -305,7 +305,7 @@ class TrainConfig:
                 node = node[part]
             else:
                 if leaf not in node:
-                    problems.append(f"{dotted}: no such setting{_did_you_mean(leaf, node)}")
+                    problems.append(f"{dotted}: no such setting{did_you_mean(leaf, node)}")
                 else:
                     node[leaf] = value
         if problems:
@@ -413,7 +413,7 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
 # ---- generic builder: dict -> nested kw-only dataclasses, collecting every problem ---------------------------------
 
 
-def _did_you_mean(name: str, options) -> str:
+def did_you_mean(name: str, options) -> str:
     close = difflib.get_close_matches(name, list(options), n=3)
     return f" (did you mean {', '.join(close)}?)" if close else ""
 
@@ -427,13 +427,13 @@ def _build(cls, data: Any, prefix: str, problems: list[str]):
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            problems.append(f"{prefix}{key}: unknown setting{_did_you_mean(str(key), names)}")
+            problems.append(f"{prefix}{key}: unknown setting{did_you_mean(str(key), names)}")
             continue
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value, f"{prefix}{key}.", problems)
         else:
-            ok, converted, expected = _coerce(tp, value)
+            ok, converted, expected = coerce_value(tp, value)
             if ok:
                 kwargs[key] = converted
             else:
@@ -441,7 +441,9 @@ def _build(cls, data: Any, prefix: str, problems: list[str]):
     return cls(**kwargs)
 
 
-def _coerce(tp, value) -> tuple[bool, Any, str]:
+def coerce_value(tp, value) -> tuple[bool, Any, str]:
+    """(ok, converted value, what was expected) for a YAML value against a type hint; shared with the tuner's
+    StudySpec so both speak the same language about bad values."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -450,11 +452,11 @@ def _coerce(tp, value) -> tuple[bool, Any, str]:
         for arg in args:
             if arg is type(None):
                 continue
-            ok, converted, exp = _coerce(arg, value)
+            ok, converted, exp = coerce_value(arg, value)
             if ok:
                 return True, converted, exp
             expected.append(exp)
-        return False, value, " or ".join(expected + ["null"])
+        return False, value, " or ".join(expected + (["null"] if type(None) in args else []))
     if origin is Literal:
         return value in args, value, "one of " + ", ".join(map(str, args))
     if tp is bool:
@@ -469,12 +471,22 @@ def _coerce(tp, value) -> tuple[bool, Any, str]:
     if origin is tuple:
         ok = isinstance(value, (list, tuple)) and len(value) == len(args)
         if ok:
-            items = [_coerce(a, v) for a, v in zip(args, value)]
+            items = [coerce_value(a, v) for a, v in zip(args, value)]
             if all(i[0] for i in items):
                 return True, tuple(i[1] for i in items), f"a list of {len(args)} numbers"
         return False, value, f"a list of {len(args)} numbers"
+    if origin is list:
+        ok = isinstance(value, list)
+        if ok and args and args[0] is str:
+            return all(isinstance(v, str) for v in value), value, "a list of strings"
+        return ok, value, "a list"
     if origin is dict:
-        return isinstance(value, dict), dict(value) if isinstance(value, dict) else value, "a mapping"
+        if not isinstance(value, dict):
+            return False, value, "a mapping"
+        if args and args[1] is float:
+            ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
+            return ok, {k: float(v) for k, v in value.items()} if ok else value, "a mapping of numbers"
+        return True, dict(value), "a mapping"
     return True, value, str(tp)
 
 

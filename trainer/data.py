@@ -96,39 +96,40 @@ def num_classes(cfg: TrainConfig) -> int:
 # ---- CPU decode datasets -------------------------------------------------------------------------------------------
 
 
-class PILDataset(Dataset):
+class ImageFileDataset(Dataset):
+    """(transformed image, label) per file; subclasses say how a file becomes an image."""
+
+    def __init__(self, samples, transform):
+        self.samples, self.transform = samples, transform
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        return self.transform(self.load(path)), label
+
+    def load(self, path: str):
+        raise NotImplementedError
+
+
+class PILDataset(ImageFileDataset):
     """The classic ImageFolder path: PIL decode, transforms on PIL images, float32 normalized in the worker."""
 
-    def __init__(self, samples, transform):
-        self.samples, self.transform = samples, transform
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
+    def load(self, path):
         from PIL import Image
 
-        path, label = self.samples[i]
         with open(path, "rb") as f:
-            img = Image.open(f).convert("RGB")
-        return self.transform(img), label
+            return Image.open(f).convert("RGB")
 
 
-class TensorJPEGDataset(Dataset):
+class TensorJPEGDataset(ImageFileDataset):
     """libjpeg-turbo decode to uint8 tensors and uint8 transforms; normalization is left to the device."""
 
-    def __init__(self, samples, transform):
-        self.samples, self.transform = samples, transform
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
+    def load(self, path):
         from torchvision.io import ImageReadMode, decode_image, read_file
 
-        path, label = self.samples[i]
-        img = decode_image(read_file(path), mode=ImageReadMode.RGB)
-        return self.transform(img), label
+        return decode_image(read_file(path), mode=ImageReadMode.RGB)
 
 
 def cpu_transforms(cfg: TrainConfig, *, train: bool, decode: str):
