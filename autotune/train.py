@@ -276,7 +276,7 @@ class _Interrupted(BaseException):
 def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None, nvml=None) -> TrainResult:
     """Launch the job, stream it, and clean up; KeyboardInterrupt (and SIGTERM/SIGHUP) kills the whole job."""
     from autotune import gpu as gpu_mod
-    from autotune.launch import LineReader, TrialJob, torchrun_argv, trial_env
+    from autotune.launch import LineReader, TrialJob, die_with_parent_preexec, torchrun_argv, trial_env
 
     p.out.mkdir(parents=True, exist_ok=True)
     p.config.to_yaml(p.config_path)
@@ -310,8 +310,9 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
         proc, groups = None, set()
         try:
             sampler.start()
+            # The job dies with this process, even on SIGKILL (each rank also dies with torchrun: trainer/lifeline.py).
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with_parent_preexec())
             groups = {proc.pid}
             result.returncode = _follow(proc, groups, reader, result, view)
             # A rank that exited can leave loader workers behind; they belong to the run too.

@@ -153,7 +153,7 @@ def make_image_folder(root: str | os.PathLike, *, images: int, classes: int, val
         "images_per_s": round(images / seconds, 1),
         "workers": workers,
     }
-    tmp = root / f".{MANIFEST}.tmp"
+    tmp = root / f".{MANIFEST}.{os.getpid()}.tmp"  # two processes making the same cached set must not collide
     tmp.write_text(json.dumps({"spec": asdict(spec), "summary": summary}, indent=1))
     os.replace(tmp, root / MANIFEST)
     return {**summary, "cached": False}
