@@ -71,14 +71,16 @@ def test_window_re_aim_is_bounded():
 
 def test_time_spent_paused_is_not_a_warm_up_step():
     records = []
-    meter = make(records, warmup_min_steps=0, settle_steps=3, settle_span_s=0.0, settle_tolerance=0.3)
+    # Tolerance 100 %: sleep jitter on a loaded machine must not matter; a counted pause would make one span ~15x
+    # the other.
+    meter = make(records, warmup_min_steps=0, settle_steps=3, settle_span_s=0.0, settle_tolerance=1.0)
     for _ in range(3):
-        time.sleep(0.01)
+        time.sleep(0.02)
         meter.step()
     with meter.paused():  # a validation pass in the middle of warm-up
-        time.sleep(0.3)
+        time.sleep(1.0)
     for _ in range(3):
-        time.sleep(0.01)
+        time.sleep(0.02)
         meter.step()
-    assert meter.state == "measure"  # two equal spans of 3 steps: settled, the pause did not count
-    assert max(meter._step_times) < 0.1
+    assert meter.state == "measure"  # two like spans of 3 steps: settled, the pause did not count
+    assert max(meter._step_times) < 0.5
