@@ -49,15 +49,16 @@ def test_windows_count_images_and_finish_after_the_protocol():
 
 def test_a_slow_start_is_left_out_once_the_latest_windows_agree():
     records = []
-    meter = make(records, spread_target=0.25, window_s=0.1, settle_span_s=0.05)
-    # Warm-up settles on fast steps (2 + 2 spans of 5), then a slow patch (a late recompile) spoils the first
+    meter = make(records, spread_target=0.5, window_s=0.2, settle_span_s=0.1, max_windows=8)
+    # Warm-up settles on fast steps (2 + 2 spans of 5), then a 5x slower patch (a late recompile) spoils the first
     # windows, then steady again: the summary stands on the steady tail, not on the median of everything.
-    meter = drive(meter, [0.01] * 14 + [0.05] * 12 + [0.01] * 1000)
+    # (Targets are loose so that sleep jitter on a loaded machine cannot decide the outcome.)
+    meter = drive(meter, [0.02] * 14 + [0.1] * 12 + [0.02] * 1000)
     summary = meter.summary()
     assert summary["windows"] > 3
     assert summary["windows_used"] == [w.index for w in meter.windows[-3:]]
-    assert summary["spread"] <= 0.25
-    assert summary["imgs_per_s"] > 1.5 * min(w.imgs_per_s for w in meter.windows)
+    assert summary["spread"] <= 0.5
+    assert summary["imgs_per_s"] > 2 * min(w.imgs_per_s for w in meter.windows)
 
 
 def test_window_re_aim_is_bounded():
