@@ -19,10 +19,13 @@ case "$stage" in
       --train --seconds 3 2>&1 | tail -24
     runs=${*:-strong-hybrid-fp16-50 strong-nvjpeg-fp16} ;;
   search)
-    # A short real search of the default GPU study on the same JPEGs (its own data set is larger: made once).
-    timeout "${SEARCH_S:-200}" python3 -m autotune search --trials "${1:-4}" --data "$data" --storage "sqlite:////tmp/resnet50.db" 2>&1 \
+    # A real search of the default GPU study on the same JPEGs. The study lives in bench/state/ (git-ignored): copy
+    # the returned resnet50.db there and name bench/state in the next call's carry, and the study resumes.
+    mkdir -p bench/state; db="sqlite:///$PWD/bench/state/resnet50.db"
+    timeout "${SEARCH_S:-200}" python3 -m autotune search --trials "${1:-4}" --data "$data" --storage "$db" 2>&1 \
       | tee "$out/search.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
-    python3 -m autotune show --study resnet50 --storage "sqlite:////tmp/resnet50.db" 2>&1 | tee "$out/search-table.txt"
+    python3 -m autotune show --study resnet50 --storage "$db" 2>&1 | tee "$out/search-table.txt"
+    cp bench/state/resnet50.db "$out/"
     exit 0 ;;
   *) runs="$stage $*" ;;
 esac
