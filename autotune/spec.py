@@ -25,14 +25,13 @@ import dataclasses
 import hashlib
 import json
 import re
-import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from autotune.exceptions import SpecError
-from trainer.config import coerce_value, did_you_mean
+from trainer.config import build_dataclass
 
 OBJECTIVES = ("throughput", "pareto", "weighted")
 SAMPLERS = ("tpe", "random")
@@ -167,7 +166,7 @@ class StudySpec:
     """Dotted overrides ``autotune export`` applies to the best trial's config (a train run instead of a
     measurement)."""
 
-    source: str = field(default="spec", repr=False)
+    source: str = field(default="spec", repr=False, init=False)
 
     # ---- loading ---------------------------------------------------------------------------------------------
 
@@ -320,34 +319,19 @@ def load_spec(name_or_path: str) -> StudySpec:
     return StudySpec.from_yaml(find_spec(name_or_path))
 
 
-# ---- generic builder: mapping -> kw-only dataclasses, collecting every problem -----------------------------------
+# ---- mapping -> StudySpec: trainer.config's builder, with the spec's own fields taken over ---------------------------
 
 
 def _build(cls, data: Any, prefix: str, problems: list[str]):
-    if not isinstance(data, dict):
-        problems.append(f"{prefix.rstrip('.') or 'spec'}: expected a mapping, got {type(data).__name__}")
-        return cls() if cls is not StudySpec else cls(name="?")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init and f.name != "source"]
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            problems.append(f"{prefix}{key}: unknown setting{did_you_mean(str(key), names)}")
-            continue
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, f"{prefix}{key}.", problems)
-        elif cls is StudySpec and key == "space":
-            kwargs[key] = _build_space(value, problems)
-        elif cls is StudySpec and key in ("baseline", "export", "base") and value is None:
-            kwargs[key] = {}
-        else:
-            ok, converted, expected = coerce_value(tp, value)
-            if ok:
-                kwargs[key] = converted
-            else:
-                problems.append(f"{prefix}{key}={value!r}: expected {expected}")
-    return cls(**kwargs)
+    def convert(owner, key, value):
+        if owner is StudySpec and key == "space":
+            return _build_space(value, problems)
+        if owner is StudySpec and key in ("baseline", "export", "base") and value is None:
+            return {}
+        return NotImplemented
+
+    return build_dataclass(cls, data, prefix, problems, convert=convert,
+                           empty=(lambda: StudySpec(name="?")) if cls is StudySpec else None)
 
 
 def _build_space(value: Any, problems: list[str]) -> dict[str, Knob | None]:

@@ -272,7 +272,7 @@ class TrainConfig:
         problems: list[str] = []
         # `autotune export` adds an `autotune:` section (torchrun args, env, fingerprint, figures): not the job's.
         data = {k: v for k, v in (data or {}).items() if k != "autotune"}
-        cfg = _build(cls, data, "", problems)
+        cfg = build_dataclass(cls, data, "", problems)
         if not problems:
             problems.extend(cfg.problems())
         if problems:
@@ -418,20 +418,27 @@ def did_you_mean(name: str, options) -> str:
     return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
-def _build(cls, data: Any, prefix: str, problems: list[str]):
+def build_dataclass(cls, data: Any, prefix: str, problems: list[str], *, convert=None, empty=None):
+    """``cls(**data)`` for nested kw-only dataclasses, appending every problem (unknown key with close matches, wrong
+    type) to ``problems`` instead of stopping at the first. ``convert(cls, key, value)`` may take over a field (it
+    returns ``NotImplemented`` to leave it to the type hint); ``empty()`` builds the stand-in for a non-mapping.
+    Shared with the tuner's StudySpec."""
     if not isinstance(data, dict):
         problems.append(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
-        return cls()
+        return empty() if empty else cls()
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
     kwargs = {}
     for key, value in data.items():
         if key not in names:
             problems.append(f"{prefix}{key}: unknown setting{did_you_mean(str(key), names)}")
             continue
         tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, f"{prefix}{key}.", problems)
+        converted = convert(cls, key, value) if convert else NotImplemented
+        if converted is not NotImplemented:
+            kwargs[key] = converted
+        elif dataclasses.is_dataclass(tp):
+            kwargs[key] = build_dataclass(tp, value, f"{prefix}{key}.", problems, convert=convert)
         else:
             ok, converted, expected = coerce_value(tp, value)
             if ok:
