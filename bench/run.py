@@ -123,7 +123,9 @@ def run_bare(nproc: int, out_dir: Path) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("runs", nargs="+", help=f"run names: {', '.join(PLAN)}, bare-synthetic")
+    p.add_argument("runs", nargs="*", help=f"run names: {', '.join(PLAN)}, bare-synthetic")
+    p.add_argument("--config", help="a TrainConfig YAML (e.g. an `autotune export`), run --repeat times in measure mode")
+    p.add_argument("--repeat", type=int, default=3, help="how often to run --config (default 3)")
     p.add_argument("--data", help="JPEG ImageFolder for the imagefolder runs")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--out", required=True, help="JSON file for all results (trial logs go beside it)")
@@ -139,10 +141,21 @@ def main() -> int:
     trials = Path(args.trials_dir) if args.trials_dir else out.parent
     common = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     results = []
-    for name in args.runs:
+    runs = list(args.runs)
+    if args.config:
+        stem = Path(args.config).stem
+        runs += [f"{stem}-{i + 1}" for i in range(args.repeat)]
+    if not runs:
+        p.error("name runs or pass --config")
+    for name in runs:
         t = time.time()
         if name == "bare-synthetic":
             res = run_bare(args.nproc, trials)
+        elif args.config and name.startswith(Path(args.config).stem + "-"):
+            # The exported config as the search measured it: measure mode, same data, same world size.
+            cfg = TrainConfig.from_yaml(args.config)
+            cfg = cfg.with_overrides({"training.mode": "measure", **common, "name": name})
+            res = run_one(name, cfg, args.nproc, trials, args.timeout)
         else:
             base, overrides = PLAN[name]
             cfg = TrainConfig.from_yaml(HERE / "configs" / f"{base}.yaml")
