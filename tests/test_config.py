@@ -39,6 +39,8 @@ def test_export_section_is_ignored_by_the_job(tmp_path):
     ({"nccl.extra": {"NCCL_NVLS_ENABLE": "1"}}, "NVLink multicast must stay off"),
     ({"nccl.extra": {"NCCL_PROTO": "LL128"}}, "LL128 may not be forced"),
     ({"nccl.extra": {"OMP_NUM_THREADS": "4"}}, "only NCCL_* variables"),
+    # Found by the first real GPU search: DDP's reducer asserts on the first backward inside no_sync().
+    ({"ddp.static_graph": True, "training.accum_steps": 2}, "static graph breaks under gradient accumulation"),
 ])
 def test_each_bad_field_gets_its_message(overrides, message):
     with pytest.raises(ConfigError) as e:

@@ -356,6 +356,12 @@ class TrainConfig:
                 p.append(f"training.{name}={v}: must be >= 1")
         if self.optimizer.lr <= 0:
             p.append(f"optimizer.lr={self.optimizer.lr}: must be > 0")
+        if self.ddp.static_graph and t.accum_steps > 1:
+            # DDP(static_graph=True) under no_sync() asserts in its reducer on the first backward, and without the
+            # assert it would stop all-reducing gradients after one step (pytorch/pytorch#187732): not runnable.
+            p.append(f"ddp.static_graph=true with training.accum_steps={t.accum_steps}: DDP's static graph breaks "
+                     "under gradient accumulation (no_sync) in this torch; set ddp.static_graph=false or "
+                     "training.accum_steps=1")
         if self.ddp.bucket_cap_mb <= 0:
             p.append(f"ddp.bucket_cap_mb={self.ddp.bucket_cap_mb}: must be > 0")
         if self.ddp.timeout_s <= 0:
