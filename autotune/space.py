@@ -38,7 +38,8 @@ DEFAULT_SPACE: dict[str, Knob] = {
     "data.hybrid_cpu_fraction": Knob(choices=[0.25, 0.5, 0.75], when="data.decode == hybrid"),
     "ddp.bucket_cap_mb": Knob(low=5.0, high=200.0, log=True),
     "ddp.gradient_as_bucket_view": Knob(choices=[False, True]),
-    "ddp.static_graph": Knob(choices=[False, True]),
+    # DDP's static graph breaks under no_sync() (pytorch/pytorch#187732): only searched without accumulation.
+    "ddp.static_graph": Knob(choices=[False, True], when="training.accum_steps == 1"),
     # NCCL's own choice ("default") stays a candidate: forcing an algorithm is as likely to hurt as to help.
     "nccl.algo": Knob(choices=[DEFAULT_CHOICE, "Ring", "Tree"]),
     "nccl.proto": Knob(choices=[DEFAULT_CHOICE, "Simple", "LL"]),
@@ -194,6 +195,38 @@ class SearchSpace:
         return out
 
 
+    def start_params(self, spec: StudySpec) -> list[dict[str, Any]]:
+        """The Optuna params of ``spec.starts`` (partial: the sampler draws the rest). Knobs this machine does not
+        search are ignored; a start needing a value this machine does not offer (nvjpeg-gpu on a CPU) is left out
+        with a note; a value outside the space is an error."""
+        problems, out = [], []
+        by, declared = self.by_path(), effective_knobs(spec)
+        for i, start in enumerate(spec.starts):
+            params: dict[str, Any] = {}
+            dropped = None
+            for path, value in start.items():
+                p = by.get(path)
+                if isinstance(value, str) and value == DEFAULT_CHOICE:
+                    value = None
+                if p is None:
+                    continue  # a knob this machine does not search (NCCL on a CPU): as for the baseline
+                if not p.contains(value):
+                    k = declared.get(path)
+                    if k is not None and k.choices is not None and value in [_norm_choice(c) for c in k.choices]:
+                        dropped = dropped or f"{path}={_show(value)} is not searched on this machine"
+                    else:
+                        problems.append(f"starts[{i}].{path}={_show(value)}: outside the searched {p.describe()}")
+                else:
+                    params[path] = p.match(value) if p.kind == "categorical" else value
+            if dropped:
+                self.notes.append(f"start {i} left out: {dropped}")
+            elif params:
+                out.append(params)
+        if problems:
+            raise SpecError(problems, spec.source)
+        return out
+
+
 # ---- TrainConfig introspection -----------------------------------------------------------------------------------
 
 
@@ -321,6 +354,11 @@ def knob_problems(spec: StudySpec) -> list[str]:
         if key not in knobs:
             p.append(f"baseline.{key}: not a searched knob (searched: {', '.join(knobs) or 'none'}); "
                      "set it in base instead")
+    for i, start in enumerate(spec.starts):
+        for key in start:
+            if key not in knobs:
+                p.append(f"starts[{i}].{key}: not a searched knob (searched: {', '.join(knobs) or 'none'}); "
+                         "name searched knobs only")
     if spec.fixed_global_batch and "training.batch_size" in knobs and knobs["training.batch_size"].choices is None:
         p.append("space.training.batch_size: fixed_global_batch needs batch choices (not a range)")
     return p

@@ -158,6 +158,11 @@ class StudySpec:
     baseline: dict[str, Any] = field(default_factory=dict)
     """Trial 0: searched knobs set by dotted path (the rest take the base value)."""
 
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    """Trials 1.. of a new study, after the baseline: partial settings by dotted path (e.g. one per input
+    pipeline), the knobs they leave out drawn by the sampler. A short search then starts from every region a
+    careful human would try instead of from random draws alone; the sampler refines from there."""
+
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
     budget: Budget = field(default_factory=Budget)
     sampler: SamplerSpec = field(default_factory=SamplerSpec)

@@ -18,6 +18,7 @@ reason) and enqueues their parameters again, once.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -209,7 +210,7 @@ def make_pruner(spec: StudySpec, multi_objective: bool):
 
 def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Objective, nproc: int,
                    seed: int | None = None, attrs: dict[str, Any] | None = None,
-                   baseline: dict[str, Any] | None = None):
+                   baseline: dict[str, Any] | None = None, starts: list[dict[str, Any]] | None = None):
     """Create the study (recording the spec and enqueuing ``baseline`` as trial 0) or load it to resume; refuses,
     without writing anything, a study made by a different spec, world size or objective.
 
@@ -230,7 +231,7 @@ def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Obje
     except Exception as e:  # noqa: BLE001 - the database went away, or refuses the write
         raise StorageError(f"study {study_name}: {_first_line(e)}; check the storage") from None
     if created:
-        _record_setup(study, spec, fp, objective, nproc, attrs, baseline)
+        _record_setup(study, spec, fp, objective, nproc, attrs, baseline, starts)
         return study
     ua = _wait_for_setup(study)
     old = ua.get("spec_fingerprint")
@@ -243,13 +244,26 @@ def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Obje
         raise StorageError(f"study {study_name} exists with objective directions {have}, this search needs "
                            f"{list(objective.directions)}; use --study-name NEW or the objective it was made with")
     if old is None:  # a study made elsewhere (the Optuna CLI, an older version): adopt it
-        _record_setup(study, spec, fp, objective, nproc, attrs,
-                      baseline if not study.get_trials(deepcopy=False) else None)
+        fresh = not study.get_trials(deepcopy=False)
+        _record_setup(study, spec, fp, objective, nproc, attrs, baseline if fresh else None,
+                      starts if fresh else None)
+    # A sampler seeded as the study's first worker was would draw that worker's random start-up trials again
+    # (a resumed GPU search re-ran trials 1-4 as 7-10): a joining or resuming worker gets a seed of its own.
+    base_seed = spec.sampler.seed if seed is None else seed
+    if base_seed is not None:
+        study.sampler = make_sampler(spec, worker_seed(base_seed, len(study.get_trials(deepcopy=False))))
     return study
 
 
+def worker_seed(seed: int, n_trials: int) -> int:
+    """The sampler seed of a worker joining a study of ``n_trials`` trials: distinct per host, process and study
+    size, so neither a resume nor a second worker started beside the first repeats its draws."""
+    key = f"{seed}:{n_trials}:{socket.gethostname()}:{os.getpid()}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+
+
 def _record_setup(study, spec: StudySpec, fp: str, objective: Objective, nproc: int, attrs: dict[str, Any] | None,
-                  baseline: dict[str, Any] | None) -> None:
+                  baseline: dict[str, Any] | None, starts: list[dict[str, Any]] | None = None) -> None:
     study.set_user_attr("spec_fingerprint", fp)
     study.set_user_attr("spec", spec.to_dict())
     study.set_user_attr("objective", objective.kind)
@@ -259,6 +273,8 @@ def _record_setup(study, spec: StudySpec, fp: str, objective: Objective, nproc: 
     if baseline is not None:
         study.enqueue_trial(baseline, user_attrs={"baseline": True})
         study.set_user_attr("baseline_enqueued", True)
+    for i, params in enumerate(starts or []):
+        study.enqueue_trial(params, user_attrs={"start": i})
     study.set_user_attr("setup_complete", True)  # last: what other workers wait for
 
 

@@ -124,3 +124,33 @@ def test_a_worker_waits_for_the_study_set_up_then_adopts_a_study_nobody_sets_up(
                                      nproc=2, baseline={"training.batch_size": 8})
     assert [t.user_attrs for t in study.get_trials()] == [{"baseline": True}]
     assert study.user_attrs["setup_complete"]
+
+
+def test_starts_follow_the_baseline_and_a_resumed_or_joining_worker_does_not_repeat_the_first_ones_draws(tmp_path):
+    """A GPU search resumed with the same sampler seed re-ran its random start-up trials (1-4 again as 7-10)."""
+    from autotune.space import resolve
+
+    def worker(path, n, starts=()):
+        spec = StudySpec.from_yaml(tiny_spec(tmp_path, **{"sampler.n_startup_trials": 20, "starts": list(starts)}))
+        space = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2)
+        storage = study_mod.open_storage(f"sqlite:///{path}")
+        study = study_mod.create_or_load(spec=spec, study_name="s", storage=storage, objective=Objective(), nproc=2,
+                                         baseline={"training.batch_size": 8, "ddp.bucket_cap_mb": 25.0},
+                                         starts=space.start_params(spec))
+        drawn = []
+        for _ in range(n):
+            t = study.ask()
+            drawn.append(space.suggest(t, spec.base_config().to_dict()))
+            study.tell(t, 1.0)
+        return study, drawn
+
+    study, _ = worker(tmp_path / "starts.db", 3, starts=[{"training.batch_size": 16}])
+    assert [t.user_attrs for t in study.trials] == [{"baseline": True}, {"start": 0}, {}]
+    assert study.trials[1].params["training.batch_size"] == 16 and "ddp.bucket_cap_mb" in study.trials[1].params
+
+    _, first = worker(tmp_path / "a.db", 4)
+    assert first[0] == {"training.batch_size": 8, "ddp.bucket_cap_mb": 25.0}
+    assert worker(tmp_path / "b.db", 4)[1] == first  # a new study with the spec's seed is reproducible ...
+    _, resumed = worker(tmp_path / "a.db", 3)  # ... and a worker that resumes it draws new points
+    assert not {d["ddp.bucket_cap_mb"] for d in first[1:]} & {d["ddp.bucket_cap_mb"] for d in resumed}, \
+        (first, resumed)

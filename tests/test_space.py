@@ -113,3 +113,39 @@ def test_an_oom_rules_out_larger_batches_with_the_same_memory_settings_only():
     assert predicted_oom(cfg(**{"training.batch_size": 96}), ooms) is None
     assert predicted_oom(cfg(**{"training.batch_size": 256, "training.precision": "bf16"}), ooms) is None
     assert predicted_oom(cfg(**{"training.batch_size": 256, "training.channels_last": True}), ooms) is None
+
+
+def test_default_space_never_suggests_a_config_the_job_refuses():
+    # static_graph is only drawn without accumulation (DDP's reducer asserts under no_sync with it).
+    spec = _spec()
+    space = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=False, cores=32)
+    base = spec.base_config("/data").to_dict()
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=3))
+    seen = set()
+    for _ in range(60):
+        over = space.suggest(study.ask(), base)
+        TrainConfig.from_dict(base).with_overrides(over)
+        seen.add((over["training.accum_steps"], over.get("ddp.static_graph")))
+    assert (1, True) in seen and not any(acc > 1 and sg is not None for acc, sg in seen)
+
+
+def test_starts_become_partial_fixed_params_and_gpu_only_starts_are_left_out_on_a_cpu():
+    starts = [{"data.decode": "nvjpeg-gpu", "training.precision": "fp16"},
+              {"data.decode": "torchvision-cpu", "training.batch_size": 256, "nccl.algo": "default"}]
+    spec = _spec(starts=starts)
+    gpu = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=False, cores=32)
+    assert gpu.start_params(spec) == [starts[0], {**starts[1], "nccl.algo": None}]
+    cpu = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2)
+    assert cpu.start_params(spec) == [{"data.decode": "torchvision-cpu", "training.batch_size": 256}]
+    assert any(n.startswith("start 0 left out: data.decode=nvjpeg-gpu") for n in cpu.notes), cpu.notes
+    # A start's params are fixed on its trial; what it leaves out is drawn.
+    base = spec.base_config("/data").to_dict()
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    study.enqueue_trial(gpu.start_params(spec)[0])
+    over = gpu.suggest(study.ask(), base)
+    assert over["data.decode"] == "nvjpeg-gpu" and over["training.precision"] == "fp16" and "loader.num_workers" in over
+    with pytest.raises(SpecError, match=r"starts\[0\].training.batch_size=80: outside the searched"):
+        bad = _spec(starts=[{"training.batch_size": 80}])
+        resolve(bad, world_size=1, nproc_per_node=1, cpu_only=False, cores=4).start_params(bad)
+    with pytest.raises(SpecError, match=r"starts\[0\].optimizer.lr: not a searched knob"):
+        _spec(starts=[{"optimizer.lr": 0.1}])

@@ -300,6 +300,7 @@ def search(o: SearchOptions, say=print):
     base = given_data(spec, o.data)
     probe = base or spec.base_config("<generated>")
     baseline = space.baseline_params(spec, probe.to_dict())
+    starts = space.start_params(spec)
     preflight(spec, probe, space, baseline, o.nproc * nnodes)
 
     storage_url = o.storage or study_mod.default_storage(name)
@@ -309,7 +310,7 @@ def search(o: SearchOptions, say=print):
     base_dict = base.to_dict()
     fingerprint = gpu_mod.fingerprint(o.nvml, o.gpus)
     study = study_mod.create_or_load(spec=spec, study_name=name, storage=storage, objective=objective, nproc=o.nproc,
-                                     seed=o.seed, baseline=baseline,
+                                     seed=o.seed, baseline=baseline, starts=starts,
                                      attrs={"fingerprint": fingerprint, "torchrun_args": spec.world.torchrun_args,
                                             "reference_global_batch": _reference_batch(base, baseline,
                                                                                        o.nproc * nnodes)})

@@ -37,6 +37,8 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
         note = fmt_params(dict(t.params), 90)
         if a.get("baseline"):
             note = "(baseline) " + note
+        elif a.get("start") is not None:
+            note = f"(start {a['start']}) " + note
         rows.append((f"{t.number}{mark}", state, fmt_ips(ips) if ips is not None else "-", gain,
                      f"{a['spread']:.1%}" if a.get("spread") is not None else "-",
                      f"{a['util_mean']:.0f}%" if a.get("util_mean") is not None else "n/a",
