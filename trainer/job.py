@@ -27,6 +27,13 @@ from trainer.model import build_model
 # Set for every process this job starts (loader workers, NCCL): NVLink multicast can take a shared host's GPUs down.
 SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
+# Consecutive non-finite step losses at the end of a run that make it diverged (summary's loss_finite False). With
+# fp16 a batch can overflow in the forward pass (an inf/NaN loss): GradScaler finds the gradients non-finite, skips
+# that step and lowers the scale, the weights stay finite and the next losses are finite again, so an isolated
+# non-finite step is normal. A diverged run (NaN/inf weights) stays non-finite every step after; a few in a row tell
+# the two apart without needing a long run.
+DIVERGED_STEPS = 5
+
 
 @dataclass(kw_only=True)
 class Dist:
@@ -89,6 +96,10 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
                             emit=writer.write, continuous=t.mode == "train", prefetched_steps=prefetched,
                             span_steps=math.ceil(cfg.loader.num_workers / t.accum_steps))
     loss = torch.zeros((), device=env.device)
+    # Non-finite step losses: (consecutive at the end, total), kept on the device (see count_nonfinite).
+    nonfinite = (torch.zeros((), dtype=torch.int64, device=env.device),
+                 torch.zeros((), dtype=torch.int64, device=env.device))
+    steps_run = 0  # steps this process ran (a resumed run starts its count afresh)
     last_log = time.monotonic()
     while not finished(cfg, step, epoch, meter):
         # Everything random in an epoch derives from (seed, epoch), so a resumed run replays it exactly.
@@ -99,6 +110,8 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
             next(batches)
         for _ in range(step - epoch * steps_per_epoch, steps_per_epoch):
             loss = train_step(model, batches, optimizer, scaler, accum_steps=t.accum_steps, autocast_ctx=amp)
+            nonfinite = count_nonfinite(loss, *nonfinite)
+            steps_run += 1
             scheduler.step()
             step += 1
             meter.step()
@@ -118,7 +131,7 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
     if t.mode == "train" and not ckpt.checkpoint_path(cfg.checkpoint_dir, step).exists():
         save(cfg, env, raw_model, optimizer, scaler, scheduler, step, epoch, writer)  # the final state, always
     pipeline.close()
-    finish(cfg, env, meter, loss, step, epoch, writer)
+    finish(cfg, env, meter, loss, step, epoch, writer, nonfinite=nonfinite, steps_run=steps_run)
 
 
 def prefetched_batches(cfg: TrainConfig) -> int:
@@ -151,18 +164,38 @@ def end_of_epoch(cfg, env, raw_model, val_pipeline, optimizer, scaler, scheduler
         save(cfg, env, raw_model, optimizer, scaler, scheduler, step, epoch, writer)
 
 
-def finish(cfg, env, meter, loss, step, epoch, writer) -> None:
+def count_nonfinite(loss: torch.Tensor, run: torch.Tensor, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step's update of the non-finite loss counters: ``run`` (consecutive non-finite steps, 0 after a finite one)
+    and ``total``. Pure tensor arithmetic on the device: no ``.item()``, no branch on the value, so the host never
+    waits for the GPU; a per-step sync would stall the launch queue every step and cost the throughput we measure."""
+    bad = (~torch.isfinite(loss)).all().to(run.dtype)
+    return (run + 1) * bad, total + bad
+
+
+def loss_diverged(run: int, steps_run: int) -> bool:
+    """Diverged: the last DIVERGED_STEPS step losses were all non-finite, or, in a run shorter than that, all were."""
+    return steps_run > 0 and run >= min(DIVERGED_STEPS, steps_run)
+
+
+def finish(cfg, env, meter, loss, step, epoch, writer, *, nonfinite=None, steps_run: int = 1) -> None:
+    """The summary record. ``nonfinite``: the (run, total) counters of count_nonfinite; None (loader mode, no loss)
+    judges the final ``loss`` value alone, as one step."""
     if cfg.training.mode == "measure" and not meter.windows:
         raise RuntimeError("the run ended before one measurement window closed: raise training.steps or add data")
     loss_value = float(loss.float().item()) if loss.numel() else float("nan")
     peak = peak_memory_bytes(env.device)
     peaks = [None] * env.world_size
     dist.all_gather_object(peaks, peak)
-    finite = torch.tensor([1.0 if math.isfinite(loss_value) else 0.0], device=env.device)
-    dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    if nonfinite is None:
+        zero = torch.zeros((), dtype=torch.int64, device=env.device)
+        nonfinite = count_nonfinite(torch.tensor(loss_value, device=env.device), zero, zero)
+    counts = torch.stack(list(nonfinite)).to(torch.int64)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the worst rank decides, as for every other verdict
+    run, total = (int(v) for v in counts.tolist())
     writer.write({"kind": "summary", "t": time.time(), "mode": cfg.training.mode, "world_size": env.world_size,
                   **meter.summary(), "steps": step, "epochs": epoch, "loss": loss_value,
-                  "loss_finite": bool(finite.item()), "peak_mem_bytes": peaks,
+                  "loss_finite": not loss_diverged(run, steps_run), "loss_nonfinite_steps": total,
+                  "loss_nonfinite_run": run, "peak_mem_bytes": peaks,
                   "peak_mem_kind": "cuda_max_allocated" if env.device.type == "cuda" else "host_max_rss",
                   "global_batch": cfg.training.batch_size * cfg.training.accum_steps * env.world_size,
                   "versions": versions()})

@@ -404,8 +404,8 @@ def search(o: SearchOptions, say=print):
                 attrs["returncode"] = run.returncode
             if util_available:
                 attrs.update(gpu_mod.summarize(samples, run.windows, len(o.gpus)))
-            if failure is None and run.summary is not None and run.summary.get("loss_finite") is False:
-                failure, message = "config", "the loss is not finite (NaN/inf) with this config"
+            if failure is None and (s := run.summary or {}).get("loss_finite") is False:
+                failure, message = "config", f"diverged: loss NaN/inf for the last {s['loss_nonfinite_run']} steps"
         attrs["wall_s"] = round(time.monotonic() - t0, 3)
         if failure is not None:
             attrs["failure_class"], attrs["failure_message"] = failure, message

@@ -1,0 +1,120 @@
+"""A non-finite loss: one overflowed step (fp16 + GradScaler skips it) is normal, a loss that stays NaN/inf step after
+step is divergence, the only case that makes a trial infeasible."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from torch import nn
+
+from tests.jobutil import kinds, run_job, tiny_config
+from trainer.job import DIVERGED_STEPS, count_nonfinite, loss_diverged
+from trainer.loop import train_step
+
+REPO = Path(__file__).resolve().parents[1]
+NAN, INF = float("nan"), float("inf")
+
+
+def counters(losses):
+    run, total = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+    for loss in losses:
+        run, total = count_nonfinite(torch.tensor(loss), run, total)
+    return int(run), int(total)
+
+
+def test_the_counters_count_the_final_run_and_the_total():
+    assert counters([]) == (0, 0)
+    assert counters([1.0, 2.0]) == (0, 0)
+    assert counters([1.0, NAN, 1.0, INF, 0.5]) == (0, 2)
+    assert counters([1.0, NAN, 1.0, INF, -INF]) == (2, 3)
+    assert counters([NAN] * 7) == (7, 7)
+    run, total = count_nonfinite(torch.tensor(NAN, dtype=torch.float16), torch.tensor(3), torch.tensor(4))
+    assert (run.dtype, int(run), int(total)) == (torch.int64, 4, 5)
+
+
+def test_diverged_means_the_last_few_steps_all_non_finite():
+    assert not loss_diverged(0, 0)  # no step ran (a resumed run already at its end)
+    assert not loss_diverged(DIVERGED_STEPS - 1, 100)  # a few overflowed steps in a row: still transient
+    assert loss_diverged(DIVERGED_STEPS, 100) and loss_diverged(37, 100)
+    assert loss_diverged(3, 3) and not loss_diverged(2, 3)  # shorter than DIVERGED_STEPS: all of them, or not
+
+
+def test_one_nan_fp16_step_is_skipped_by_the_grad_scaler_and_is_not_divergence():
+    """The real mechanism, in one process: a batch whose loss is NaN, under GradScaler, leaves the weights finite and
+    the next steps' losses finite; the counters end with run 0, total 1."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    batches = [(torch.randn(8, 3, 2, 2), torch.randint(0, 4, (8,))) for _ in range(6)]
+    batches[2][0][0, 0, 0, 0] = NAN
+    it, amp = iter(batches), torch.autocast("cpu", torch.float16)
+    run, total = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+    losses = []
+    for _ in batches:
+        loss = train_step(model, it, optimizer, scaler, accum_steps=1, autocast_ctx=amp)
+        run, total = count_nonfinite(loss, run, total)
+        losses.append(float(loss))
+    assert [math.isfinite(v) for v in losses] == [True, True, False, True, True, True]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert (int(run), int(total)) == (0, 1) and not loss_diverged(int(run), len(batches))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lr, diverges", [(0.01, False), (1e8, True)])
+def test_the_summary_reports_non_finite_steps_and_divergence(tmp_path, lr, diverges):
+    cfg = tiny_config(**{"optimizer.lr": lr, "loader.num_workers": 0})  # synthetic data, 2 gloo ranks
+    code, records, log = run_job(cfg, tmp_path)
+    assert code == 0, log
+    (summary,) = kinds(records, "summary")
+    if diverges:  # NaN weights: every step after the first few is NaN
+        assert summary["loss_finite"] is False and not math.isfinite(summary["loss"])
+        assert summary["loss_nonfinite_run"] >= DIVERGED_STEPS
+        assert summary["steps"] >= summary["loss_nonfinite_steps"] >= summary["loss_nonfinite_run"]
+    else:
+        assert summary["loss_finite"] is True and math.isfinite(summary["loss"])
+        assert summary["loss_nonfinite_steps"] == summary["loss_nonfinite_run"] == 0
+
+
+DIVERGING_SPEC = """
+name: diverging
+base:
+  model: {name: "tests.helpers.models:tiny"}
+  data: {kind: synthetic, image_size: 32, num_classes: 4}
+  loader: {num_workers: 0}
+  training: {batch_size: 8}
+  optimizer: {lr: 1.0e+20}
+  ddp: {timeout_s: 30}
+  measure: {warmup_min_steps: 2, settle_steps: 2, settle_tolerance: 1.0, window_s: 0.3, windows: 3, max_windows: 3}
+world: {nproc_per_node: 2}
+default_space: false
+space:
+  training.batch_size: {choices: [8]}
+baseline: {training.batch_size: 8}
+budget: {trials: 1, trial_timeout_s: 60}
+pruner: {kind: none}
+"""
+
+
+@pytest.mark.slow
+def test_a_diverging_trial_is_infeasible_with_a_config_failure(tmp_path):
+    spec = tmp_path / "diverging.yaml"
+    spec.write_text(DIVERGING_SPEC)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+           "AUTOTUNE_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "autotune", "search", "--spec", str(spec)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (trial,) = optuna.load_study(study_name="diverging",
+                                 storage=f"sqlite:///{tmp_path / 'studies' / 'diverging.db'}").get_trials()
+    assert trial.user_attrs["failure_class"] == "config" and trial.user_attrs["constraint"] == 1.0
+    message = trial.user_attrs["failure_message"]
+    assert message.startswith("diverged: loss NaN/inf for the last ") and message.endswith(" steps")
+    assert int(message.split()[-2]) >= DIVERGED_STEPS
