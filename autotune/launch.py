@@ -124,11 +124,17 @@ class TrialRun:
 
     def timing(self) -> dict[str, float | None]:
         """launch_s: Popen → the job's start record (torchrun, import torch, process group); warmup_s: start →
-        warm-up done; measure_s: first window start → last window end; wall_s: Popen → exit."""
+        warm-up done, split into setup_s (start → ready: data, model, DDP), first_step_s (ready → the first step
+        done, as rank 0 saw it: loader start-up, cudnn autotuning, communicators) and the settling after it;
+        measure_s: first window start → last window end; wall_s: Popen → exit."""
         start, warm, win = self.of_kind("start"), self.of_kind("warmup_done"), self.windows
         t_start = min((float(r["t"]) for r in start), default=None)
+        ready = max((float(r["t"]) for r in self.of_kind("ready")), default=None)
+        first = max((float(r["t"]) for r in self.of_kind("first_step")), default=None)
         return {
             "launch_s": round(t_start - self.t_launch, 3) if t_start else None,
+            "setup_s": round(ready - t_start, 3) if ready and t_start else None,
+            "first_step_s": round(first - ready, 3) if first and ready else None,
             "warmup_s": round(float(warm[0]["t"]) - t_start, 3) if warm and t_start else None,
             "measure_s": round(float(win[-1]["t1"]) - float(win[0]["t0"]), 3) if win else None,
             "wall_s": round(self.t_end - self.t_launch, 3),

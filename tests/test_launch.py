@@ -109,11 +109,13 @@ def test_a_real_job_is_streamed_live_and_stopped_with_its_whole_process_tree(tmp
     assert run.stopped == "pruned" and run.failure_class is None
     assert len(polls) > 10 and max(b - a for a, b in zip(polls, polls[1:])) < 2  # the heartbeat's chance, often
     kinds = [k for k, _ in arrivals]
-    assert kinds[:2] == ["start", "warmup_done"] and kinds.count("window") == 2 and "summary" not in kinds
+    assert kinds[:4] == ["start", "ready", "first_step", "warmup_done"] and kinds.count("window") == 2
+    assert "summary" not in kinds
     assert run.leftover_pids == [] and processes_in(set(run.pgids)) == []
     assert len(run.pgids) >= 3  # torchrun's group and one per rank (ranks start their own sessions)
     t = run.timing()
     w = run.windows  # the meter sizes windows in steps aimed at window_s: their wall span is what was measured
     assert 0 < t["launch_s"] < t["wall_s"] and 0 < t["measure_s"] == pytest.approx(w[-1]["t1"] - w[0]["t0"], abs=1e-3)
+    assert 0 < t["setup_s"] and 0 < t["first_step_s"] and t["setup_s"] + t["first_step_s"] <= t["warmup_s"]
     assert (tmp_path / "t" / "log.txt").read_text().startswith("$ " + sys.executable)
     assert TrainConfig.from_yaml(tmp_path / "t" / "config.yaml") == cfg

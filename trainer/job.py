@@ -21,7 +21,7 @@ from trainer import checkpoint as ckpt
 from trainer.config import ConfigError, TrainConfig, nccl_env_problems
 from trainer.data import build_pipeline, num_classes
 from trainer.loop import autocast, build_optimizer, build_scheduler, evaluate, grad_scaler, train_step
-from trainer.meter import ResultWriter, ThroughputMeter
+from trainer.meter import ResultWriter, ThroughputMeter, sync
 from trainer.model import build_model
 
 # Set for every process this job starts (loader workers, NCCL): NVLink multicast can take a shared host's GPUs down.
@@ -100,6 +100,8 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
     nonfinite = (torch.zeros((), dtype=torch.int64, device=env.device),
                  torch.zeros((), dtype=torch.int64, device=env.device))
     steps_run = 0  # steps this process ran (a resumed run starts its count afresh)
+    # Where a trial's first half-minute goes (build vs first step vs settling): the search records the split.
+    writer.write({"kind": "ready", "t": time.time()})
     last_log = time.monotonic()
     while not finished(cfg, step, epoch, meter):
         # Everything random in an epoch derives from (seed, epoch), so a resumed run replays it exactly.
@@ -112,6 +114,10 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
             loss = train_step(model, batches, optimizer, scaler, accum_steps=t.accum_steps, autocast_ctx=amp)
             nonfinite = count_nonfinite(loss, *nonfinite)
             steps_run += 1
+            if steps_run == 1:
+                # One sync, once: the first step's end (loader start-up, cudnn autotuning, NCCL communicators).
+                sync(env.device)
+                writer.write({"kind": "first_step", "t": time.time()})
             scheduler.step()
             step += 1
             meter.step()

@@ -125,7 +125,7 @@ class ThroughputMeter:
     # ---- warm-up -----------------------------------------------------------------------------------------------
 
     def _warmup_step(self) -> None:
-        _sync(self.device)
+        sync(self.device)
         now = time.perf_counter()
         self._step_times.append(now - self._t_last)
         self._t_last = now
@@ -159,11 +159,11 @@ class ThroughputMeter:
     # ---- windows -----------------------------------------------------------------------------------------------
 
     def _open_window(self) -> None:
-        _sync(self.device)
+        sync(self.device)
         self._win_t0_wall, self._win_t0, self._win_steps = time.time(), time.perf_counter(), 0
 
     def _close_window(self) -> None:
-        _sync(self.device)
+        sync(self.device)
         seconds = time.perf_counter() - self._win_t0
         t1_wall = time.time()
         # Slowest rank's duration; earliest start and latest end, so the tuner clips GPU samples to the true span.
@@ -217,7 +217,7 @@ class ThroughputMeter:
         }
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
