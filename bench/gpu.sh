@@ -3,6 +3,10 @@
 # GPU machine, after the wheel install line:  bash bench/gpu.sh STAGE [RUN ...]
 # Stages: job (default), pipeline, search N, final, or run names of bench/run.py.
 # Writes JSON and logs under $OUT (default bench/out) and prints a table last.
+# Wheels: `../shared/gpu-wheels.sh .whl nvidia-nvimgcodec-cu13 nvidia-nvjpeg` (the nvjpeg-hw decode path needs the
+# last two; ~29 MB more, inside the 64 MiB a call carries).
+# Chain calls within the machine's 30 s warm period and /tmp (JPEGs, the study in /tmp/state) carries over; a study
+# also resumes on a fresh machine from bench/state/$STUDY.db when that is carried.
 set -uo pipefail
 out=${OUT:-bench/out}; mkdir -p "$out"
 stage=${1:-job}; shift || true
