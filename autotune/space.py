@@ -378,9 +378,10 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
         when = Condition.parse(k.when) if k.when else None
         if k.choices is not None:
             choices = [_norm_choice(c) for c in k.choices]
-            if cpu_only and path == "data.decode" and "nvjpeg-gpu" in choices:
-                choices.remove("nvjpeg-gpu")
-                notes.append("data.decode: nvjpeg-gpu dropped (no GPU)")
+            for gpu_decode in ("nvjpeg-gpu", "nvjpeg-hw"):
+                if cpu_only and path == "data.decode" and gpu_decode in choices:
+                    choices.remove(gpu_decode)
+                    notes.append(f"data.decode: {gpu_decode} dropped (no GPU)")
             if cpu_only and path == "data.decode" and "hybrid" in choices:
                 choices.remove("hybrid")
                 notes.append("data.decode: hybrid dropped (no GPU: both of its shares would decode on the CPU)")

@@ -1,4 +1,4 @@
-"""Where the time of the nvjpeg-gpu and hybrid input pipelines goes, on one GPU.
+"""Where the time of the nvjpeg-gpu, nvjpeg-hw and hybrid input pipelines goes, on one GPU.
 
     python3 bench/pipeline_gpu.py DATA --out pipeline.json [--batch 256] [--workers 6] [--hybrid 0.25,0.5] [--train]
     python3 bench/pipeline_gpu.py DATA --out smoke.json --cpu-smoke      # quick CPU check of every stage
@@ -11,12 +11,18 @@ Stages, each in imgs/s of one GPU, with wall ms per batch and, from CUDA events 
   crop fp16|fp32    ``batched_resized_crop`` on one pre-decoded batch (the augmentation kernels alone)
   decode+crop fp16  decode, box sampling, batched crop/flip/normalize: the pipeline's per-batch work, in one thread
   decode+loop       (``--loop``) decode, then a per-image RandomResizedCrop loop: what the batched crop replaces
+  decode hw         (``--hw``, automatic when nvImageCodec imports) ``decode_batch_hw`` on the hardware JPEG
+                    engines, on a side stream as in the pipeline; ``decode hw+crop fp16`` adds the batched crop;
+                    ``hw checks``: how many of a batch the engines take (the rest fall back to nvJPEG's CUDA decoder),
+                    and their pixels against libjpeg-turbo's on the CPU (max/mean abs; hardware IDCT and chroma
+                    upsampling may differ by a few levels), odd files included
   pipeline wN       ``GpuDecodePipeline`` with N loader workers: files -> workers -> side-stream thread -> consumer
   hybridP wN        ``HybridDecodePipeline`` with P % of each batch decoded by the N workers
+  pipeline-hw wN    (``--hw``) ``GpuDecodePipeline`` with ``data.decode: nvjpeg-hw``, N = the last ``--workers``
   train ...         (``--train``) a ResNet-50 training loop (``--precision``, channels_last, no DDP) fed by
                     synthetic data, by the pipeline (side stream at high priority, and at priority 0, as before),
-                    and by the hybrid pipeline: what training on one GPU loses to each, with the GIL shared as in
-                    the job
+                    by the hybrid pipeline and (``--hw``) the nvjpeg-hw pipeline: what training on one GPU loses to
+                    each, with the GIL shared as in the job
 
 GPU columns: ``gpu ms`` is the span between events recorded before and after each call on the stage's stream
 (includes waits for the host); ``busy ms`` is the same with the stream held by a sleep kernel until the host has
@@ -40,10 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from trainer.config import TrainConfig  # noqa: E402
+from trainer.config import ConfigError, TrainConfig  # noqa: E402
 from trainer.gpu_decode import (BatchedDecodePipeline, GpuDecodePipeline, HybridDecodePipeline,  # noqa: E402
-                                batched_resized_crop, decode_batch, normalize_into, pack_bytes,
-                                sample_crop_boxes, unpack_bytes)
+                                batched_resized_crop, decode_batch, decode_batch_hw, hw_decode_params,
+                                import_nvimgcodec, make_hw_decoder, normalize_into, pack_bytes, sample_crop_boxes,
+                                unpack_bytes)
 
 
 def parse_args(argv=None):
@@ -61,6 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--no-channels-last", action="store_true")
     p.add_argument("--loop", action="store_true", help="also time the per-image RandomResizedCrop loop")
     p.add_argument("--train", action="store_true", help="also time a training loop fed by each pipeline")
+    p.add_argument("--hw", choices=["auto", "on", "off"], default="auto",
+                   help="nvjpeg-hw stages (hardware JPEG engines via nvImageCodec): auto runs them when nvImageCodec "
+                        "imports and a GPU is used, on requires them, off skips them")
     p.add_argument("--model", default="resnet50", help="torchvision model of the train stages")
     p.add_argument("--precision", default="fp16", choices=["fp32", "bf16", "fp16"], help="train stages' autocast")
     p.add_argument("--make", type=int, default=0, metavar="N", help="create DATA with N images first if missing")
@@ -249,6 +259,73 @@ def correctness(samples, device, size) -> dict:
     return r
 
 
+def hw_skip_reason(args, device) -> str | None:
+    """Why the nvjpeg-hw stages do not run (None: they do); ``--hw on`` turns a reason into an exit."""
+    if args.hw == "off":
+        return "--hw off"
+    reason = None
+    if device.type != "cuda":
+        reason = "no CUDA device"
+    else:
+        try:
+            import_nvimgcodec()
+        except ConfigError as e:
+            reason = e.problems[0]
+    if reason and args.hw == "on":
+        raise SystemExit(f"--hw on: {reason}")
+    return reason
+
+
+def hw_checks(blobs, device, count: int = 16) -> dict:
+    """What the engines take and what comes out: of one batch, how many images the hardware decoder alone accepts;
+    for ``count`` of them, ``decode_batch_hw`` (engines, then the CUDA fallback) against torchvision's libjpeg-turbo
+    decode on the CPU (max and mean abs difference: reported, not asserted); odd files (grayscale, CMYK, a PNG named
+    .jpg) through the same call."""
+    import io
+
+    from PIL import Image
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+    nvimgcodec = import_nvimgcodec()
+    r = {"stage": "hw checks", "imgs_per_s": 0.0, "ms_per_batch": 0.0, "cpu_load": None}
+    engines_only = nvimgcodec.Decoder(device_id=device.index, backends=[
+        nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
+    decoded = engines_only.decode([nvimgcodec.CodeStream(b.numpy()) for b in blobs], params=hw_decode_params(),
+                                  cuda_stream=torch.cuda.current_stream(device).cuda_stream)
+    r["engines_accept"] = f"{sum(img is not None for img in decoded)}/{len(blobs)}"
+    sync(device)
+    del decoded, engines_only
+
+    decoder = make_hw_decoder(device)
+    ours = decode_batch_hw(blobs[:count], device, decoder)
+    diffs, shapes_ok = [], True
+    for img, blob in zip(ours, blobs[:count]):
+        ref = decode_jpeg(blob, mode=ImageReadMode.RGB)
+        if tuple(img.shape) != tuple(ref.shape):
+            shapes_ok = False
+            continue
+        diffs.append((img.cpu().int() - ref.int()).abs().flatten())
+    r["shapes_ok"] = shapes_ok
+    if diffs:
+        diff = torch.cat(diffs)
+        r["vs_cpu_max_abs"] = int(diff.max())
+        r["vs_cpu_mean_abs"] = round(float(diff.float().mean()), 3)
+        r["vs_cpu_share_over_8"] = round(float((diff > 8).float().mean()), 5)
+
+    photo = Image.open(io.BytesIO(bytes(blobs[0].numpy()))).convert("RGB")
+    odd = []
+    for mode, fmt in (("L", "JPEG"), ("CMYK", "JPEG"), ("RGB", "PNG")):
+        buf = io.BytesIO()
+        photo.convert(mode).save(buf, fmt, quality=90)
+        odd.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
+    for name, img, blob in zip(("gray", "cmyk", "png"), decode_batch_hw(odd, device, decoder), odd):
+        ref = decode_image(blob, mode=ImageReadMode.RGB)
+        ok = tuple(img.shape) == tuple(ref.shape)
+        r[f"{name}_shape_ok"] = ok
+        r[f"{name}_mean_abs"] = round(float((img.cpu().float() - ref.float()).abs().mean()), 3) if ok else None
+    return r
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.cpu_smoke and not torch.cuda.is_available():
@@ -269,9 +346,11 @@ def main(argv=None) -> int:
     _, class_to_idx = find_classes(str(train_root))
     samples = make_dataset(str(train_root), class_to_idx, extensions=(".jpg", ".jpeg", ".png"))
     channels_last = not args.no_channels_last
+    hw_skipped = hw_skip_reason(args, device)  # before any stage: --hw on without nvImageCodec fails at once
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
            "cpus": os.cpu_count(), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "images": len(samples), "batch": args.batch, "size": args.size, "channels_last": channels_last}
+           "images": len(samples), "batch": args.batch, "size": args.size, "channels_last": channels_last,
+           "hw_stages": hw_skipped or "run"}
     import torchvision
 
     env["torchvision"] = torchvision.__version__
@@ -334,12 +413,35 @@ def main(argv=None) -> int:
                      images_per_call=args.batch, seconds=args.seconds / 2, device=device, warmup=1))
     del decoded
 
+    if hw_skipped is None:
+        # As in the pipeline: decode and crop on a high-priority side stream (nvImageCodec allocates its outputs and
+        # runs the engines on the stream it is given).
+        side = torch.cuda.Stream(device, priority=-1)
+        with torch.cuda.stream(side):
+            record(hw_checks(batches[0], device))
+            hw_decoder = make_hw_decoder(device)
+            record(timed("decode hw", lambda: decode_batch_hw(next_batch(), device, hw_decoder),
+                         images_per_call=args.batch, seconds=args.seconds, device=device))
+
+            def hw_decode_and_crop():
+                side.synchronize()  # as the pipeline's thread does before each decode
+                images = decode_batch_hw(next_batch(), device, hw_decoder)
+                hs = torch.tensor([im.shape[-2] for im in images])
+                ws = torch.tensor([im.shape[-1] for im in images])
+                boxes = sample_crop_boxes(hs, ws, generator=g)
+                flip = torch.rand(len(images), generator=g) < 0.5
+                return batched_resized_crop(images, boxes, args.size, flip=flip, channels_last=channels_last)
+
+            record(timed("decode hw+crop fp16", hw_decode_and_crop, images_per_call=args.batch,
+                         seconds=args.seconds, device=device))
+            del hw_decoder
+
     fractions = [float(f) for f in args.hybrid.split(",") if f.strip()]
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
 
     def pipeline(kind, n_workers, fraction=None, priority=-1):
         overrides = {"data.kind": "imagefolder", "data.path": str(root), "data.image_size": args.size,
-                     "data.decode": "hybrid" if kind == "hybrid" else "nvjpeg-gpu",
+                     "data.decode": {"hybrid": "hybrid", "hw": "nvjpeg-hw"}.get(kind, "nvjpeg-gpu"),
                      "training.batch_size": args.batch, "training.channels_last": channels_last,
                      "loader.num_workers": n_workers, "loader.pin_memory": True,
                      "loader.persistent_workers": n_workers > 0,
@@ -353,6 +455,8 @@ def main(argv=None) -> int:
 
     runs = [("pipeline", n, None, f"pipeline w{n}") for n in workers]
     runs += [("hybrid", args.hybrid_workers, f, f"hybrid{round(100 * f)} w{args.hybrid_workers}") for f in fractions]
+    if hw_skipped is None:
+        runs.append(("hw", workers[-1], None, f"pipeline-hw w{workers[-1]}"))
     for kind, n, fraction, name in runs:
         pipe = pipeline(kind, n, fraction)
         if device.type == "cuda":
@@ -372,10 +476,14 @@ def main(argv=None) -> int:
             pipe = pipeline("hybrid", args.hybrid_workers, f)
             record(trainer.measure(f"train+hybrid{round(100 * f)} w{args.hybrid_workers}", epochs(pipe)))
             pipe.close()
+        if hw_skipped is None:
+            pipe = pipeline("hw", w)
+            record(trainer.measure(f"train+pipeline-hw w{w}", epochs(pipe)))
+            pipe.close()
 
     table = [f"{'stage':<26}{'imgs/s':>9}{'ms/batch':>10}{'gpu ms':>8}{'busy ms':>9}{'cpu load':>10}"]
     for r in results:
-        if r["stage"] == "checks":
+        if r["stage"] in ("checks", "hw checks"):
             continue
         load = "" if r.get("cpu_load") is None else f"{100 * r['cpu_load']:.0f} %"
         gpu = "" if r.get("gpu_ms") is None else f"{r['gpu_ms']:.1f}"
@@ -386,9 +494,11 @@ def main(argv=None) -> int:
     print(f"\n{env['device']}, torch {env['torch']}, batch {args.batch}, {env['mean_kb']} KB/JPEG, "
           f"{env['cpus']} CPUs")
     print("\n".join(table))
-    checks = results[0]
-    print("checks: " + ", ".join(f"{k}={v}" for k, v in checks.items() if k not in ("stage", "imgs_per_s",
-                                                                                   "ms_per_batch", "cpu_load")))
+    for checks in (r for r in results if r["stage"] in ("checks", "hw checks")):
+        print(f"{checks['stage']}: " + ", ".join(f"{k}={v}" for k, v in checks.items()
+                                                 if k not in ("stage", "imgs_per_s", "ms_per_batch", "cpu_load")))
+    if env["hw_stages"] != "run":
+        print(f"nvjpeg-hw stages skipped: {env['hw_stages']}")
     return 0
 
 

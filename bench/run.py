@@ -45,6 +45,11 @@ PLAN: dict[str, tuple[str, dict]] = {
     "loader-pil": ("strong", {**LOADER, "data.decode": "pil"}),
     "loader-tvcpu": ("strong", {**LOADER, "data.decode": "torchvision-cpu"}),
     "loader-nvjpeg": ("strong", {**LOADER, "data.decode": "nvjpeg-gpu", "loader.num_workers": 6}),
+    # nvjpeg-hw: the same pipeline with the decode on the hardware JPEG engines (pip install '.[nvjpeg-hw]').
+    "loader-nvjpeg-hw": ("strong", {**LOADER, "data.decode": "nvjpeg-hw", "loader.num_workers": 6}),
+    "strong-nvjpeg-hw-bf16": ("strong", {"data.decode": "nvjpeg-hw", "loader.num_workers": 6}),
+    "strong-nvjpeg-hw-fp16": ("strong", {"data.decode": "nvjpeg-hw", "loader.num_workers": 6,
+                                         "training.precision": "fp16"}),
     # hybrid: a share of every batch decoded by the workers (torchvision-cpu), the rest by nvJPEG.
     **{f"strong-hybrid-fp16-{pct}": ("strong", {"data.decode": "hybrid", "data.hybrid_cpu_fraction": pct / 100,
                                                 "loader.num_workers": 12, "training.precision": "fp16"})

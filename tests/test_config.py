@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import DECODE_PATHS, ConfigError, TrainConfig
 
 
 def test_defaults_round_trip_through_yaml(tmp_path):
@@ -46,6 +46,46 @@ def test_each_bad_field_gets_its_message(overrides, message):
     with pytest.raises(ConfigError) as e:
         TrainConfig().with_overrides(overrides)
     assert any(message in p for p in e.value.problems), e.value.problems
+
+
+@pytest.mark.parametrize("overrides", [
+    {"data.kind": "imagefolder", "data.path": "/data"},
+    {"data.kind": "imagefolder", "data.path": "/data", "training.mode": "loader", "loader.num_workers": 6},
+    {"data.kind": "imagefolder"},
+    {"data.kind": "synthetic", "training.mode": "loader"},
+])
+def test_nvjpeg_hw_is_validated_exactly_like_nvjpeg_gpu(overrides):
+    # The config cannot know the machine: both GPU decode paths are valid anywhere, and the pipeline refuses them
+    # without CUDA (tests/test_gpu_decode.py).
+    def problems(decode):
+        try:
+            cfg = TrainConfig().with_overrides({**overrides, "data.decode": decode})
+        except ConfigError as e:
+            return e.problems
+        assert cfg.data.decode == decode and TrainConfig.from_dict(cfg.to_dict()) == cfg
+        return []
+
+    assert problems("nvjpeg-hw") == problems("nvjpeg-gpu")
+    assert "nvjpeg-hw" in DECODE_PATHS
+
+
+def test_an_unknown_decode_path_lists_nvjpeg_hw():
+    with pytest.raises(ConfigError, match="expected one of pil, torchvision-cpu, nvjpeg-gpu, nvjpeg-hw, hybrid"):
+        TrainConfig().with_overrides({"data.decode": "dali"})
+
+
+def test_the_cpu_only_space_drops_nvjpeg_hw_like_nvjpeg_gpu():
+    from autotune.space import resolve
+    from autotune.spec import StudySpec
+
+    spec = StudySpec.from_dict({"name": "t", "base": {"model": {"name": "resnet18"}}, "default_space": False,
+                                "space": {"data.decode": {"choices": ["torchvision-cpu", "nvjpeg-gpu", "nvjpeg-hw"]}}})
+    cpu = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2).by_path()["data.decode"]
+    gpu = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=False, cores=32).by_path()["data.decode"]
+    assert cpu.choices == ("torchvision-cpu",)
+    assert gpu.choices == ("torchvision-cpu", "nvjpeg-gpu", "nvjpeg-hw")
+    notes = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2).notes
+    assert "data.decode: nvjpeg-hw dropped (no GPU)" in notes and "data.decode: nvjpeg-gpu dropped (no GPU)" in notes
 
 
 def test_all_problems_are_reported_at_once():

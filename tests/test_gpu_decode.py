@@ -1,11 +1,13 @@
 """The nvjpeg-gpu and hybrid pipelines' device-agnostic parts, on CPU: byte packing, torchvision-exact crop sampling
 and resampling, the one-batch-ahead pipeline (decoding with libjpeg-turbo on a CPU device), the hybrid CPU/GPU split,
-and the hybrid path through the real 2-rank gloo job."""
+and the hybrid path through the real 2-rank gloo job. Of nvjpeg-hw (hardware engines, GPU only), what a CPU machine
+can check: its config errors and its validation split."""
 
 from __future__ import annotations
 
 import io
 import multiprocessing
+import sys
 import threading
 
 import pytest
@@ -19,7 +21,13 @@ from torchvision.transforms.v2 import functional as F
 
 from tests.jobutil import kinds, run_job, tiny_config
 from trainer.config import ConfigError, TrainConfig
-from trainer.data import DeviceNormalize, TensorJPEGDataset, cpu_transforms
+from trainer.data import (
+    DeviceNormalize,
+    LoaderPipeline,
+    TensorJPEGDataset,
+    build_pipeline,
+    cpu_transforms,
+)
 from trainer.datagen import make_image_folder
 from trainer.gpu_decode import (
     IMAGENET_MEAN,
@@ -35,6 +43,8 @@ from trainer.gpu_decode import (
     collate_bytes,
     cpu_share,
     decode_batch,
+    import_nvimgcodec,
+    make_hw_decoder,
     pack_bytes,
     sample_crop_boxes,
     unpack_bytes,
@@ -272,6 +282,48 @@ def test_gpu_pipeline_refuses_a_cpu_device(folder):
     with pytest.raises(ConfigError) as e:
         GpuDecodePipeline(config(), samples_of(folder), rank=0, world_size=1, device="cpu")
     assert e.value.problems == ["data.decode=nvjpeg-gpu needs a CUDA GPU: use torchvision-cpu or pil on this machine"]
+
+
+HW_INSTALL = "pip install 'ddp-autotune[nvjpeg-hw]'"
+
+
+@pytest.fixture
+def no_nvimgcodec(monkeypatch):
+    # A None entry makes the import fail as if the package were not installed, whatever this machine has.
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)
+
+
+def test_nvimgcodec_missing_is_one_line_naming_the_extra(no_nvimgcodec):
+    with pytest.raises(ConfigError) as e:
+        import_nvimgcodec()
+    missing = f"data.decode=nvjpeg-hw needs NVIDIA nvImageCodec, which is not installed: {HW_INSTALL}"
+    assert e.value.problems == [missing]
+    with pytest.raises(ConfigError, match=r"ddp-autotune\[nvjpeg-hw\]"):
+        make_hw_decoder("cuda")
+
+
+def test_hw_pipeline_refuses_a_cpu_device_and_names_every_fix(folder, no_nvimgcodec):
+    # The same CUDA check as nvjpeg-gpu, plus the missing package, reported together before any worker starts.
+    with pytest.raises(ConfigError) as e:
+        GpuDecodePipeline(config(**{"data.decode": "nvjpeg-hw"}), samples_of(folder), rank=0, world_size=1,
+                          device="cpu")
+    assert e.value.problems == [
+        "data.decode=nvjpeg-hw needs a CUDA GPU: use torchvision-cpu or pil on this machine",
+        f"data.decode=nvjpeg-hw needs NVIDIA nvImageCodec, which is not installed: {HW_INSTALL}"]
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("decode", ["nvjpeg-gpu", "nvjpeg-hw"])
+def test_gpu_decode_paths_train_on_the_gpu_and_validate_with_torchvision_cpu(folder, decode):
+    cfg = config(**{"data.decode": decode, "data.path": str(folder), "data.val_fraction": 0.25,
+                    "loader.num_workers": 0})
+    with pytest.raises(ConfigError, match=f"data.decode={decode} needs a CUDA GPU"):
+        build_pipeline(cfg, rank=0, world_size=1, device=torch.device("cpu"))
+    val = build_pipeline(cfg, rank=0, world_size=1, device=torch.device("cpu"), split="val")
+    assert isinstance(val, LoaderPipeline) and isinstance(val.loader.dataset, TensorJPEGDataset)
+    images, labels = next(iter(val))
+    assert images.shape == (8, 3, 48, 48) and images.dtype == torch.float32 and labels.dtype == torch.int64
+    val.close()
 
 
 def test_pipeline_epochs_labels_and_determinism(folder):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-DECODE_PATHS = ("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid")
+DECODE_PATHS = ("pil", "torchvision-cpu", "nvjpeg-gpu", "nvjpeg-hw", "hybrid")
 DATA_KINDS = ("synthetic", "imagefolder")
 MODES = ("measure", "train", "loader")
 
@@ -65,10 +65,12 @@ class DataConfig:
     num_classes: int | None = None
     """Classes of the model head; ``None`` means: the ImageFolder's class count (1000 for synthetic data)."""
 
-    decode: Literal["pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid"] = "pil"
+    decode: Literal["pil", "torchvision-cpu", "nvjpeg-gpu", "nvjpeg-hw", "hybrid"] = "pil"
     """Input pipeline: PIL in loader workers (the classic), ``torchvision.io`` libjpeg-turbo in workers (uint8 out,
-    normalized on the device), nvJPEG on the GPU with batched GPU augmentation (workers only read bytes), or
-    ``hybrid``: ``hybrid_cpu_fraction`` of each batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu``."""
+    normalized on the device), nvJPEG on the GPU with batched GPU augmentation (workers only read bytes),
+    ``nvjpeg-hw``: the same with the decode on the GPU's hardware JPEG engines (NVJPG, A100/H100/H200) through
+    nvImageCodec, to leave the SMs to training (``pip install 'ddp-autotune[nvjpeg-hw]'``), or ``hybrid``:
+    ``hybrid_cpu_fraction`` of each batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu``."""
 
     hybrid_cpu_fraction: float = 0.5
     """``decode: hybrid`` only: the share of every batch decoded and augmented by the loader workers (0: all on the

@@ -9,6 +9,7 @@ config asks), labels int64 — so the loop never knows which path produced them:
 - ``torchvision-cpu``: ``torchvision.io.decode_jpeg`` (libjpeg-turbo) and transforms.v2 on uint8 tensors in the
   workers; uint8 crosses the queue and the bus (4x fewer bytes) and normalization runs on the device.
 - ``nvjpeg-gpu``: workers only read bytes; the GPU decodes and augments (``trainer/gpu_decode.py``).
+- ``nvjpeg-hw``: as ``nvjpeg-gpu``, decoded by the GPU's hardware JPEG engines through nvImageCodec (``gpu_decode.py``).
 - ``hybrid``: a fixed share of every batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu`` (``gpu_decode.py``).
 """
 
@@ -27,6 +28,8 @@ from trainer.config import ConfigError, TrainConfig
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".JPEG", ".JPG")
+GPU_DECODE_PATHS = ("nvjpeg-gpu", "nvjpeg-hw", "hybrid")
+"""``data.decode`` values whose training pipeline decodes on the device (``gpu_decode.py``)."""
 
 
 # ---- file lists ----------------------------------------------------------------------------------------------------
@@ -272,12 +275,12 @@ def build_pipeline(cfg: TrainConfig, *, rank: int, world_size: int, device: torc
     chosen = train_split if split == "train" else val_split
     if chosen is None:
         return None
-    if cfg.data.decode in ("nvjpeg-gpu", "hybrid") and split == "train":
+    if cfg.data.decode in GPU_DECODE_PATHS and split == "train":
         from trainer.gpu_decode import GpuDecodePipeline, HybridDecodePipeline
 
-        cls = GpuDecodePipeline if cfg.data.decode == "nvjpeg-gpu" else HybridDecodePipeline
+        cls = HybridDecodePipeline if cfg.data.decode == "hybrid" else GpuDecodePipeline
         return cls(cfg, chosen.samples, rank=rank, world_size=world_size, device=device)
-    if split == "val" and cfg.data.decode in ("nvjpeg-gpu", "hybrid"):
+    if split == "val" and cfg.data.decode in GPU_DECODE_PATHS:
         # Validation is a small fraction of the run: the CPU tensor path is accurate and simple.
         cfg = cfg.with_overrides({"data.decode": "torchvision-cpu"})
     return LoaderPipeline(cfg, chosen, train=split == "train", rank=rank, world_size=world_size, device=device)
