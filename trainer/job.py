@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError, TrainConfig, nccl_env_problems
-from trainer.data import build_pipeline, num_classes
+from trainer.data import GPU_DECODE_PATHS, build_pipeline, num_classes
 from trainer.loop import autocast, build_optimizer, build_scheduler, evaluate, grad_scaler, train_step
 from trainer.meter import ResultWriter, ThroughputMeter, sync
 from trainer.model import build_model
@@ -144,7 +144,7 @@ def prefetched_batches(cfg: TrainConfig) -> int:
     """Batches the loader workers hold ready before the first step (plus one decoded ahead on the GPU path)."""
     if cfg.data.kind == "synthetic" or cfg.loader.num_workers == 0:
         return 0
-    ahead = 1 if cfg.data.decode in ("nvjpeg-gpu", "hybrid") else 0
+    ahead = 1 if cfg.data.decode in GPU_DECODE_PATHS else 0
     return cfg.loader.num_workers * (cfg.loader.prefetch_factor or 2) + ahead
 
 
