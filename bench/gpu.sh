@@ -44,6 +44,12 @@ case "$stage" in
     python3 -m autotune export "$out/best.yaml" --study "$study" --storage "$db" || exit 1
     python3 bench/run.py --config "$out/best.yaml" --repeat 3 --out "$out/remeasure.json" --trials-dir /tmp/remeasure \
       --timeout 150 2>&1 | tee "$out/remeasure.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
+    # Side by side on this machine: the seed's defaults, and the best config fed synthetic data (its ceiling).
+    python3 bench/run.py seed-default --data "$data" --out "$out/compare-seed.json" --trials-dir /tmp/remeasure \
+      --timeout 150 2>&1 | tee -a "$out/remeasure.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
+    python3 bench/run.py --config "$out/best.yaml" --repeat 1 --label best-synthetic --set data.kind=synthetic \
+      --out "$out/compare-synthetic.json" --trials-dir /tmp/remeasure --timeout 150 2>&1 \
+      | tee -a "$out/remeasure.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
     python3 - "$data" /tmp/jpegs-x4 <<'PY'
 import os, sys
 from pathlib import Path
@@ -68,8 +74,8 @@ PY
     python3 -m autotune train "${flags[@]}" --resume 2>&1 | tee "$out/train-2.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM"
     # One archive, so a call that also searched stays inside the 8 files that come back.
     cp "$tr/train-summary.json" "$tr/train.log" "$out/" 2>/dev/null
-    (cd "$out" && tar czf final.tgz remeasure.log train-1.log train-2.log train-summary.json train.log \
-      && rm -f remeasure.log train-1.log train-2.log train.log)
+    (cd "$out" && tar czf final.tgz remeasure.log compare-*.json train-1.log train-2.log train-summary.json train.log \
+      && rm -f remeasure.log compare-*.json train-1.log train-2.log train.log)
     exit 0 ;;
   *) runs="$stage $*" ;;
 esac

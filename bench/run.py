@@ -131,8 +131,9 @@ def main() -> int:
     p.add_argument("runs", nargs="*", help=f"run names: {', '.join(PLAN)}, bare-synthetic")
     p.add_argument("--config", help="a TrainConfig YAML (e.g. an `autotune export`), run --repeat times in measure mode")
     p.add_argument("--repeat", type=int, default=3, help="how often to run --config (default 3)")
+    p.add_argument("--label", help="run name prefix for --config runs (default: the file's stem)")
     p.add_argument("--data", help="JPEG ImageFolder for the imagefolder runs")
-    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--nproc", type=int, help="ranks (default: every visible GPU; 2 without GPUs)")
     p.add_argument("--out", required=True, help="JSON file for all results (trial logs go beside it)")
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--trials-dir", help="where each run's config, log and JSON lines go (default: beside --out)")
@@ -145,18 +146,21 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     trials = Path(args.trials_dir) if args.trials_dir else out.parent
     common = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    if args.nproc is None:
+        nvml = nvml_gpu.Nvml()
+        args.nproc = len(nvml_gpu.visible_entries(nvml.count())) if nvml.available and nvml.count() else 2
     results = []
     runs = list(args.runs)
     if args.config:
-        stem = Path(args.config).stem
-        runs += [f"{stem}-{i + 1}" for i in range(args.repeat)]
+        label = args.label or Path(args.config).stem
+        runs += [f"{label}-{i + 1}" for i in range(args.repeat)]
     if not runs:
         p.error("name runs or pass --config")
     for name in runs:
         t = time.time()
         if name == "bare-synthetic":
             res = run_bare(args.nproc, trials)
-        elif args.config and name.startswith(Path(args.config).stem + "-"):
+        elif args.config and name.startswith((args.label or Path(args.config).stem) + "-"):
             # The exported config as the search measured it: measure mode, same data, same world size.
             cfg = TrainConfig.from_yaml(args.config)
             cfg = cfg.with_overrides({"training.mode": "measure", **common, "name": name})
