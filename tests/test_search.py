@@ -67,6 +67,8 @@ def test_cpu_demo_search_records_every_trial_and_exports_a_runnable_config(tmp_p
     r = autotune("show", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "(baseline)" in r.stdout and "1.00x" in r.stdout and "study cpu-demo: 4 trials" in r.stdout
+    assert "(start 0) " in r.stdout  # trial 1: the spec's start, after the baseline
+    assert "median launched trial (" in r.stdout and ", first step " in r.stdout and ", windows " in r.stdout
 
     r = autotune("export", "best.yaml", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
