@@ -14,6 +14,8 @@ baseline that becomes trial 0, the objective, the budget, the sampler and the pr
       loader.num_workers: {low: 2, high: auto}
       nccl.algo: null                        # null: not searched (the base value is used)
     baseline: {training.batch_size: 64, loader.num_workers: 4}
+    starts:                                  # trials 1.., after the baseline: partial, the rest drawn
+      - {data.decode: nvjpeg-gpu, training.precision: fp16}
     budget: {trials: 20, trial_timeout_s: 300}
 
 Validation collects every problem before raising one SpecError.
@@ -111,6 +113,9 @@ class Budget:
 class SamplerSpec:
     kind: Literal["tpe", "random"] = "tpe"
     seed: int | None = None
+    """The seed of the worker that creates the study (its trials are reproducible); a worker that resumes or joins
+    the study derives its own from it, the trial count, host and PID, so it does not draw the same start-up trials."""
+
     n_startup_trials: int = 8
     """Random trials before TPE models the space (the baseline counts)."""
 

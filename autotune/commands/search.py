@@ -34,7 +34,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=int, help="ranks per node (default: every selected GPU; 2 on CPU)")
     p.add_argument("--gpus", help="GPUs to use, indices into CUDA_VISIBLE_DEVICES or UUIDs, e.g. 0,1")
     p.add_argument("--objective", choices=["throughput", "pareto", "weighted"], help="default: the spec's")
-    p.add_argument("--seed", type=int, help="sampler seed (default: the spec's)")
+    p.add_argument("--seed", type=int, help="sampler seed (default: the spec's); it makes a new study reproducible — "
+                   "a resuming or joining worker derives a seed of its own from it, so it does not repeat draws")
     p.add_argument("--data", help="use this ImageFolder instead of the spec's data (generated when unset)")
     p.add_argument("--stale-after", type=float, help="a RUNNING trial of a search on another machine whose heartbeat "
                                                      "is older than this many seconds is stale: marked FAIL and run "
