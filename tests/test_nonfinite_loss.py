@@ -4,21 +4,18 @@ step is divergence, the only case that makes a trial infeasible."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import optuna
 import pytest
 import torch
 from torch import nn
 
+from tests.helpers.cli import autotune
+from tests.helpers.specs import tiny_spec
 from tests.jobutil import kinds, run_job, tiny_config
 from trainer.job import DIVERGED_STEPS, count_nonfinite, loss_diverged
 from trainer.loop import train_step
 
-REPO = Path(__file__).resolve().parents[1]
 NAN, INF = float("nan"), float("inf")
 
 
@@ -83,34 +80,11 @@ def test_the_summary_reports_non_finite_steps_and_divergence(tmp_path, lr, diver
         assert summary["loss_nonfinite_steps"] == summary["loss_nonfinite_run"] == 0
 
 
-DIVERGING_SPEC = """
-name: diverging
-base:
-  model: {name: "tests.helpers.models:tiny"}
-  data: {kind: synthetic, image_size: 32, num_classes: 4}
-  loader: {num_workers: 0}
-  training: {batch_size: 8}
-  optimizer: {lr: 1.0e+20}
-  ddp: {timeout_s: 30}
-  measure: {warmup_min_steps: 2, settle_steps: 2, settle_tolerance: 1.0, window_s: 0.3, windows: 3, max_windows: 3}
-world: {nproc_per_node: 2}
-default_space: false
-space:
-  training.batch_size: {choices: [8]}
-baseline: {training.batch_size: 8}
-budget: {trials: 1, trial_timeout_s: 60}
-pruner: {kind: none}
-"""
-
-
 @pytest.mark.slow
 def test_a_diverging_trial_is_infeasible_with_a_config_failure(tmp_path):
-    spec = tmp_path / "diverging.yaml"
-    spec.write_text(DIVERGING_SPEC)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-           "AUTOTUNE_CACHE": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, "-m", "autotune", "search", "--spec", str(spec)], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300, check=False)
+    # One trial, the baseline, at a learning rate that turns the weights NaN within a few steps.
+    spec = tiny_spec(tmp_path, "diverging", **{"base.optimizer": {"lr": 1.0e20}, "budget.trials": 1})
+    r = autotune("search", "--spec", spec, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     (trial,) = optuna.load_study(study_name="diverging",
                                  storage=f"sqlite:///{tmp_path / 'studies' / 'diverging.db'}").get_trials()
