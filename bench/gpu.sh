@@ -10,6 +10,8 @@
 set -uo pipefail
 out=${OUT:-bench/out}; mkdir -p "$out"
 stage=${1:-job}; shift || true
+# torchrun's per-rank banners and warnings, kept in the logs under $OUT, not on the screen.
+quiet() { grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 data=${DATA:-/tmp/jpegs}; study=${STUDY:-resnet50}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,power.limit --format=csv,noheader
@@ -30,7 +32,7 @@ case "$stage" in
     mkdir -p /tmp/state; db="sqlite:////tmp/state/$study.db"
     [ -f /tmp/state/$study.db ] || [ ! -f bench/state/$study.db ] || cp bench/state/$study.db /tmp/state/
     python3 -m autotune search --trials "${1:-4}" --timeout "${SEARCH_TIMEOUT:-200}" --data "$data" --storage "$db" \
-      2>&1 | tee -a "$out/search.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
+      2>&1 | tee -a "$out/search.log" | quiet
     python3 -m autotune show --study "$study" --storage "$db" 2>&1 | tee "$out/search-table.txt"
     cp /tmp/state/$study.db "$out/"
     tar czf "$out/search-trials.tgz" -C /tmp/state "$study"
@@ -43,13 +45,13 @@ case "$stage" in
     [ -f /tmp/state/$study.db ] || { mkdir -p /tmp/state; cp bench/state/$study.db /tmp/state/; }
     python3 -m autotune export "$out/best.yaml" --study "$study" --storage "$db" || exit 1
     python3 bench/run.py --config "$out/best.yaml" --repeat 3 --out "$out/remeasure.json" --trials-dir /tmp/remeasure \
-      --timeout 150 2>&1 | tee "$out/remeasure.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
+      --timeout 150 2>&1 | tee "$out/remeasure.log" | quiet
     # Side by side on this machine: the seed's defaults, and the best config fed synthetic data (its ceiling).
     python3 bench/run.py seed-default --data "$data" --out "$out/compare-seed.json" --trials-dir /tmp/remeasure \
-      --timeout 150 2>&1 | tee -a "$out/remeasure.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
+      --timeout 150 2>&1 | tee -a "$out/remeasure.log" | quiet
     python3 bench/run.py --config "$out/best.yaml" --repeat 1 --label best-synthetic --set data.kind=synthetic \
       --out "$out/compare-synthetic.json" --trials-dir /tmp/remeasure --timeout 150 2>&1 \
-      | tee -a "$out/remeasure.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
+      | tee -a "$out/remeasure.log" | quiet
     python3 - "$data" /tmp/jpegs-x4 <<'PY'
 import os, sys
 from pathlib import Path
@@ -70,8 +72,8 @@ PY
     pid=$!
     until [ -n "$(find "$tr" -name "ckpt-*.pt" 2>/dev/null)" ] || ! kill -0 $pid 2>/dev/null; do sleep 1; done
     sleep 2; kill -TERM $pid; wait $pid; echo "first run (interrupted): exit $?"
-    grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS" "$out/train-1.log" | tail -8
-    python3 -m autotune train "${flags[@]}" --resume 2>&1 | tee "$out/train-2.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM"
+    quiet < "$out/train-1.log" | tail -8
+    python3 -m autotune train "${flags[@]}" --resume 2>&1 | tee "$out/train-2.log" | quiet
     # One archive, so a call that also searched stays inside the 8 files that come back.
     cp "$tr/train-summary.json" "$tr/train.log" "$out/" 2>/dev/null
     (cd "$out" && tar czf final.tgz remeasure.log compare-*.json train-1.log train-2.log train-summary.json train.log \
@@ -80,7 +82,7 @@ PY
   *) runs="$stage $*" ;;
 esac
 python3 bench/run.py --data "$data" --out "$out/results.json" --trials-dir /tmp/bench-trials --timeout 150 ${BENCH_ARGS:-} $runs 2>&1 \
-  | tee "$out/run.log" | grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"
+  | tee "$out/run.log" | quiet
 tar czf "$out/trials.tgz" -C /tmp bench-trials
 if [ "$stage" = job ]; then
   # The nvJPEG pipeline alone on one GPU: decode, crop, full pipeline by worker count (and its accuracy checks).
