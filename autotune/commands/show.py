@@ -54,8 +54,8 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
     return "\n".join([summary, *lines, *trial_time(study.get_trials(deepcopy=False))])
 
 
-TIME_PARTS = (("launch_s", "launch"), ("setup_s", "setup"), ("first_step_s", "first step"), ("settle_s", "settling"),
-              ("measure_s", "windows"))
+TIME_PARTS = (("launch_s", "launch"), ("warmup_s", "warm-up"), ("setup_s", "of it setup"),
+              ("first_step_s", "first step"), ("settle_s", "settling"), ("measure_s", "windows"))
 
 
 def trial_time(trials) -> list[str]:
@@ -65,18 +65,15 @@ def trial_time(trials) -> list[str]:
     launched = [dict(t.user_attrs) for t in trials if t.user_attrs.get("launch_s") is not None]
     if not launched:
         return []
-    for a in launched:  # settling: warm-up after the first step (older trials have no setup/first-step split)
-        if a.get("warmup_s") is not None and a.get("setup_s") is not None and a.get("first_step_s") is not None:
+    for a in launched:  # settling: warm-up after the first step (trials recorded before the split have none)
+        if all(a.get(k) is not None for k in ("warmup_s", "setup_s", "first_step_s")):
             a["settle_s"] = a["warmup_s"] - a["setup_s"] - a["first_step_s"]
     parts = []
     for key, name in TIME_PARTS:
         values = [float(a[key]) for a in launched if a.get(key) is not None]
         if values:
             parts.append(f"{name} {statistics.median(values):.1f} s")
-    warm = [float(a["warmup_s"]) for a in launched if a.get("warmup_s") is not None]
-    if warm and not any(a.get("setup_s") is not None for a in launched):
-        parts.insert(1, f"warm-up {statistics.median(warm):.1f} s")
-    wall = statistics.median(float(a["wall_s"]) for a in launched if a.get("wall_s") is not None)
+    wall = statistics.median(float(a["wall_s"]) for a in launched)
     return [f"median launched trial ({len(launched)}): {wall:.1f} s; medians of its parts: {', '.join(parts)}"]
 
 
