@@ -119,13 +119,17 @@ class TrialRun:
         return s[-1] if s else None
 
     @property
+    def steady_windows(self) -> list[dict]:
+        return steady_windows(self.windows, self.summary)
+
+    @property
     def ok(self) -> bool:
         return self.failure_class is None and self.summary is not None
 
     def timing(self) -> dict[str, float | None]:
         """launch_s: Popen → the job's start record (torchrun, import torch, process group); warmup_s: start →
         warm-up done, split into setup_s (start → ready: data, model, DDP), first_step_s (ready → the first step
-        done, as rank 0 saw it: loader start-up, cudnn autotuning, communicators) and the settling after it;
+        done, as rank 0 saw it: loader start-up, cudnn autotuning, communicators) and the steps discarded after it;
         measure_s: first window start → last window end; wall_s: Popen → exit."""
         start, warm, win = self.of_kind("start"), self.of_kind("warmup_done"), self.windows
         t_start = min((float(r["t"]) for r in start), default=None)
@@ -139,6 +143,13 @@ class TrialRun:
             "measure_s": round(float(win[-1]["t1"]) - float(win[0]["t0"]), 3) if win else None,
             "wall_s": round(self.t_end - self.t_launch, 3),
         }
+
+
+def steady_windows(windows: list[dict], summary: dict | None) -> list[dict]:
+    """The windows the job's result stands on (its summary's ``windows_used``): utilization and CPU load are averaged
+    over these, not over the windows the job discarded as warm-up. Without a summary (pruned or killed), all."""
+    used = set((summary or {}).get("windows_used") or [])
+    return [w for w in windows if w.get("window") in used] or windows
 
 
 # ---- environment and argv ----------------------------------------------------------------------------------------

@@ -276,7 +276,8 @@ class _Interrupted(BaseException):
 def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None, nvml=None) -> TrainResult:
     """Launch the job, stream it, and clean up; KeyboardInterrupt (and SIGTERM/SIGHUP) kills the whole job."""
     from autotune import gpu as gpu_mod
-    from autotune.launch import LineReader, TrialJob, die_with_parent_preexec, torchrun_argv, trial_env
+    from autotune.launch import (LineReader, TrialJob, die_with_parent_preexec, steady_windows, torchrun_argv,
+                                 trial_env)
 
     p.out.mkdir(parents=True, exist_ok=True)
     p.config.to_yaml(p.config_path)
@@ -333,7 +334,7 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
     for rec in reader.read(final=True):
         _take(rec, result, view)
     result.wall_s = time.monotonic() - t0
-    windows = [r for r in result.records if r.get("kind") == "window"]
+    windows = steady_windows([r for r in result.records if r.get("kind") == "window"], result.summary)
     result.gpu = gpu_mod.summarize(sampler.samples, windows, len(gpus)) if gpus else \
         {"util_available": False, "reason": "no GPU" if not p.gpu_entries else (nvml.reason or "no NVML device")}
     return result

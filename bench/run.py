@@ -99,7 +99,7 @@ def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: flo
     run = run_trial(TrialJob(config=cfg, trial_dir=out_dir / name, nproc_per_node=nproc,
                              gpus=[g.uuid for g in gpus] or None, timeout_s=timeout))
     samples, cpu_samples = sampler.stop(), cpu.stop()
-    spans = [(w["t0"], w["t1"]) for w in run.windows]
+    spans = [(w["t0"], w["t1"]) for w in run.steady_windows]
     cpu_in = [c for t, c in cpu_samples if any(t0 <= t <= t1 for t0, t1 in spans)]
     summary = run.summary or {}
     return {
@@ -107,7 +107,7 @@ def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: flo
         "imgs_per_s": summary.get("imgs_per_s"), "imgs_per_s_windows": summary.get("imgs_per_s_windows"),
         "spread": summary.get("spread"), "peak_mem_bytes": summary.get("peak_mem_bytes"),
         "cpu_busy_pct": round(statistics.fmean(cpu_in), 1) if cpu_in else None,
-        **nvml_gpu.summarize(samples, run.windows, len(gpus)), **run.timing(),
+        **nvml_gpu.summarize(samples, run.steady_windows, len(gpus)), **run.timing(),
         "versions": summary.get("versions"), "config": cfg.to_dict(),
     }
 

@@ -32,7 +32,7 @@ def make_jpeg_folder(root: Path, *, classes: int = 2, per_class: int = 8, size=(
 def tiny_config(**overrides) -> TrainConfig:
     """resnet18 at 32 px: big enough to be a real conv net with BN, small enough for 2 CPU cores."""
     base = {"model.name": "resnet18", "data.image_size": 32, "training.batch_size": 4, "loader.num_workers": 1,
-            "measure.warmup_min_steps": 2, "measure.settle_steps": 2, "measure.settle_tolerance": 1.0,
+            "measure.warmup_min_steps": 2, "measure.max_windows": 5,
             "measure.window_s": 0.3, "ddp.timeout_s": 60.0}
     base.update(overrides)
     return TrainConfig().with_overrides(base)

@@ -22,6 +22,16 @@ def test_export_section_is_ignored_by_the_job(tmp_path):
     assert TrainConfig.from_dict(data) == TrainConfig()
 
 
+def test_a_config_from_before_the_settle_test_was_retired_still_loads():
+    data = TrainConfig().to_dict()
+    data["measure"].update(settle_steps=5, settle_span_s=1.0, settle_tolerance=0.1)  # what older exports wrote
+    with pytest.warns(FutureWarning, match="measure.settle_steps, measure.settle_span_s, measure.settle_tolerance"):
+        assert TrainConfig.from_dict(data) == TrainConfig()
+    data["measure"]["settle_everything"] = 1  # anything else unknown is still an error
+    with pytest.raises(ConfigError, match="measure.settle_everything: unknown setting"):
+        TrainConfig.from_dict(data)
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"loader.num_workers": 0, "loader.prefetch_factor": 4}, "prefetch_factor is set but loader.num_workers is 0"),
     ({"loader.num_workers": 0, "loader.persistent_workers": True}, "persistent_workers needs"),

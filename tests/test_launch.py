@@ -8,7 +8,8 @@ import time
 import pytest
 
 from autotune.exceptions import LaunchError
-from autotune.launch import SAFETY_ENV, TrialJob, TrialRun, classify, processes_in, run_trial, torchrun_argv, trial_env
+from autotune.launch import (SAFETY_ENV, TrialJob, TrialRun, classify, processes_in, run_trial, steady_windows,
+                             torchrun_argv, trial_env)
 from trainer.config import TrainConfig
 
 
@@ -94,8 +95,8 @@ def test_killed_runs_are_classified_by_why_they_were_killed(tmp_path):
 def test_a_real_job_is_streamed_live_and_stopped_with_its_whole_process_tree(tmp_path, repo_on_pythonpath):
     cfg = TrainConfig().with_overrides({
         "model.name": "tests.helpers.models:tiny", "data.image_size": 32, "training.batch_size": 8,
-        "loader.num_workers": 1, "measure.warmup_min_steps": 2, "measure.settle_steps": 2,
-        "measure.settle_tolerance": 1.0, "measure.window_s": 0.5, "measure.windows": 50, "measure.max_windows": 50,
+        "loader.num_workers": 1, "measure.warmup_min_steps": 2,
+        "measure.window_s": 0.5, "measure.windows": 50, "measure.max_windows": 50,
         "ddp.timeout_s": 30.0})
     arrivals = []
 
@@ -119,3 +120,12 @@ def test_a_real_job_is_streamed_live_and_stopped_with_its_whole_process_tree(tmp
     assert 0 < t["setup_s"] and 0 < t["first_step_s"] and t["setup_s"] + t["first_step_s"] <= t["warmup_s"]
     assert (tmp_path / "t" / "log.txt").read_text().startswith("$ " + sys.executable)
     assert TrainConfig.from_yaml(tmp_path / "t" / "config.yaml") == cfg
+
+
+def test_utilization_is_taken_over_the_windows_the_result_stands_on():
+    windows = [{"kind": "window", "window": i, "t0": float(i), "t1": i + 1.0} for i in range(5)]
+    # The job left windows 0-1 out as warm-up: GPU samples during them must not count either.
+    assert steady_windows(windows, {"windows_used": [2, 3, 4]}) == windows[2:]
+    # A pruned or killed run has no summary: every window that arrived.
+    assert steady_windows(windows, None) == windows
+    assert steady_windows(windows, {"imgs_per_s": None}) == windows

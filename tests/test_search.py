@@ -92,7 +92,7 @@ base:
   loader: {num_workers: 0}
   training: {batch_size: 8}
   ddp: {timeout_s: 30}
-  measure: {warmup_min_steps: 2, settle_steps: 2, settle_tolerance: 1.0, window_s: 0.3, windows: 3, max_windows: 3}
+  measure: {warmup_min_steps: 2, window_s: 0.3, windows: 3, max_windows: 3}
 world: {nproc_per_node: 2}
 default_space: false
 space:

@@ -207,26 +207,29 @@ class NcclConfig:
 
 @dataclass(kw_only=True)
 class MeasureConfig:
+    """The measurement protocol: a few steps discarded, then back-to-back windows until the latest ones agree.
+
+    Whether the step time has settled is judged on the windows themselves, not on a separate warm-up test: windows
+    of a few seconds average out an input pipeline's bursts (a worker finishing a whole batch), which short spans of
+    steps cannot, and the time spent deciding is time already measured. Windows before the agreeing tail count as
+    warm-up and are left out of the result and of the utilization."""
+
     warmup_min_steps: int = 10
-    """Steps always discarded (cudnn.benchmark, allocator, loader start-up)."""
+    """Steps always discarded before the first window (cudnn.benchmark, allocator, loader start-up), on top of the
+    steps the loader's prefetch buffer serves."""
 
     warmup_max_s: float = 120.0
-    """Warm-up ends after this long even if step time has not settled (recorded as ``warmup_capped``)."""
+    """The discarded steps end after this long even if fewer ran (recorded as ``warmup_capped``)."""
 
-    settle_steps: int = 5
-    """Warm-up ends when the last span of steps took within ``settle_tolerance`` of the span before; a span is at
-    least this many steps and at least ``settle_span_s`` long."""
-
-    settle_span_s: float = 1.0
-    settle_tolerance: float = 0.1
     window_s: float = 3.0
     """Target length of one timed window."""
 
     windows: int = 3
-    """Windows always measured."""
+    """The result stands on the latest this many windows once they agree within ``spread_target``."""
 
-    max_windows: int = 6
-    """More windows are measured while the spread exceeds ``spread_target``, up to this many."""
+    max_windows: int = 8
+    """Windows are measured until the latest ``windows`` agree, up to this many in all (earlier ones count as
+    warm-up). A run that never settles stands on its latest half and is recorded with ``settled`` false."""
 
     spread_target: float = 0.05
     """(max - min) / median of the window throughputs considered steady."""
@@ -274,6 +277,7 @@ class TrainConfig:
         problems: list[str] = []
         # `autotune export` adds an `autotune:` section (torchrun args, env, fingerprint, figures): not the job's.
         data = {k: v for k, v in (data or {}).items() if k != "autotune"}
+        data = _drop_retired(data)
         cfg = build_dataclass(cls, data, "", problems)
         if not problems:
             problems.extend(cfg.problems())
@@ -368,8 +372,8 @@ class TrainConfig:
             p.append(f"ddp.bucket_cap_mb={self.ddp.bucket_cap_mb}: must be > 0")
         if self.ddp.timeout_s <= 0:
             p.append(f"ddp.timeout_s={self.ddp.timeout_s}: must be > 0")
-        if m.warmup_min_steps < 0 or m.settle_steps < 1:
-            p.append("measure.warmup_min_steps must be >= 0 and measure.settle_steps >= 1")
+        if m.warmup_min_steps < 0:
+            p.append(f"measure.warmup_min_steps={m.warmup_min_steps}: must be >= 0")
         if m.window_s <= 0:
             p.append(f"measure.window_s={m.window_s}: must be > 0")
         if m.windows < 1 or m.max_windows < m.windows:
@@ -419,6 +423,23 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
 
 
 # ---- generic builder: dict -> nested kw-only dataclasses, collecting every problem ---------------------------------
+
+
+# Settings earlier versions wrote (into an exported best.yaml, a study's stored trial configs) that no longer mean
+# anything: the warm-up settle test, replaced by judging settling on the windows themselves. Such files still load.
+RETIRED_SETTINGS = {"measure": ("settle_steps", "settle_span_s", "settle_tolerance")}
+
+
+def _drop_retired(data: dict[str, Any]) -> dict[str, Any]:
+    import warnings
+
+    for section, keys in RETIRED_SETTINGS.items():
+        sub = data.get(section)
+        if isinstance(sub, dict) and (old := [k for k in keys if k in sub]):
+            data = {**data, section: {k: v for k, v in sub.items() if k not in old}}
+            warnings.warn(f"ignoring {', '.join(f'{section}.{k}' for k in old)}: retired (settling is now judged on "
+                          "the measurement windows)", FutureWarning, stacklevel=3)
+    return data
 
 
 def did_you_mean(name: str, options) -> str:

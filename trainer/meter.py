@@ -1,16 +1,17 @@
-"""Throughput measurement: warm-up discarded until step time settles, then timed windows of global imgs/s.
+"""Throughput measurement: a few steps discarded, then timed windows of global imgs/s until the latest agree.
 
 All ranks run the same state machine and agree on every decision through small all-reduces, so they always close a
 window on the same step. A window's throughput is the images of all ranks over the wall time of the *slowest* rank.
-Device synchronization happens only at window boundaries (and on every warm-up step, which is discarded anyway), so
-the measured steps keep their normal host/device overlap.
+Device synchronization happens only at window boundaries (and on every discarded warm-up step), so the measured steps
+keep their normal host/device overlap. Step time has settled when the latest ``windows`` windows agree within
+``spread_target``; the windows before them were still warming up (a loader catching up, a late recompile) and count
+for nothing, so settling costs no time beyond the windows it is judged on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import statistics
 import time
@@ -74,7 +75,7 @@ class ThroughputMeter:
     """Steps the input pipeline can serve from batches prefetched before training started; always discarded."""
 
     span_steps: int = 1
-    """Fewest steps in a settle span: one batch from every loader worker, so a span sees each worker's rhythm."""
+    """Fewest steps in a window: one batch from every loader worker, so a window sees each worker's rhythm."""
 
     state: str = "warmup"
     warmup_steps: int = 0
@@ -130,26 +131,18 @@ class ThroughputMeter:
         self._step_times.append(now - self._t_last)
         self._t_last = now
         self.warmup_steps += 1
+        # Steps served from the loader's prefetch buffer are fast and say nothing about the steady state, and the
+        # first step carries cudnn autotuning and the communicators' set-up: at least one step is always discarded.
+        done = self.warmup_steps >= max(1, self.min_steps)
         capped = now - self._t_start >= self.cfg.warmup_max_s
-        settled = False
-        # Steps served from the loader's prefetch buffer are fast and say nothing about the steady state: only the
-        # steps after `min_steps` are compared. Input-bound steps arrive in bursts (a worker finishes a whole batch),
-        # so two consecutive spans of at least `settle_span_s` are compared by their total time, not step by step.
-        usable = self._step_times[self.min_steps:]
-        k = max(self.cfg.settle_steps, self.span_steps)
-        if len(usable) >= 2 * k:
-            span = max(k, math.ceil(self.cfg.settle_span_s / max(statistics.median(usable[-k:]), 1e-9)))
-            if len(usable) >= 2 * span:
-                last, prev = sum(usable[-span:]), sum(usable[-2 * span:-span])
-                settled = abs(last - prev) <= self.cfg.settle_tolerance * prev
-        # Every rank must leave warm-up on the same step: when all have settled, or any has hit the time cap.
-        unsettled, any_capped = _allreduce([float(not settled), float(capped)], dist.ReduceOp.MAX, self.device)
-        if unsettled and not any_capped:
+        # Every rank must leave warm-up on the same step: when all are done, or any has hit the time cap.
+        not_done, any_capped = _allreduce([float(not done), float(capped)], dist.ReduceOp.MAX, self.device)
+        if not_done and not any_capped:
             return
-        local = statistics.median(self._step_times[-self.cfg.settle_steps:])
+        local = statistics.median(self._step_times[-5:])
         self.step_time_s = _allreduce([local], dist.ReduceOp.MAX, self.device)[0]
-        self.warmup_capped = bool(unsettled)
-        self.steps_per_window = max(1, round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
+        self.warmup_capped = bool(not_done)
+        self.steps_per_window = max(self.span_steps, round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
         self.emit({"kind": "warmup_done", "t": time.time(), "steps": self.warmup_steps,
                    "seconds": round(now - self._t_start, 4), "step_time_s": self.step_time_s,
                    "capped": self.warmup_capped, "steps_per_window": self.steps_per_window})
@@ -176,21 +169,29 @@ class ThroughputMeter:
         # Re-aim the next window at window_s from what this one really took (every rank computes the same number),
         # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
         aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))
-        self.steps_per_window = max(1, min(2 * w.steps, max(w.steps // 2, aim)))
+        self.steps_per_window = max(self.span_steps, min(2 * w.steps, max(w.steps // 2, aim)))
         if not self.continuous and self._protocol_complete():
             self.state = "done"
             return
         self._open_window()
 
     def _protocol_complete(self) -> bool:
-        n = len(self.windows)
-        return n >= self.cfg.max_windows or (n >= self.cfg.windows and self.spread(self.steady()) <= self.cfg.spread_target)
+        return len(self.windows) >= self.cfg.max_windows or self.settled
+
+    @property
+    def settled(self) -> bool:
+        """The latest ``windows`` windows agree within the spread target, and each is a real window: at least half
+        of ``window_s`` (the first ones are aimed from warm-up steps and can be short)."""
+        tail = self.windows[-self.cfg.windows:]
+        return (len(tail) == self.cfg.windows and self.spread(tail) <= self.cfg.spread_target
+                and all(w.seconds >= self.cfg.window_s / 2 for w in tail))
 
     def steady(self) -> list[Window]:
-        """The windows the result stands on: the latest ``windows`` of them when those agree within the spread
-        target (earlier ones were still warming up: a late recompile, a loader catching up), else all of them."""
-        tail = self.windows[-self.cfg.windows:]
-        return tail if self.spread(tail) <= self.cfg.spread_target else list(self.windows)
+        """The windows the result stands on: the latest ``windows`` of them once they agree (earlier ones were still
+        warming up), else the latest half (at least ``windows``): the earlier half is presumed warm-up."""
+        if self.settled:
+            return self.windows[-self.cfg.windows:]
+        return self.windows[-max(self.cfg.windows, len(self.windows) // 2):]
 
     @staticmethod
     def spread(windows: list[Window]) -> float:
@@ -213,6 +214,7 @@ class ThroughputMeter:
             "windows": len(self.windows),
             "warmup_steps": self.warmup_steps,
             "warmup_capped": self.warmup_capped,
+            "settled": self.settled,
             "step_time_s": self.step_time_s,
         }
 

@@ -404,7 +404,7 @@ def search(o: SearchOptions, say=print):
             if run.returncode is not None:
                 attrs["returncode"] = run.returncode
             if util_available:
-                attrs.update(gpu_mod.summarize(samples, run.windows, len(o.gpus)))
+                attrs.update(gpu_mod.summarize(samples, run.steady_windows, len(o.gpus)))
             if failure is None and (s := run.summary or {}).get("loss_finite") is False:
                 failure, message = "config", f"diverged: loss NaN/inf for the last {s['loss_nonfinite_run']} steps"
         attrs["wall_s"] = round(time.monotonic() - t0, 3)

@@ -55,7 +55,7 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
 
 
 TIME_PARTS = (("launch_s", "launch"), ("warmup_s", "warm-up"), ("setup_s", "of it setup"),
-              ("first_step_s", "first step"), ("settle_s", "settling"), ("measure_s", "windows"))
+              ("first_step_s", "first step"), ("settle_s", "discarded steps"), ("measure_s", "windows"))
 
 
 def trial_time(trials) -> list[str]:
@@ -65,7 +65,7 @@ def trial_time(trials) -> list[str]:
     launched = [dict(t.user_attrs) for t in trials if t.user_attrs.get("launch_s") is not None]
     if not launched:
         return []
-    for a in launched:  # settling: warm-up after the first step (trials recorded before the split have none)
+    for a in launched:  # the steps discarded after the first one (trials recorded before the split have none)
         if all(a.get(k) is not None for k in ("warmup_s", "setup_s", "first_step_s")):
             a["settle_s"] = a["warmup_s"] - a["setup_s"] - a["first_step_s"]
     parts = []
