@@ -467,7 +467,7 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
     if ips is None:
         lines.append("measured: no timed window closed (the run was too short to measure throughput)")
     else:
-        lines.append(f"measured: {ips:,.1f} imgs/s (median of {s.get('windows')} windows, spread "
+        lines.append(f"measured: {ips:,.1f} imgs/s (median of {len(s.get('windows_used') or []) or s.get('windows')} windows, spread "
                      f"{float(s.get('spread') or 0):.1%})")
     g = r.gpu
     if g.get("util_available"):

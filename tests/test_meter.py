@@ -131,3 +131,12 @@ def test_time_spent_paused_is_not_a_warm_up_step():
         meter.step()
     assert meter.state == "measure"
     assert max(meter._step_times) < 0.5 and meter.step_time_s < 0.5
+
+
+def test_a_train_run_stands_on_all_its_windows():
+    records = []
+    meter = make(records, window_s=0.02, windows=3, max_windows=3)
+    meter.continuous = True
+    drive(meter, [0.002], limit=300)
+    assert len(meter.windows) > 3 and not meter.done
+    assert meter.summary()["windows_used"] == [w.index for w in meter.windows]

@@ -188,7 +188,10 @@ class ThroughputMeter:
 
     def steady(self) -> list[Window]:
         """The windows the result stands on: the latest ``windows`` of them once they agree (earlier ones were still
-        warming up), else the latest half (at least ``windows``): the earlier half is presumed warm-up."""
+        warming up), else the latest half (at least ``windows``): the earlier half is presumed warm-up. A train run
+        stands on all of them: its figure is the whole run's pace, epoch boundaries and all."""
+        if self.continuous:
+            return list(self.windows)
         if self.settled:
             return self.windows[-self.cfg.windows:]
         return self.windows[-max(self.cfg.windows, len(self.windows) // 2):]
