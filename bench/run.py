@@ -177,11 +177,15 @@ def main() -> int:
         print(json.dumps({k: res.get(k) for k in ("name", "ok", "imgs_per_s", "spread", "util_mean",
                                                   "cpu_busy_pct", "failure", "bench_wall_s")}), flush=True)
     print(f"\n{'run':<22}{'imgs/s':>10}{'spread':>8}{'util%':>7}{'mem GiB':>9}{'cpu%':>6}{'wall s':>8}")
+    def cell(value, width, fmt):  # a figure not measured (no GPU, a failed run) shows as n/a, never as 0
+        return f"{format(value, fmt):>{width}}" if value is not None else f"{'n/a':>{width}}"
+
     for r in results:
         mem = r.get("mem_used_max_mib")
-        print(f"{r['name']:<22}{(r.get('imgs_per_s') or 0):>10,.0f}{(r.get('spread') or 0):>8.3f}"
-              f"{(r.get('util_mean') or 0):>7.1f}{(mem or 0) / 1024:>9.1f}{(r.get('cpu_busy_pct') or 0):>6.0f}"
-              f"{r.get('bench_wall_s', 0):>8.0f}  {r.get('failure') or ''}")
+        print(f"{r['name']:<22}{cell(r.get('imgs_per_s'), 10, ',.0f')}{cell(r.get('spread'), 8, '.3f')}"
+              f"{cell(r.get('util_mean'), 7, '.1f')}{cell(mem / 1024 if mem is not None else None, 9, '.1f')}"
+              f"{cell(r.get('cpu_busy_pct'), 6, '.0f')}{cell(r.get('bench_wall_s'), 8, '.0f')}"
+              f"  {r.get('failure') or ''}")
     return 0 if all(r.get("ok") for r in results) else 1
 
 

@@ -89,15 +89,19 @@ def test_windows_that_never_agree_stop_at_the_limit_and_stand_on_the_latest_half
     assert summary["windows_used"] == [4, 5, 6, 7]
 
 
-def test_settled_needs_the_latest_windows_to_agree_and_to_be_full_length():
+def test_settled_needs_the_result_and_the_window_before_it_to_agree_at_full_length():
     meter = make([], windows=3, max_windows=8, window_s=1.0, spread_target=0.05)
-    windows_at(meter, [500, 1000, 1010, 1000])
-    assert meter.settled and [w.index for w in meter.steady()] == [1, 2, 3]
-    windows_at(meter, [1000, 1010, 900])  # the latest three disagree by 11 %
-    assert not meter.settled and len(meter.steady()) == 3
-    windows_at(meter, [1000, 1010, 1000], seconds=0.4)  # short windows, aimed from warm-up steps
+    windows_at(meter, [500, 1000, 1010, 1000, 1005])
+    assert meter.settled and [w.index for w in meter.steady()] == [2, 3, 4]
+    windows_at(meter, [500, 1000, 1010, 1000])  # the window before the latest three is still warming up
     assert not meter.settled
-    windows_at(meter, [1000, 1010])  # too few
+    windows_at(meter, [940, 960, 980, 1000, 1020, 1040])  # a slow ramp: any three agree, four do not
+    assert not meter.settled
+    windows_at(meter, [1000, 1000, 1010, 900])  # the latest disagree by 11 %
+    assert not meter.settled and len(meter.steady()) == 3
+    windows_at(meter, [1000, 1000, 1010, 1000], seconds=0.4)  # short windows, aimed from warm-up steps
+    assert not meter.settled
+    windows_at(meter, [1000, 1010, 1000])  # too few
     assert not meter.settled
 
 

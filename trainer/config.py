@@ -211,8 +211,9 @@ class MeasureConfig:
 
     Whether the step time has settled is judged on the windows themselves, not on a separate warm-up test: windows
     of a few seconds average out an input pipeline's bursts (a worker finishing a whole batch), which short spans of
-    steps cannot, and the time spent deciding is time already measured. Windows before the agreeing tail count as
-    warm-up and are left out of the result and of the utilization."""
+    steps cannot, and the time spent deciding is mostly time measured anyway. Settled means the result's windows and
+    the one before them agree; every window before the result's counts as warm-up and is left out of the result and
+    of the utilization."""
 
     warmup_min_steps: int = 10
     """Steps always discarded before the first window (cudnn.benchmark, allocator, loader start-up), on top of the
@@ -225,11 +226,12 @@ class MeasureConfig:
     """Target length of one timed window."""
 
     windows: int = 3
-    """The result stands on the latest this many windows once they agree within ``spread_target``."""
+    """The result stands on the latest this many windows once they and the one before them agree within
+    ``spread_target``."""
 
     max_windows: int = 8
-    """Windows are measured until the latest ``windows`` agree, up to this many in all (earlier ones count as
-    warm-up). A run that never settles stands on its latest half and is recorded with ``settled`` false. A train
+    """Windows are measured until the latest ``windows`` + 1 agree, up to this many in all (all but the latest
+    ``windows`` count as warm-up). A run that never settles stands on its latest half and is recorded with ``settled`` false. A train
     run measures windows to its end and stands on all of them."""
 
     spread_target: float = 0.05
