@@ -49,7 +49,8 @@ def test_cpu_demo_search_records_every_trial_and_exports_a_runnable_config(tmp_p
     assert t0.params["training.batch_size"] == 16 and t0.params["data.decode"] == "pil"
     a = t0.user_attrs
     assert a["imgs_per_s"] > 0 and t0.value == pytest.approx(a["imgs_per_s"])
-    assert len(a["imgs_per_s_windows"]) == 3 and a["spread"] >= 0
+    # cpu-demo: windows 3, max_windows 5; settling takes the window before the result's, so 4 or 5 windows ran.
+    assert len(a["imgs_per_s_windows"]) in (4, 5) and a["spread"] >= 0
     assert a["util_available"] is False and "util_mean" in a and a["util_mean"] is None  # never invented
     assert a["launch_s"] > 0 and a["measure_s"] > 0 and a["wall_s"] >= a["launch_s"] + a["measure_s"]
     assert a["versions"]["torch"] and a["owner_pid"] > 0 and a["owner_host"]
