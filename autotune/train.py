@@ -322,7 +322,8 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
             view.close()
             if proc is not None:
                 left = _cleanup(proc, groups, only_if_alive=False)
-                print(f"autotune train: interrupted: job killed{f' ({len(left)} processes would not die: {left})' if left else ''}; "
+                stuck = f" ({len(left)} processes would not die: {left})" if left else ""
+                print(f"autotune train: interrupted: job killed{stuck}; "
                       f"continue it with `autotune train --config {p.config_path} --resume` "
                       f"(checkpoints in {p.config.checkpoint_dir})", file=sys.stderr, flush=True)
             raise KeyboardInterrupt from None
@@ -467,7 +468,7 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
     if ips is None:
         lines.append("measured: no timed window closed (the run was too short to measure throughput)")
     else:
-        lines.append(f"measured: {ips:,.1f} imgs/s (median of {len(s.get('windows_used') or []) or s.get('windows')} windows, spread "
+        lines.append(f"measured: {ips:,.1f} imgs/s (median of {s.get('windows')} windows, spread "
                      f"{float(s.get('spread') or 0):.1%})")
     g = r.gpu
     if g.get("util_available"):

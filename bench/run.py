@@ -176,10 +176,10 @@ def main() -> int:
         out.write_text(json.dumps(results, indent=1, default=str))
         print(json.dumps({k: res.get(k) for k in ("name", "ok", "imgs_per_s", "spread", "util_mean",
                                                   "cpu_busy_pct", "failure", "bench_wall_s")}), flush=True)
-    print(f"\n{'run':<22}{'imgs/s':>10}{'spread':>8}{'util%':>7}{'mem GiB':>9}{'cpu%':>6}{'wall s':>8}")
     def cell(value, width, fmt):  # a figure not measured (no GPU, a failed run) shows as n/a, never as 0
         return f"{format(value, fmt):>{width}}" if value is not None else f"{'n/a':>{width}}"
 
+    print(f"\n{'run':<22}{'imgs/s':>10}{'spread':>8}{'util%':>7}{'mem GiB':>9}{'cpu%':>6}{'wall s':>8}")
     for r in results:
         mem = r.get("mem_used_max_mib")
         print(f"{r['name']:<22}{cell(r.get('imgs_per_s'), 10, ',.0f')}{cell(r.get('spread'), 8, '.3f')}"

@@ -231,8 +231,8 @@ class MeasureConfig:
 
     max_windows: int = 8
     """Windows are measured until the latest ``windows`` + 1 agree, up to this many in all (all but the latest
-    ``windows`` count as warm-up). A run that never settles stands on its latest half and is recorded with ``settled`` false. A train
-    run measures windows to its end and stands on all of them."""
+    ``windows`` count as warm-up). A run that never settles stands on its latest half and is recorded with
+    ``settled`` false. A train run measures windows to its end and stands on all of them."""
 
     spread_target: float = 0.05
     """(max - min) / median of the window throughputs considered steady."""

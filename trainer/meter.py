@@ -46,6 +46,10 @@ class ResultWriter:
             self.fd = None
 
 
+# Warm-up steps whose median sizes the first window: few enough to reflect the pace after the prefetch buffer.
+STEP_TIME_STEPS = 5
+
+
 @dataclass
 class Window:
     index: int
@@ -139,7 +143,7 @@ class ThroughputMeter:
         not_done, any_capped = _allreduce([float(not done), float(capped)], dist.ReduceOp.MAX, self.device)
         if not_done and not any_capped:
             return
-        local = statistics.median(self._step_times[-5:])
+        local = statistics.median(self._step_times[-STEP_TIME_STEPS:])
         self.step_time_s = _allreduce([local], dist.ReduceOp.MAX, self.device)[0]
         self.warmup_capped = bool(not_done)
         self.steps_per_window = max(self.span_steps, round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
@@ -184,7 +188,7 @@ class ThroughputMeter:
         window: at least half of ``window_s`` (the first ones are aimed from warm-up steps and can be short). The
         window before is the evidence that the pace had already settled when the result's windows began, and is
         not part of the result: without it, a slow ramp (loader workers, caches, clocks warming up) reads as steady
-        while it lasts — on the CPU demo that cost up to 10 % in re-measures."""
+        while it lasts (on the CPU demo, one re-measure 6 % below a long reference run)."""
         tail = self.windows[-(self.cfg.windows + 1):]
         return (len(tail) == self.cfg.windows + 1 and self.spread(tail) <= self.cfg.spread_target
                 and all(w.seconds >= self.cfg.window_s / 2 for w in tail))
