@@ -90,6 +90,8 @@ def measured_attrs(windows: list[dict], summary: dict | None) -> dict[str, Any]:
             "spread": summary.get("spread"),
             "peak_mem_bytes": summary.get("peak_mem_bytes"),
             "loss_finite": summary.get("loss_finite"),
+            "loss_start": summary.get("loss_start"),
+            "loss_end": summary.get("loss_end"),
         }
         if summary.get("versions"):
             out["versions"] = summary["versions"]

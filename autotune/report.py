@@ -62,10 +62,14 @@ class TrialRow:
     log_path: str | None = None
     baseline: bool = False
     params: dict[str, Any] = field(default_factory=dict)
+    loss: str = "-"
+    """The loss over the measured windows, start -> end, or "diverged" (``autotune show``'s column)."""
 
 
 def trial_rows(study) -> list[TrialRow]:
     from optuna.trial import TrialState
+
+    from autotune.commands.show import fmt_loss
 
     from autotune.objective import INFEASIBLE_CLASSES
 
@@ -97,7 +101,7 @@ def trial_rows(study) -> list[TrialRow]:
             batch_size=t.params.get("training.batch_size", _get(config, "training.batch_size", None)),
             failure_class=cls if outcome in ("infeasible", "fail") else None,
             failure_message=a.get("failure_message"), log_path=a.get("log_path"),
-            baseline=bool(a.get("baseline")), params=dict(t.params),
+            baseline=bool(a.get("baseline")), params=dict(t.params), loss=fmt_loss(a),
         ))
     return rows
 
@@ -302,8 +306,8 @@ def util_section(rows) -> Section:
             marker={"color": PRECISION_COLORS.get(prec, "#8c564b"), "symbol": DECODE_SYMBOLS.get(dec, "x"),
                     "size": 12, "line": {"width": 1, "color": "#222"}},
             text=[f"#{r.number}" + (" (baseline)" if r.baseline else "") for r in rs], textposition="top center",
-            hovertext=[f"trial {r.number}: {r.imgs_per_s:,.1f} imgs/s at {r.util:.0f} % util<br>{prec}, {dec}, "
-                       f"batch {r.batch_size}" for r in rs], hoverinfo="text"))
+            hovertext=[f"trial {r.number}: {r.imgs_per_s:,.1f} imgs/s at {r.util:.0f} % util, loss {r.loss}<br>"
+                       f"{prec}, {dec}, batch {r.batch_size}" for r in rs], hoverinfo="text"))
     fig.update_layout(title="imgs/s versus NVML utilization (colour: precision, symbol: decode path)",
                       xaxis_title="NVML utilization, mean over the trial's GPUs inside the timed windows (%)",
                       yaxis_title="imgs/s (global)", legend_title="precision · decode")
@@ -332,7 +336,7 @@ def spread_section(rows) -> Section:
                 xs.append(f"#{r.number}")
                 ys.append(100.0 * (w / med - 1.0) if med > 0 else 0.0)
                 hover.append(f"trial {r.number}, window {i}: {w:,.1f} imgs/s (median {med:,.1f}, spread "
-                             f"{(r.spread if r.spread is not None else 0):.1%})")
+                             f"{(r.spread if r.spread is not None else 0):.1%}; loss {r.loss})")
         fig.add_trace(go.Box(x=xs, y=ys, name=outcome, boxpoints="all", jitter=0.3, pointpos=0, hovertext=hover,
                              hoverinfo="text", marker={"color": FAILURE_COLORS.get(outcome, "#1f77b4")}))
     worst = max((r for r in measured if r.spread is not None), key=lambda r: r.spread, default=None)
@@ -473,7 +477,8 @@ def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
         gain = f" — {best.imgs_per_s / base.imgs_per_s:.2f}× trial {base.number} (baseline, " \
                f"{base.imgs_per_s:,.1f})" if base and base.imgs_per_s else ""
         util = f", {best.util:.0f} % util" if best.util is not None else ""
-        items.append(("fastest", f"trial {best.number}: {best.imgs_per_s:,.1f} imgs/s{util}{gain}"))
+        items.append(("fastest", f"trial {best.number}: {best.imgs_per_s:,.1f} imgs/s{util}{gain}; loss over its "
+                                 f"windows {best.loss}"))
     where = (f"{fp.get('gpu_count')} × {fp.get('gpu_model')}" if fp.get("gpu_count") else
              f"CPU ({study.user_attrs.get('nproc_per_node', '?')} gloo ranks)")
     if fp.get("driver"):

@@ -102,8 +102,14 @@ def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: flo
     spans = [(w["t0"], w["t1"]) for w in run.steady_windows]
     cpu_in = [c for t, c in cpu_samples if any(t0 <= t <= t1 for t0, t1 in spans)]
     summary = run.summary or {}
+    failure, message = run.failure_class, run.failure_message
+    if failure is None and summary.get("loss_finite") is False:
+        # A run that does not learn is not fast: its imgs/s is kept in the raw JSON, never shown as a figure.
+        failure, message = "diverged", f"loss NaN/inf for the last {summary.get('loss_nonfinite_run')} steps"
     return {
-        "name": name, "ok": run.ok, "failure": run.failure_class, "failure_message": run.failure_message,
+        "name": name, "ok": failure is None and run.ok, "failure": failure, "failure_message": message,
+        "loss_start": summary.get("loss_start"), "loss_end": summary.get("loss_end"),
+        "loss_finite": summary.get("loss_finite"), "loss_nonfinite_steps": summary.get("loss_nonfinite_steps"),
         "imgs_per_s": summary.get("imgs_per_s"), "imgs_per_s_windows": summary.get("imgs_per_s_windows"),
         "spread": summary.get("spread"), "peak_mem_bytes": summary.get("peak_mem_bytes"),
         "cpu_busy_pct": round(statistics.fmean(cpu_in), 1) if cpu_in else None,
@@ -124,6 +130,10 @@ def run_bare(nproc: int, out_dir: Path) -> dict:
     data = json.loads(out.read_text())
     return {"name": "bare-synthetic", "ok": True, "imgs_per_s": data["imgs_per_s"],
             "imgs_per_s_windows": data["windows"], "spread": data["spread"]}
+
+
+def fmt_loss(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}" if abs(x) < 1e4 else f"{x:.2g}"
 
 
 def main() -> int:
@@ -174,18 +184,24 @@ def main() -> int:
         res["bench_wall_s"] = round(time.time() - t, 1)
         results.append(res)
         out.write_text(json.dumps(results, indent=1, default=str))
-        print(json.dumps({k: res.get(k) for k in ("name", "ok", "imgs_per_s", "spread", "util_mean",
-                                                  "cpu_busy_pct", "failure", "bench_wall_s")}), flush=True)
+        keys = ("name", "ok", "imgs_per_s", "spread", "loss_start", "loss_end", "util_mean", "cpu_busy_pct", "failure",
+                "bench_wall_s")
+        print(json.dumps({k: res.get(k) for k in keys}), flush=True)
     def cell(value, width, fmt):  # a figure not measured (no GPU, a failed run) shows as n/a, never as 0
         return f"{format(value, fmt):>{width}}" if value is not None else f"{'n/a':>{width}}"
 
-    print(f"\n{'run':<22}{'imgs/s':>10}{'spread':>8}{'util%':>7}{'mem GiB':>9}{'cpu%':>6}{'wall s':>8}")
+    print(f"\n{'run':<26}{'imgs/s':>10}{'spread':>8}{'loss start->end':>18}{'util%':>7}{'mem GiB':>9}{'cpu%':>6}"
+          f"{'wall s':>8}")
     for r in results:
         mem = r.get("mem_used_max_mib")
-        print(f"{r['name']:<22}{cell(r.get('imgs_per_s'), 10, ',.0f')}{cell(r.get('spread'), 8, '.3f')}"
+        # A failed run (a diverged loss included) shows no imgs/s: that figure would not describe training.
+        ips = r.get("imgs_per_s") if r.get("ok") else None
+        loss = (f"{fmt_loss(r.get('loss_start'))}->{fmt_loss(r.get('loss_end'))}" if r.get("loss_end") is not None
+                else "n/a")
+        print(f"{r['name']:<26}{cell(ips, 10, ',.0f')}{cell(r.get('spread') if ips else None, 8, '.3f')}{loss:>18}"
               f"{cell(r.get('util_mean'), 7, '.1f')}{cell(mem / 1024 if mem is not None else None, 9, '.1f')}"
               f"{cell(r.get('cpu_busy_pct'), 6, '.0f')}{cell(r.get('bench_wall_s'), 8, '.0f')}"
-              f"  {r.get('failure') or ''}")
+              f"  {'FAILED: ' + r['failure'] if r.get('failure') else ''}")
     return 0 if all(r.get("ok") for r in results) else 1
 
 

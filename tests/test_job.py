@@ -35,6 +35,12 @@ def test_measure_run_streams_windows_and_counts_every_image(jpegs, tmp_path, dec
     assert len(used) >= 3 and summary["imgs_per_s_windows"] == [w["imgs_per_s"] for w in windows]
     assert summary["imgs_per_s"] == pytest.approx(statistics.median(used), abs=1e-3)
     assert summary["loss_finite"] and math.isfinite(summary["loss"])
+    # Every window says what the loss was at its start and end (mean over the ranks); the summary, over the windows
+    # its figure stands on, so no figure goes without its loss.
+    for before, w in zip(windows, windows[1:]):
+        assert math.isfinite(w["loss_end"]) and w["loss_start"] == before["loss_end"]
+    first, last = windows[summary["windows_used"][0]], windows[summary["windows_used"][-1]]
+    assert (summary["loss_start"], summary["loss_end"]) == (first["loss_start"], last["loss_end"])
     assert len(summary["peak_mem_bytes"]) == 2
     assert summary["global_batch"] == per_step
 
@@ -46,6 +52,7 @@ def test_loader_mode_measures_the_pipeline_alone(jpegs, tmp_path):
     assert code == 0, log
     assert kinds(records, "summary")[0]["imgs_per_s"] > 0
     assert all(w["images"] == w["steps"] * 4 * 2 for w in kinds(records, "window"))
+    assert all(w["loss_start"] is None and w["loss_end"] is None for w in kinds(records, "window"))  # no model
 
 
 def test_resume_from_checkpoint_equals_uninterrupted_run(jpegs, tmp_path):

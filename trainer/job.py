@@ -120,7 +120,7 @@ def train(cfg: TrainConfig, env: Dist, writer: ResultWriter) -> None:
                 writer.write({"kind": "first_step", "t": time.time()})
             scheduler.step()
             step += 1
-            meter.step()
+            meter.step(loss)
             if t.mode == "train" and time.monotonic() - last_log >= t.log_every_s:
                 last_log = time.monotonic()
                 progress(writer, env, step, epoch, total_steps, loss, scheduler, meter)

@@ -58,6 +58,11 @@ class Window:
     steps: int
     images: int
     seconds: float
+    loss_start: float | None = None
+    """Mean loss over the ranks of the last step before the window (None in loader mode: no loss)."""
+
+    loss_end: float | None = None
+    """Mean loss over the ranks of the window's last step."""
 
     @property
     def imgs_per_s(self) -> float:
@@ -93,6 +98,8 @@ class ThroughputMeter:
     _win_steps: int = 0
     _win_t0_wall: float = 0.0
     _win_t0: float = 0.0
+    _loss: torch.Tensor | None = None
+    _loss_at_open: torch.Tensor | None = None
 
     @property
     def min_steps(self) -> int:
@@ -102,8 +109,11 @@ class ThroughputMeter:
     def done(self) -> bool:
         return self.state == "done"
 
-    def step(self) -> None:
-        """Call after every optimizer step (every batch in loader mode)."""
+    def step(self, loss: torch.Tensor | None = None) -> None:
+        """Call after every optimizer step (every batch in loader mode) with the step's loss (a device tensor; read
+        only at window boundaries, where the device is synchronized anyway)."""
+        if loss is not None:
+            self._loss = loss
         if self.state == "warmup":
             self._warmup_step()
         elif self.state == "measure":
@@ -156,6 +166,8 @@ class ThroughputMeter:
     # ---- windows -----------------------------------------------------------------------------------------------
 
     def _open_window(self) -> None:
+        # A copy, queued on the device: the training loop may reuse the tensor it handed over.
+        self._loss_at_open = self._loss.detach().clone() if self._loss is not None else None
         sync(self.device)
         self._win_t0_wall, self._win_t0, self._win_steps = time.time(), time.perf_counter(), 0
 
@@ -165,11 +177,16 @@ class ThroughputMeter:
         t1_wall = time.time()
         # Slowest rank's duration; earliest start and latest end, so the tuner clips GPU samples to the true span.
         slowest, neg_t0, t1 = _allreduce([seconds, -self._win_t0_wall, t1_wall], dist.ReduceOp.MAX, self.device)
-        images = int(_allreduce([float(self._win_steps * self.images_per_step)], dist.ReduceOp.SUM, self.device)[0])
-        w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=images, seconds=slowest)
+        losses = [float(x.float().item()) if x is not None else 0.0 for x in (self._loss_at_open, self._loss)]
+        images, *loss_sums = _allreduce([float(self._win_steps * self.images_per_step), *losses], dist.ReduceOp.SUM,
+                                        self.device)
+        start, end = ((x / _world() for x in loss_sums) if self._loss is not None else (None, None))
+        w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=int(images),
+                   seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end)
         self.windows.append(w)
         self.emit({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
-                   "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3)})
+                   "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3),
+                   "loss_start": _round(w.loss_start), "loss_end": _round(w.loss_end)})
         # Re-aim the next window at window_s from what this one really took (every rank computes the same number),
         # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
         aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))
@@ -226,12 +243,24 @@ class ThroughputMeter:
             "warmup_capped": self.warmup_capped,
             "settled": self.settled,
             "step_time_s": self.step_time_s,
+            # The loss over the windows the figure stands on: a figure is only worth something if the run learns.
+            "loss_start": _round(used[0].loss_start) if used else None,
+            "loss_end": _round(used[-1].loss_end) if used else None,
         }
 
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _round(x: float | None) -> float | None:
+    """Six significant digits; NaN and inf stay as they are (json writes them as NaN / Infinity)."""
+    return float(f"{x:.6g}") if x is not None else None
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def _allreduce(values: list[float], op, device: torch.device) -> list[float]:

@@ -25,7 +25,7 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
         trials = sorted(trials, key=lambda t: -(t.user_attrs.get("imgs_per_s") or -1))
     if top:
         trials = trials[:top]
-    rows = [("#", "state", "imgs/s", "vs #0", "spread", "util", "wall", "params / outcome")]
+    rows = [("#", "state", "imgs/s", "vs #0", "spread", "loss", "util", "wall", "params / outcome")]
     for t in trials:
         a = t.user_attrs
         state = t.state.name.lower()
@@ -40,11 +40,11 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
         elif a.get("start") is not None:
             note = f"(start {a['start']}) " + note
         rows.append((f"{t.number}{mark}", state, fmt_ips(ips) if ips is not None else "-", gain,
-                     f"{a['spread']:.1%}" if a.get("spread") is not None else "-",
+                     f"{a['spread']:.1%}" if a.get("spread") is not None else "-", fmt_loss(a),
                      f"{a['util_mean']:.0f}%" if a.get("util_mean") is not None else "n/a",
                      fmt_duration(a.get("wall_s")) if a.get("wall_s") is not None else "-", note))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(c.rjust(w) if i in (2, 3, 4, 5, 6) else c.ljust(w) for i, (c, w) in
+    lines = ["  ".join(c.rjust(w) if i in (2, 3, 4, 5, 6, 7) else c.ljust(w) for i, (c, w) in
                        enumerate(zip(r[:-1], widths))) + "  " + r[-1] for r in rows]
     summary = f"study {study.study_name}: {len(study.get_trials(deepcopy=False))} trials, {len(ok)} measured"
     if best is not None:
@@ -52,6 +52,17 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
         if base_ips:
             summary += f" = {best.user_attrs['imgs_per_s'] / base_ips:.2f}x trial {base.number}"
     return "\n".join([summary, *lines, *trial_time(study.get_trials(deepcopy=False))])
+
+
+def fmt_loss(attrs) -> str:
+    """The loss over the measured windows, start -> end; "diverged" when it did not stay finite: a figure without
+    its loss says nothing about training."""
+    if attrs.get("loss_finite") is False:
+        return "diverged"
+    start, end = attrs.get("loss_start"), attrs.get("loss_end")
+    if end is None:
+        return "-"
+    return f"{start:.3g}->{end:.3g}" if start is not None else f"{end:.3g}"
 
 
 TIME_PARTS = (("launch_s", "launch"), ("warmup_s", "warm-up"), ("setup_s", "of it setup"),
