@@ -6,11 +6,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import signal
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from autotune.exceptions import AutotuneError
+from trainer.config import ConfigError
+
+DESCRIPTION = ("Find the fastest PyTorch DDP configuration for a training job on this machine's GPUs (or, without "
+               "GPUs, on the CPU): `autotune search` runs an Optuna study of short torchrun trials; `autotune show`, "
+               "`export`, `train`, `report` and `dashboard` use what it found.")
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,15 @@ class Command:
 
 
 _COMMANDS: dict[str, Command] = {}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP, handled as Ctrl-C is (the running trial's processes are killed and it is recorded); the exit
+    code says which signal, as a shell's does (128 + its number)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"terminated ({signal.Signals(signum).name})")
 
 
 def command(name: str, help: str, arguments: Callable[[argparse.ArgumentParser], None] = lambda p: None):
@@ -43,7 +58,7 @@ def _load_commands() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     _load_commands()
-    parser = argparse.ArgumentParser(prog="autotune", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="autotune", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for cmd in sorted(_COMMANDS.values(), key=lambda c: c.name):
@@ -62,14 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except KeyboardInterrupt:
-        print("autotune: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print(f"autotune: {e or 'interrupted'}", file=sys.stderr)
+        return 128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT)
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into one line
         if args.debug:
             raise
-        from trainer.config import ConfigError
-
         if isinstance(e, (AutotuneError, ConfigError)):
             print(f"autotune {args.command}: error: {e}", file=sys.stderr)
             return getattr(e, "exit_code", 2)

@@ -1,5 +1,5 @@
 """``autotune export``: a study's chosen trial → a TrainConfig YAML that ``autotune train`` and ``python -m trainer``
-accept.
+accept, re-measured in a fresh process so that the figure it carries is one a fresh job reaches.
 
 The file is the trial's full TrainConfig (top-level keys as in any job YAML) with the spec's ``export`` overrides
 applied (a train run instead of a measurement), plus one ``autotune:`` section the job ignores::
@@ -8,9 +8,10 @@ applied (a train run instead of a measurement), plus one ``autotune:`` section t
       study: resnet50            # where it came from
       trial: 17
       torchrun: {nproc_per_node: 2, args: [], command: "torchrun --standalone --nproc-per-node 2 -m trainer ..."}
-      env: {NCCL_ALGO: Ring, OMP_NUM_THREADS: '16', NCCL_NVLS_ENABLE: '0', ...}
+      env: {OMP_NUM_THREADS: '16', NCCL_NVLS_ENABLE: '0', ...}
       fingerprint: {gpu_model: ..., gpu_count: 2, driver: ..., torch: ..., cuda: ..., nccl: ..., cpu_count: 32}
-      measured: {imgs_per_s: 7146.0, spread: 0.012, util_mean: 91.0, baseline_imgs_per_s: 1681.0, gain: 4.25}
+      measured: {imgs_per_s: 7146.0, spread: 0.012, util_mean: 91.0, baseline_imgs_per_s: 1681.0, gain: 4.25,
+                 remeasured: {imgs_per_s: 7101.3, ratio: 0.994, fresh_process: true}}
       lr_scaling: {rule: linear, from_lr: 0.1, from_global_batch: 256, to_lr: 0.4, to_global_batch: 1024}
 
 Learning rate: when the trial's global batch (micro-batch x accum x world) differs from the reference the spec's
@@ -22,63 +23,66 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from autotune.exceptions import StorageError
-from autotune.launch import nnodes_of
+from autotune.hw.nvml import Nvml
+from autotune.hw.placement import gpu_count, to_nvml, visible_entries
+from autotune.runner.torchrun import Torchrun
+from autotune.runner.trial import TrialJob, run_trial
+from autotune.study import view
+from autotune.study.storage import study_record
+from autotune.study.view import TrialView
+from trainer.config import TrainConfig
 
 PICKS = ("best", "fastest", "util", "balanced")
 
-
-def feasible(study) -> list:
-    from optuna.trial import TrialState
-
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("constraint", 0.0) <= 0 and "config" in t.user_attrs
-            and t.user_attrs.get("imgs_per_s") is not None]
+GAP_WARNING = 0.03
+"""A fresh-process re-measure further than this from the search's figure is reported."""
 
 
-def pareto_front(trials: list) -> list:
+def pareto_front(trials: list[TrialView]) -> list[TrialView]:
     """Trials no other trial beats on both imgs/s and utilization."""
-    def key(t):
-        return float(t.user_attrs["imgs_per_s"]), float(t.user_attrs.get("util_mean") or 0.0)
+    def key(v):
+        return v.imgs_per_s, v.util or 0.0
 
-    return [t for t in trials if not any(key(o)[0] >= key(t)[0] and key(o)[1] >= key(t)[1] and key(o) != key(t)
+    return [v for v in trials if not any(key(o)[0] >= key(v)[0] and key(o)[1] >= key(v)[1] and key(o) != key(v)
                                          for o in trials)]
 
 
-def pick_trial(study, pick: str = "best"):
+def pick_trial(study, pick: str = "best") -> TrialView:
     """``best``: the objective's best (pareto: the fastest on the front); ``fastest``: max imgs/s; ``util``: max
     utilization on the front; ``balanced``: the front's best product of normalized imgs/s and util; or a trial
     number."""
-    ok = feasible(study)
+    trials = view.views(study)
+    ok = view.feasible(trials)
     if pick.isdigit():
-        number = int(pick)
-        match = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+        match = [v for v in trials if v.number == int(pick)]
         if not match:
-            raise StorageError(f"--pick {pick}: study {study.study_name} has no trial {number}")
+            raise StorageError(f"--pick {pick}: study {study.study_name} has no trial {pick}")
         if match[0] not in ok:
-            t = match[0]
-            why = t.user_attrs.get("failure_class") or t.state.name.lower()
-            raise StorageError(f"--pick {pick}: trial {number} did not complete a measurement ({why}); "
-                               "pick a completed trial (`autotune show`)")
+            why = match[0].failure_class or (f"a {match[0].stage} measurement, not a training configuration"
+                                             if not match[0].end_to_end else match[0].state.name.lower())
+            raise StorageError(f"--pick {pick}: trial {pick} is not a complete end-to-end measurement ({why}); "
+                               "pick one that is (`autotune show`)")
         return match[0]
     if pick not in PICKS:
         raise StorageError(f"--pick {pick}: use one of {', '.join(PICKS)} or a trial number")
     if not ok:
-        raise StorageError(f"study {study.study_name} has no completed, feasible trial yet; run `autotune search`")
-    ips = lambda t: float(t.user_attrs["imgs_per_s"])  # noqa: E731
-    util = lambda t: float(t.user_attrs.get("util_mean") or 0.0)  # noqa: E731
+        raise StorageError(f"study {study.study_name} has no complete, feasible end-to-end trial yet; run "
+                           "`autotune search` (more trials)")
     multi = len(study.directions) > 1
     if pick == "fastest" or (pick == "best" and multi):
-        return max(ok, key=ips)
+        return max(ok, key=lambda v: v.imgs_per_s)
     if pick == "best":
-        return max(ok, key=lambda t: t.value)
-    if not any(t.user_attrs.get("util_mean") is not None for t in ok):
+        return max(ok, key=lambda v: v.value)
+    if not any(v.util is not None for v in ok):
         raise StorageError(f"--pick {pick}: no trial of this study recorded GPU utilization; use best or fastest")
     front = pareto_front(ok)
     if pick == "util":
-        return max(front, key=lambda t: (util(t), ips(t)))
-    top_ips, top_util = max(map(ips, front)), max(map(util, front)) or 1.0
-    return max(front, key=lambda t: (ips(t) / top_ips) * (util(t) / top_util))
+        return max(front, key=lambda v: (v.util or 0.0, v.imgs_per_s))
+    top_ips, top_util = max(v.imgs_per_s for v in front), max(v.util or 0.0 for v in front) or 1.0
+    return max(front, key=lambda v: (v.imgs_per_s / top_ips) * ((v.util or 0.0) / top_util))
 
 
 def scale_lr(config: dict[str, Any], *, reference_batch: int | None, world: int) -> tuple[dict | None, str | None]:
@@ -99,53 +103,43 @@ def scale_lr(config: dict[str, Any], *, reference_batch: int | None, world: int)
     return record, warn
 
 
-def build(study, trial) -> tuple[dict[str, Any], list[str]]:
-    """(the YAML mapping, warnings) for ``trial`` of ``study``."""
-    from trainer.config import TrainConfig
+MEASURED_KEYS = ("imgs_per_s", "imgs_per_s_windows", "spread", "loss_start", "loss_end", "util_mean",
+                 "util_p50_per_gpu", "mem_used_max_mib", "power_mean_w", "sm_clock_mean_mhz", "sm_active_mean",
+                 "peak_mem_bytes", "launch_s", "measure_s", "worker")
 
+
+def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
+    """(the YAML mapping, warnings) for ``trial`` of ``study``."""
     warnings: list[str] = []
-    spec = study.user_attrs.get("spec") or {}
-    a = trial.user_attrs
-    cfg = TrainConfig.from_dict(a["config"])
-    export_overrides = dict(spec.get("export") or {})
-    name = f"{study.study_name}-best" if trial.number != 0 else f"{study.study_name}-baseline"
-    cfg = cfg.with_overrides({**export_overrides, "name": name, "output_dir": f"runs/{name}"})
+    spec = study_record(study, "autotune:spec", {})
+    name = f"{study.study_name}-{'baseline' if trial.baseline else 'best'}"
+    cfg = TrainConfig.from_dict(trial.config).with_overrides({**dict(spec.get("export") or {}), "name": name,
+                                                              "output_dir": f"runs/{name}"})
     data = cfg.to_dict()
     nproc = int(study.user_attrs.get("nproc_per_node") or 1)
-    torchrun_args = list(study.user_attrs.get("torchrun_args") or [])
-    world = nproc * nnodes_of(torchrun_args)
-    lr_record, warn = scale_lr(data, reference_batch=study.user_attrs.get("reference_global_batch"), world=world)
+    torchrun = Torchrun.parse(list(study.user_attrs.get("torchrun_args") or []))
+    lr_record, warn = scale_lr(data, reference_batch=study.user_attrs.get("reference_global_batch"),
+                               world=nproc * torchrun.nnodes)
     if warn:
         warnings.append(warn)
     TrainConfig.from_dict(data)  # still valid after scaling
 
-    baseline = next((t for t in feasible(study) if t.user_attrs.get("baseline")), None)
-    ips = float(a["imgs_per_s"])
-    measured = {k: a.get(k) for k in ("imgs_per_s", "imgs_per_s_windows", "spread", "util_mean", "util_p50_per_gpu",
-                                      "mem_used_max_mib", "power_mean_w", "sm_clock_mean_mhz", "sm_active_mean",
-                                      "peak_mem_bytes", "launch_s", "measure_s") if a.get(k) is not None}
+    a = trial.attrs
+    measured = {k: a[k] for k in MEASURED_KEYS if a.get(k) is not None}
     measured["util_available"] = bool(a.get("util_available"))
-    if baseline is not None:
-        b = float(baseline.user_attrs["imgs_per_s"])
-        measured["baseline_trial"] = baseline.number
-        measured["baseline_imgs_per_s"] = b
-        measured["gain"] = round(ips / b, 3) if b > 0 else None
+    base = view.baseline(view.views(study))
+    if base is not None:
+        measured.update(baseline_trial=base.number, baseline_imgs_per_s=base.imgs_per_s,
+                        gain=round(trial.imgs_per_s / base.imgs_per_s, 3) if base.imgs_per_s else None)
     versions = a.get("versions") or {}
     fingerprint = {**(study.user_attrs.get("fingerprint") or {}),
                    **{k: versions.get(k) for k in ("torch", "torchvision", "cuda", "cudnn", "nccl") if k in versions}}
-    multi_node = any(x.split("=")[0] in ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint") for x in torchrun_args)
-    command = " ".join(["torchrun", *([] if multi_node else ["--standalone"]), "--nproc-per-node", str(nproc),
-                        *torchrun_args, "-m", "trainer", "--config", "<this file>"])
-    env = dict(a.get("env") or {})
     data["autotune"] = {
-        "study": study.study_name,
-        "trial": trial.number,
-        "params": dict(trial.params),
+        "study": study.study_name, "trial": trial.number, "params": dict(trial.params),
         "objective": study.user_attrs.get("objective"),
-        "torchrun": {"nproc_per_node": nproc, "args": torchrun_args, "command": command},
-        "env": env,
-        "fingerprint": fingerprint,
-        "measured": measured,
+        "torchrun": {"nproc_per_node": nproc, "args": list(torchrun.args),
+                     "command": torchrun.command(nproc, "<this file>")},
+        "env": dict(a.get("env") or {}), "fingerprint": fingerprint, "measured": measured,
     }
     if lr_record:
         data["autotune"]["lr_scaling"] = lr_record
@@ -153,18 +147,70 @@ def build(study, trial) -> tuple[dict[str, Any], list[str]]:
 
 
 def write(data: dict[str, Any], path: str | Path) -> Path:
-    import yaml
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    a = data["autotune"]
+    a, m = data["autotune"], data["autotune"]["measured"]
+    again = m.get("remeasured") or {}
     head = (f"# Exported by `autotune export` from study {a['study']}, trial {a['trial']}: "
-            f"{a['measured'].get('imgs_per_s', 0):,.1f} imgs/s"
-            + (f" ({a['measured']['gain']:.2f}x trial {a['measured']['baseline_trial']})"
-               if a["measured"].get("gain") else "")
+            f"{m.get('imgs_per_s', 0):,.1f} imgs/s"
+            + (f" ({m['gain']:.2f}x trial {m['baseline_trial']})" if m.get("gain") else "")
+            + (f"; re-measured in a fresh process: {again['imgs_per_s']:,.1f}" if again.get("imgs_per_s") else "")
             + f".\n# Run: {a['torchrun']['command'].replace('<this file>', str(path))}\n"
               "# (or `autotune train --config " + str(path) + "`; the `autotune:` section is ignored by the job)\n")
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(head + yaml.safe_dump(data, sort_keys=False))
     tmp.replace(path)
     return path
+
+
+# ---- the honesty check ------------------------------------------------------------------------------------------
+
+
+def remeasure(study, trial: TrialView, data: dict[str, Any], folder: Path, *, timeout_s: float = 600.0) -> str:
+    """Measure the trial's configuration again in a fresh process on this machine, as the search measured it (same
+    data, world and settings), and record both figures in ``data``. Returns the line to print: the two figures, and
+    a warning when they differ by more than ``GAP_WARNING``, or why it could not run here."""
+    nproc = data["autotune"]["torchrun"]["nproc_per_node"]
+    fp = study.user_attrs.get("fingerprint") or {}
+    nvml = Nvml()
+    visible = visible_entries(gpu_count(nvml))
+    gpus = to_nvml(nvml, visible[:nproc]) if visible else []
+    why_not = _not_here(fp, gpus, nproc, trial.config)
+    if why_not:
+        return f"not re-measured: {why_not} (`--no-remeasure` skips this check)"
+    cfg = TrainConfig.from_dict(trial.config).with_overrides({"output_dir": str(folder)})
+    job = TrialJob(config=cfg, trial_dir=folder, nproc_per_node=nproc,
+                   gpus=[g.uuid for g in gpus] if gpus else (visible[:nproc] or None),
+                   torchrun_args=list(data["autotune"]["torchrun"]["args"]), timeout_s=timeout_s)
+    run = run_trial(job)
+    s = run.summary or {}
+    if not run.ok or s.get("loss_finite") is False or s.get("imgs_per_s") is None:
+        why = run.failure_message or "its loss did not stay finite"
+        data["autotune"]["measured"]["remeasured"] = {"failed": str(run.failure_class or "diverged"), "why": why}
+        return f"re-measure FAILED in a fresh process ({run.failure_class or 'diverged'}: {why}); log {run.log_path}"
+    ips, searched = float(s["imgs_per_s"]), float(trial.imgs_per_s)
+    ratio = ips / searched
+    data["autotune"]["measured"]["remeasured"] = {
+        "imgs_per_s": ips, "ratio": round(ratio, 4), "spread": s.get("spread"), "loss_start": s.get("loss_start"),
+        "loss_end": s.get("loss_end"), "fresh_process": True, "search_worker": trial.attrs.get("worker")}
+    line = f"re-measured in a fresh process: {ips:,.1f} imgs/s = {ratio:.1%} of the search's {searched:,.1f}"
+    if abs(ratio - 1) > GAP_WARNING:
+        line += (f" — WARNING: more than {GAP_WARNING:.0%} apart; the search's figure for this config is not what a "
+                 "fresh job reaches here (another load on the machine, or a trial that profited from an earlier "
+                 "one in its worker): trust the re-measure")
+    return line
+
+
+def _not_here(fp: dict[str, Any], gpus: list, nproc: int, config: dict[str, Any]) -> str | None:
+    """Why the trial cannot be measured again on this machine (None: it can)."""
+    if fp.get("gpu_count"):
+        if len(gpus) < nproc:
+            return f"the study ran on {fp['gpu_count']} x {fp.get('gpu_model')}, this machine has {len(gpus)} GPU(s)"
+        if fp.get("gpu_model") and gpus[0].name != fp["gpu_model"]:
+            return f"the study ran on {fp['gpu_model']}, this machine has {gpus[0].name}"
+    elif gpus:
+        return "the study ran on the CPU, this machine has GPUs"
+    path = (config.get("data") or {}).get("path")
+    if (config.get("data") or {}).get("kind") == "imagefolder" and path and not Path(path).is_dir():
+        return f"its data folder {path} is not on this machine"
+    return None

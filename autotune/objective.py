@@ -8,28 +8,24 @@
 Why throughput is the default: utilization rewards slow kernels (on 2xH200 the fastest real-data config measured
 46 % while a slower one measured 59 %).
 
-Failures: a config the job cannot run (``oom``, ``config``) is a *completed, infeasible* trial — constraint 1.0 in
-``user_attrs["constraint"]`` and as the trial's Optuna constraint (``set_constraint`` on Optuna >= 5, TPE's
-``constraints_func`` on 4.x), so TPE learns the boundary — with value 0 (imgs/s and util), which never beats a run
-that measured anything. Environment failures (``nccl``, ``hang``, ``loader``,
-``crash``) are FAIL: they say nothing about the config, so the sampler must not learn from them.
+Failures: a config the job cannot run (``oom``, ``config``, ``diverged``: ``trainer.protocol.CONFIG_FAILURES``) is a
+*completed, infeasible* trial: an Optuna constraint above zero, which TPE ranks by violation, never by value, so it
+learns "this combination fails" rather than "this pipeline is slow"; Optuna needs a value for a completed trial, and
+``INFEASIBLE_VALUE`` is only that (no throughput figure is recorded for such a trial). Environment failures (``nccl``,
+``hang``, ``loader``, ``crash``) are FAIL: they say nothing about the config, so the sampler must not learn from them.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.exceptions import SpecError
-
-INFEASIBLE_CLASSES = ("oom", "config")
-"""Failure classes caused by the config itself: recorded as COMPLETE + infeasible."""
-
-FAIL_CLASSES = ("nccl", "hang", "loader", "crash")
-"""Failure classes caused by the environment: recorded as FAIL."""
+from trainer.protocol import Failure
 
 INFEASIBLE_VALUE = 0.0
-"""The value of an infeasible trial (for each objective): no measured trial is worse."""
+"""The value Optuna stores for an infeasible trial (for each objective); its constraint is what counts."""
 
 
 @dataclass(kw_only=True)
@@ -81,8 +77,6 @@ class Objective:
 def measured_attrs(windows: list[dict], summary: dict | None) -> dict[str, Any]:
     """Throughput attrs. Prefer the job's summary (it decides the windows and the median); a run without one (killed
     or pruned after some windows) falls back to the median of the windows that arrived."""
-    import statistics
-
     if summary and summary.get("imgs_per_s") is not None:
         out = {
             "imgs_per_s": float(summary["imgs_per_s"]),
@@ -92,6 +86,7 @@ def measured_attrs(windows: list[dict], summary: dict | None) -> dict[str, Any]:
             "loss_finite": summary.get("loss_finite"),
             "loss_start": summary.get("loss_start"),
             "loss_end": summary.get("loss_end"),
+            "settled": summary.get("settled"),
         }
         if summary.get("versions"):
             out["versions"] = summary["versions"]
@@ -104,13 +99,8 @@ def measured_attrs(windows: list[dict], summary: dict | None) -> dict[str, Any]:
             "spread": (max(xs) - min(xs)) / med if med > 0 else None}
 
 
-def state_for(failure_class: str | None) -> str:
+def state_for(failure: Failure | None) -> str:
     """``complete``, ``infeasible`` or ``fail`` for a failure class (None: success)."""
-    if failure_class is None:
+    if failure is None:
         return "complete"
-    return "infeasible" if failure_class in INFEASIBLE_CLASSES else "fail"
-
-
-def constraints(trial) -> list[float]:
-    """TPE ``constraints_func``: <= 0 feasible. Reads the attr the search sets before ``tell``."""
-    return [float(trial.user_attrs.get("constraint", 0.0))]
+    return "infeasible" if Failure(failure).caused_by_config else "fail"

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.overview import fmt_loss, headline
+from autotune.study import view
+
 PRECISION_COLORS = {"fp32": "#1f77b4", "bf16": "#d62728", "fp16": "#2ca02c"}
 DECODE_SYMBOLS = {"pil": "circle", "torchvision-cpu": "square", "nvjpeg-gpu": "diamond", "nvjpeg-hw": "star",
                   "hybrid": "triangle-up"}
@@ -33,12 +36,12 @@ FAILURE_COLORS = {"infeasible": "#ff7f0e", "fail": "#d62728", "pruned": "#7f7f7f
 UTIL_CAPTION = (
     "Why the objective is throughput and not utilization: NVML utilization is the share of time in which some kernel "
     "runs, not how much work the GPU does, so slow kernels (fp32, small batches, an input-bound loop that launches "
-    "small work) can look busier than fast ones. The design notes (ARCHITECTURE.md) record it on 2×H200: the fastest "
-    "real-data configuration measured 46 % utilization while a slower one measured 59 %. Read this plot by its "
-    "vertical axis; the horizontal one explains, it does not rank."
+    "small work) can look busier than fast ones: on 2×H200 the fastest real-data configuration measured 46 % "
+    "utilization while a slower one measured 59 %. Read this plot by its vertical axis; the horizontal one "
+    "explains, it does not rank."
 )
 
-SECTIONS = ("history", "importances", "parallel", "util", "spread", "failures", "pareto")
+SECTIONS = ("bottleneck", "history", "importances", "parallel", "util", "spread", "failures", "pareto")
 """Section ids, in page order; each figure's div is ``plot-<id>``."""
 
 
@@ -48,7 +51,12 @@ class TrialRow:
 
     number: int
     outcome: str
-    """``complete``, ``infeasible`` (OOM / invalid config), ``fail`` (environment), ``pruned``, ``running``."""
+    """``complete`` (an end-to-end measurement), ``part`` (a stage measurement: the model or a pipeline alone),
+    ``infeasible`` (OOM / invalid config / diverged), ``fail`` (environment), ``pruned``, ``running``, ``waiting``."""
+
+    stage: str = "search"
+    settled: bool | None = None
+    channels_last: bool = False
 
     imgs_per_s: float | None = None
     windows: list[float] = field(default_factory=list)
@@ -67,41 +75,21 @@ class TrialRow:
 
 
 def trial_rows(study) -> list[TrialRow]:
-    from optuna.trial import TrialState
-
-    from autotune.commands.show import fmt_loss
-
-    from autotune.objective import INFEASIBLE_CLASSES
-
     rows = []
-    for t in study.get_trials(deepcopy=False):
-        a = t.user_attrs
-        cls = a.get("failure_class")
-        if t.state == TrialState.COMPLETE:
-            infeasible = float(a.get("constraint", 0.0) or 0.0) > 0 or cls in INFEASIBLE_CLASSES
-            outcome = "infeasible" if infeasible else "complete"
-        elif t.state == TrialState.PRUNED:
-            outcome = "pruned"
-        elif t.state == TrialState.FAIL:
-            outcome = "fail"
-        else:
-            outcome = "running"
-        if outcome in ("infeasible", "fail") and not cls:
-            cls = "unknown"
-        config = a.get("config") or {}
+    for v in view.views(study):
+        outcome = "complete" if v.outcome == "measured" else v.outcome
+        cls = v.failure_class or ("unknown" if outcome in ("infeasible", "fail") else None)
+        a = v.attrs
         rows.append(TrialRow(
-            number=t.number, outcome=outcome,
-            imgs_per_s=_num(a.get("imgs_per_s")),
+            number=v.number, outcome=outcome, stage=v.stage, imgs_per_s=v.imgs_per_s,
             windows=[float(x) for x in a.get("imgs_per_s_windows") or [] if _num(x) is not None],
-            spread=_num(a.get("spread")),
-            util=_num(a.get("util_mean")),
-            # Searched params win; otherwise the trial's full config says what ran (a knob the spec fixed).
-            precision=str(t.params.get("training.precision", _get(config, "training.precision", "?"))),
-            decode=str(t.params.get("data.decode", _get(config, "data.decode", "?"))),
-            batch_size=t.params.get("training.batch_size", _get(config, "training.batch_size", None)),
+            spread=v.spread, util=v.util, settled=a.get("settled"),
+            # The trial's config says what ran, searched or not (a knob the spec fixed, a stage's setting).
+            precision=str(v.setting("training.precision", "?")), decode=str(v.setting("data.decode", "?")),
+            batch_size=v.setting("training.batch_size"), channels_last=bool(v.setting("training.channels_last")),
             failure_class=cls if outcome in ("infeasible", "fail") else None,
             failure_message=a.get("failure_message"), log_path=a.get("log_path"),
-            baseline=bool(a.get("baseline")), params=dict(t.params), loss=fmt_loss(a),
+            baseline=v.baseline, params=dict(v.params), loss=fmt_loss(a),
         ))
     return rows
 
@@ -135,17 +123,20 @@ def plot_study(study, rows: list[TrialRow], *, feasible_only: bool):
     copy = optuna.create_study(directions=study.directions, study_name=study.study_name)
     trials = []
     for t in study.get_trials(deepcopy=False):
-        infeasible = by_number[t.number].outcome == "infeasible"
-        if feasible_only and (t.state != TrialState.COMPLETE or infeasible):
+        outcome = by_number[t.number].outcome
+        if feasible_only and outcome != "complete":
             continue
         system_attrs = {k: v for k, v in t.system_attrs.items() if not k.startswith("constraints")}
-        system_attrs["constraints"] = [1.0 if infeasible else 0.0]
-        # Unfinished trials are copied too (without values), so the copy's trial numbers stay the study's.
-        trials.append(create_trial(state=t.state, values=t.values if t.state == TrialState.COMPLETE else None,
-                                   params=t.params if t.state != TrialState.WAITING else {},
-                                   distributions=t.distributions if t.state != TrialState.WAITING else {},
+        system_attrs["constraints"] = [1.0 if outcome == "infeasible" else 0.0]
+        # A stage measurement is not a training configuration: copied without values (as unfinished trials are),
+        # so that the copy's trial numbers stay the study's.
+        shown = t.state if outcome != "part" else TrialState.FAIL
+        keeps = shown not in (TrialState.WAITING, TrialState.FAIL) or outcome != "part"
+        trials.append(create_trial(state=shown, values=t.values if shown == TrialState.COMPLETE else None,
+                                   params=t.params if keeps and shown != TrialState.WAITING else {},
+                                   distributions=t.distributions if keeps and shown != TrialState.WAITING else {},
                                    user_attrs=t.user_attrs, system_attrs=system_attrs,
-                                   intermediate_values=t.intermediate_values))
+                                   intermediate_values=t.intermediate_values if keeps else {}))
     copy.add_trials(trials)
     return copy
 
@@ -171,6 +162,39 @@ class Section:
     note: str | None = None
     caption: str | None = None
     extra_html: str = ""
+
+
+def bottleneck_section(rows: list[TrialRow]) -> Section:
+    """The stages' measurements side by side: the model alone (ceiling), each pipeline alone (supply), and the
+    end-to-end trials as lines — where the time goes, at a glance."""
+    import plotly.graph_objects as go
+
+    s = Section(id="bottleneck", title="Ceiling, supply and end to end")
+    parts = [r for r in rows if r.outcome == "part" and r.imgs_per_s is not None]
+    if not parts:
+        s.note = ("No stage measurement in this study (stages disabled, or not reached yet): the ceiling and the "
+                  "supplies are measured by the first trials of a staged search.")
+        return s
+    fig = go.Figure()
+    for stage_name, color in (("ceiling", "#1f77b4"), ("supply", "#ff7f0e")):
+        rs = [r for r in parts if r.stage == stage_name]
+        if rs:
+            labels = [f"#{r.number} " + (f"{r.precision}{' CL' if r.channels_last else ''} bs {r.batch_size}"
+                                         if stage_name == "ceiling" else f"{r.decode} bs {r.batch_size}")
+                      for r in rs]
+            fig.add_trace(go.Bar(x=labels, y=[r.imgs_per_s for r in rs], name=stage_name, marker_color=color))
+    best = max((r for r in rows if r.outcome == "complete" and r.imgs_per_s), key=lambda r: r.imgs_per_s,
+               default=None)
+    if best is not None:
+        fig.add_hline(y=best.imgs_per_s, line_dash="dot", line_color="#2ca02c",
+                      annotation_text=f"best end to end: trial {best.number}, {best.imgs_per_s:,.1f} imgs/s")
+    fig.update_layout(title="The model alone on synthetic data (ceiling) and each input pipeline alone (supply)",
+                      yaxis_title="imgs/s (global)", xaxis_title="stage measurement", barmode="group")
+    s.figure = fig
+    s.caption = ("An end-to-end run is at most the smaller of what the GPUs compute (the ceiling) and what its input "
+                 "pipeline feeds (its supply). The search measures both first and starts its end-to-end trials "
+                 "where the supply meets the ceiling; the dotted line is how close the tuned configuration gets.")
+    return s
 
 
 def history_section(study, rows, names) -> Section:
@@ -416,12 +440,13 @@ def pareto_section(study, rows, names) -> Section:
 def build_sections(study) -> tuple[list[TrialRow], list[Section]]:
     rows = trial_rows(study)
     _, names = objective_label(study)
-    builders = [lambda: history_section(study, rows, names), lambda: importances_section(study, rows, names),
+    builders = [lambda: bottleneck_section(rows), lambda: history_section(study, rows, names),
+                lambda: importances_section(study, rows, names),
                 lambda: parallel_section(study, rows, names), lambda: util_section(rows),
                 lambda: spread_section(rows), lambda: failures_section(rows),
                 lambda: pareto_section(study, rows, names)]
     sections = []
-    for sid, build in zip(SECTIONS, builders):
+    for sid, build in zip(SECTIONS, builders, strict=True):
         try:
             sections.append(build())
         except Exception as e:  # noqa: BLE001 - one broken plot must not cost the user the other six
@@ -465,14 +490,16 @@ def write_report(study, out: str | Path, *, storage_url: str | None = None) -> P
 
 def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
     kind, names = objective_label(study)
-    counts = {o: sum(1 for r in rows if r.outcome == o) for o in ("complete", "infeasible", "fail", "pruned",
+    counts = {o: sum(1 for r in rows if r.outcome == o) for o in ("complete", "part", "infeasible", "fail", "pruned",
                                                                    "running")}
     feasible = [r for r in rows if r.outcome == "complete" and r.imgs_per_s is not None]
     best = max(feasible, key=lambda r: r.imgs_per_s, default=None)
     base = next((r for r in feasible if r.baseline), None)
     fp = study.user_attrs.get("fingerprint") or {}
-    items = [("study", study.study_name), ("storage", storage_url or ""), ("objective", kind),
-             ("trials", ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "none")]
+    items = [(line.split(" (", 1)[0].split(":", 1)[0], line.split(": ", 1)[-1] if ": " in line else line)
+             for line in headline(view.views(study))]
+    items += [("study", study.study_name), ("storage", storage_url or ""), ("objective", kind),
+              ("trials", ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "none")]
     if best is not None:
         gain = f" — {best.imgs_per_s / base.imgs_per_s:.2f}× trial {base.number} (baseline, " \
                f"{base.imgs_per_s:,.1f})" if base and base.imgs_per_s else ""

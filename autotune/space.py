@@ -11,15 +11,50 @@ A batch size that ran out of memory is not tried again at a larger size with the
 from __future__ import annotations
 
 import dataclasses
+import json
 import operator
 import os
 import re
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from autotune.exceptions import SpecError
-from autotune.spec import AUTO, DEFAULT_CHOICE, Knob, StudySpec
+from trainer.config import ConfigError, TrainConfig
+
+if TYPE_CHECKING:
+    from autotune.spec import StudySpec
+
+AUTO = "auto"
+DEFAULT_CHOICE = "default"
+"""In ``choices``, ``default`` means ``null``: leave the setting to the library (e.g. NCCL picks its algorithm)."""
+
+
+@dataclass(kw_only=True)
+class Knob:
+    """One searchable setting. Either ``choices`` (categorical) or ``low``/``high`` (int or float range)."""
+
+    choices: list[Any] | None = None
+    """Values to pick from; ``default`` stands for null (the library's own choice)."""
+
+    low: Any = None
+    """Range start (inclusive). ``auto`` where supported (``loader.num_workers``: 0)."""
+
+    high: Any = None
+    """Range end (inclusive). ``auto`` for ``loader.num_workers`` is the CPU cores per rank."""
+
+    log: bool = False
+    """Sample the range on a log scale."""
+
+    step: float | int | None = None
+    """Range step (ints: default 1)."""
+
+    when: str | None = None
+    """Condition on another setting, ``"PATH OP VALUE"`` with OP one of == != > >= < <= in; the knob is only
+    suggested when it holds (evaluated on the trial's config so far: searched values, else the base)."""
+
 
 BATCH_CHOICES = [32, 48, 64, 96, 128, 192, 256, 384, 512]
 """Powers of two and 1.5x between them: enough resolution near the memory limit without a continuous range."""
@@ -40,15 +75,12 @@ DEFAULT_SPACE: dict[str, Knob] = {
     "ddp.gradient_as_bucket_view": Knob(choices=[False, True]),
     # DDP's static graph breaks under no_sync() (pytorch/pytorch#187732): only searched without accumulation.
     "ddp.static_graph": Knob(choices=[False, True], when="training.accum_steps == 1"),
-    # NCCL's own choice ("default") stays a candidate: forcing an algorithm is as likely to hurt as to help.
-    "nccl.algo": Knob(choices=[DEFAULT_CHOICE, "Ring", "Tree"]),
-    "nccl.proto": Knob(choices=[DEFAULT_CHOICE, "Simple", "LL"]),
-    "nccl.min_ctas": Knob(choices=[DEFAULT_CHOICE, 1, 2, 4, 8, 16]),
-    "nccl.max_ctas": Knob(choices=[DEFAULT_CHOICE, 4, 8, 16, 32]),
-    "nccl.buffsize": Knob(choices=[DEFAULT_CHOICE, 1 << 20, 4 << 20, 16 << 20]),
 }
-"""The image-model defaults of ARCHITECTURE.md. ``training.compile`` is not in it: a cold compile costs about a
-minute per trial; a spec adds ``training.compile: [false, true]`` when that is worth it."""
+"""The image-model defaults. Not in it: ``training.compile`` (a cold compile costs about a minute per trial; a spec
+adds ``training.compile: [false, true]`` when that is worth it), and NCCL's algorithm, protocol, CTA and buffer
+variables: NCCL documents them as debugging variables, no measurement here has shown them to matter, and each
+change of them takes a new process (``trainer.config.scope_of``). A spec adds them, e.g.
+``nccl.algo: [default, Ring, Tree]``."""
 
 MEMORY_KEYS = ("model.name", "model.kwargs", "data.image_size", "data.decode", "training.precision",
                "training.channels_last", "training.compile", "training.compile_mode", "ddp.gradient_as_bucket_view",
@@ -68,9 +100,7 @@ class Condition:
     value: Any
 
     @classmethod
-    def parse(cls, text: str) -> "Condition":
-        import yaml
-
+    def parse(cls, text: str) -> Condition:
         m = _COND.match(text)
         if not m:
             raise ValueError(f"cannot parse {text!r}: write PATH OP VALUE, e.g. 'loader.num_workers > 0'")
@@ -128,6 +158,16 @@ class Param:
                 return c
         return _MISSING
 
+    def nearest(self, value: Any) -> Any:
+        """The value of this knob closest to ``value``: a range's end, the nearest numeric choice, else the first."""
+        if self.kind != "categorical":
+            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else self.low
+            return min(max(number, self.low), self.high)
+        numeric = [c for c in self.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+        if numeric and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return min(numeric, key=lambda c: (abs(c - value), c))
+        return self.choices[0]
+
     def describe(self) -> str:
         if self.kind == "categorical":
             return "{" + ", ".join(_show(c) for c in self.choices) + "}"
@@ -172,23 +212,31 @@ class SearchSpace:
         return overrides
 
     def baseline_params(self, spec: StudySpec, base: dict[str, Any]) -> dict[str, Any]:
-        """The Optuna params of trial 0: ``spec.baseline`` where given, else the base config's value."""
+        """The Optuna params of trial 0: ``spec.baseline`` where given, else the base config's value. A value the
+        spec's baseline names must be in the space; a base value that is not (a minimal spec whose base never
+        mentions the knob: torch's default of 4 loader workers on a machine that allows 1) is moved to the nearest
+        value that is, with a note."""
         # Baseline keys whose knob this machine does not search (NCCL on a CPU) are simply not part of trial 0;
         # keys outside the spec's space at all were refused by knob_problems.
         problems, out = [], {}
-        current = dict(base)
         for p in self.params:
-            value = spec.baseline.get(p.path, get_path(base, p.path))
+            explicit = p.path in spec.baseline
+            value = spec.baseline[p.path] if explicit else get_path(base, p.path)
             if isinstance(value, str) and value == DEFAULT_CHOICE:
                 value = None
             if p.when is not None:
-                cond_value = out[p.when.path] if p.when.path in out else get_path(current, p.when.path)
+                cond_value = out[p.when.path] if p.when.path in out else get_path(base, p.when.path)
                 if not p.when.holds(cond_value):
                     continue
             if not p.contains(value):
-                problems.append(f"baseline.{p.path}={_show(value)}: outside the searched {p.describe()}; "
-                                f"set baseline.{p.path} to one of those")
-                continue
+                if explicit:
+                    problems.append(f"baseline.{p.path}={_show(value)}: outside the searched {p.describe()}; "
+                                    f"set baseline.{p.path} to one of those")
+                    continue
+                near = p.nearest(value)
+                self.notes.append(f"baseline: {p.path}={_show(near)} (the base's {_show(value)} is not searched "
+                                  f"here: {p.describe()})")
+                value = near
             out[p.path] = p.match(value) if p.kind == "categorical" else value
         if problems:
             raise SpecError(problems, spec.source)
@@ -232,8 +280,6 @@ class SearchSpace:
 
 def field_type(path: str):
     """The annotated type of a TrainConfig leaf, or None when there is no such setting."""
-    from trainer.config import TrainConfig
-
     tp = TrainConfig
     for part in path.split("."):
         if not dataclasses.is_dataclass(tp):
@@ -284,8 +330,6 @@ def _norm_choice(v: Any) -> Any:
 
 def knob_problems(spec: StudySpec) -> list[str]:
     """Every problem of the space section, without knowing the machine (``auto`` is checked at resolution)."""
-    from trainer.config import ConfigError, TrainConfig
-
     p: list[str] = []
     knobs = effective_knobs(spec)
     if not knobs:
@@ -294,8 +338,6 @@ def knob_problems(spec: StudySpec) -> list[str]:
         where = f"space.{path}"
         tp = field_type(path)
         if tp is None:
-            from trainer.config import TrainConfig as _T  # noqa: F401
-
             p.append(f"{where}: no such TrainConfig setting (use a dotted path like training.batch_size)")
             continue
         if path == "training.accum_steps" and spec.fixed_global_batch:
@@ -365,9 +407,11 @@ def knob_problems(spec: StudySpec) -> list[str]:
 
 
 def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: bool,
-            cores: int | None = None) -> SearchSpace:
-    """The spec's space for this machine: ``auto`` bounds filled in, GPU-only choices dropped on a CPU machine,
-    fixed-global-batch filtering, knobs ordered so conditions read already-suggested values."""
+            cores: int | None = None, max_batch: int | None = None, synthetic: bool = False) -> SearchSpace:
+    """The spec's space for this machine and data: ``auto`` bounds filled in, GPU-only choices dropped on a CPU
+    machine, batch sizes the data cannot fill dropped (``max_batch``: training images per rank), fixed-global-batch
+    filtering, knobs ordered so conditions read already-suggested values. On ``synthetic`` data there is no input
+    pipeline: its knobs are not searched."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     per_rank = max(1, cores // max(1, nproc_per_node))
@@ -375,6 +419,9 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
     notes: list[str] = []
     params: list[Param] = []
     for path, k in effective_knobs(spec).items():
+        if synthetic and path.split(".", 1)[0] in ("data", "loader"):
+            notes.append(f"{path}: not searched (synthetic data: no input pipeline)")
+            continue
         when = Condition.parse(k.when) if k.when else None
         if k.choices is not None:
             choices = [_norm_choice(c) for c in k.choices]
@@ -391,6 +438,16 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
             if cpu_only and path.startswith("nccl."):
                 notes.append(f"{path}: not searched (no GPU: gloo does not read NCCL settings)")
                 continue
+            if path == "training.batch_size" and max_batch is not None:
+                kept = [b for b in choices if not isinstance(b, int) or b <= max_batch]
+                if len(kept) < len(choices):
+                    dropped = ", ".join(str(b) for b in choices if b not in kept)
+                    notes.append(f"training.batch_size: {dropped} dropped (the data holds {max_batch} training "
+                                 f"images per rank: not one batch)")
+                if not kept:
+                    problems.append(f"training.batch_size: every choice is larger than the {max_batch} training "
+                                    "images per rank; add images or smaller batch choices")
+                choices = kept
             if path == "training.batch_size" and spec.fixed_global_batch:
                 g = spec.fixed_global_batch
                 kept = [b for b in choices if isinstance(b, int) and g % (b * world_size) == 0]
@@ -454,8 +511,6 @@ def _order(params: list[Param], source: str) -> list[Param]:
 
 
 def memory_signature(config: dict[str, Any]) -> str:
-    import json
-
     return json.dumps({k: get_path(config, k) for k in MEMORY_KEYS}, sort_keys=True, default=str)
 
 

@@ -33,39 +33,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.exceptions import SpecError
-from trainer.config import build_dataclass
-
-OBJECTIVES = ("throughput", "pareto", "weighted")
-SAMPLERS = ("tpe", "random")
-PRUNERS = ("percentile", "median", "none")
-AUTO = "auto"
-DEFAULT_CHOICE = "default"
-"""In ``choices``, ``default`` means ``null``: leave the setting to the library (e.g. NCCL picks its algorithm)."""
-
-
-@dataclass(kw_only=True)
-class Knob:
-    """One searchable setting. Either ``choices`` (categorical) or ``low``/``high`` (int or float range)."""
-
-    choices: list[Any] | None = None
-    """Values to pick from; ``default`` stands for null (the library's own choice)."""
-
-    low: Any = None
-    """Range start (inclusive). ``auto`` where supported (``loader.num_workers``: 0)."""
-
-    high: Any = None
-    """Range end (inclusive). ``auto`` for ``loader.num_workers`` is the CPU cores per rank."""
-
-    log: bool = False
-    """Sample the range on a log scale."""
-
-    step: float | int | None = None
-    """Range step (ints: default 1)."""
-
-    when: str | None = None
-    """Condition on another setting, ``"PATH OP VALUE"`` with OP one of == != > >= < <= in; the knob is only
-    suggested when it holds (evaluated on the trial's config so far: searched values, else the base)."""
-
+from autotune.space import Knob, knob_problems
+from trainer.config import ConfigError, TrainConfig, build_dataclass, load_yaml_mapping
 
 @dataclass(kw_only=True)
 class DataSource:
@@ -128,15 +97,30 @@ class SamplerSpec:
 
 @dataclass(kw_only=True)
 class PrunerSpec:
-    kind: Literal["percentile", "median", "none"] = "percentile"
-    """Stop a trial whose window throughput is below the ``percentile`` of earlier trials at the same window."""
+    kind: Literal["best", "none"] = "best"
+    """``best``: stop an end-to-end trial only when it cannot beat the best feasible complete trial — its latest
+    windows agree (its pace has settled) and all are below the best by more than ``tolerance``. Infeasible, failed
+    and pruned trials never set the bar, and stage measurements are never pruned."""
 
-    percentile: float = 25.0
-    n_startup_trials: int = 4
-    """Finished trials before any pruning."""
+    tolerance: float = 0.05
+    """How far below the best, and how close to each other, the latest windows must be."""
 
-    n_warmup_steps: int = 1
-    """The first window index at which a trial may be pruned: 1 means two windows are always measured."""
+    min_windows: int = 2
+    """Windows a trial always measures before it may be pruned."""
+
+
+@dataclass(kw_only=True)
+class StagesSpec:
+    enabled: bool = True
+    """Measure the bottleneck before searching: the model's compute ceiling (synthetic data on the GPUs, per
+    precision, layout and batch), then each input pipeline's supply (the loader alone), then end-to-end trials
+    where the supply meets the ceiling, refined by the sampler. ``false``: the sampler alone, from the baseline."""
+
+    ceiling_window_s: float = 1.0
+    """Window length of the ceiling measurements (synthetic data on the device is steady: short windows agree)."""
+
+    candidates: int = 3
+    """End-to-end trials started from the stages: the input pipelines whose supply can best meet the ceiling."""
 
 
 @dataclass(kw_only=True)
@@ -172,6 +156,7 @@ class StudySpec:
     budget: Budget = field(default_factory=Budget)
     sampler: SamplerSpec = field(default_factory=SamplerSpec)
     pruner: PrunerSpec = field(default_factory=PrunerSpec)
+    stages: StagesSpec = field(default_factory=StagesSpec)
     export: dict[str, Any] = field(default_factory=lambda: {"training.mode": "train", "training.epochs": 1})
     """Dotted overrides ``autotune export`` applies to the best trial's config (a train run instead of a
     measurement)."""
@@ -181,7 +166,7 @@ class StudySpec:
     # ---- loading ---------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "spec") -> "StudySpec":
+    def from_dict(cls, data: Any, source: str = "spec") -> StudySpec:
         problems: list[str] = []
         if not isinstance(data, dict):
             raise SpecError([f"expected a mapping at the top level, got {type(data).__name__}"], source)
@@ -196,18 +181,11 @@ class StudySpec:
         return spec
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "StudySpec":
-        import yaml
-
-        path = Path(path)
+    def from_yaml(cls, path: str | Path) -> StudySpec:
         try:
-            data = yaml.safe_load(path.read_text())
-        except OSError as e:
-            raise SpecError([f"cannot read: {e.strerror}"], str(path)) from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" (line {mark.line + 1})" if mark is not None else ""
-            raise SpecError([f"not valid YAML{where}: {getattr(e, 'problem', e)}"], str(path)) from None
+            data = load_yaml_mapping(path)
+        except ConfigError as e:
+            raise SpecError([x.split(": ", 1)[-1] for x in e.problems], str(path)) from None
         return cls.from_dict(data, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
@@ -219,17 +197,16 @@ class StudySpec:
         """Hash of what makes trials comparable (not budget, sampler or pruner): a study that exists with another
         fingerprint was made by a different spec."""
         d = self.to_dict()
-        keep = {k: d[k] for k in ("base", "default_space", "space", "fixed_global_batch", "baseline", "objective")}
+        keep = {k: d[k] for k in ("base", "default_space", "space", "fixed_global_batch", "baseline", "objective",
+                                  "stages")}
         keep["nproc_per_node"] = nproc
         keep["torchrun_args"] = d["world"]["torchrun_args"]
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     # ---- validation --------------------------------------------------------------------------------------------
 
-    def base_config(self, data_path: str | None = None):
+    def base_config(self, data_path: str | None = None) -> TrainConfig:
         """The base TrainConfig; ``data_path`` fills ``data.path`` (a generated or ``--data`` folder)."""
-        from trainer.config import TrainConfig
-
         base = json.loads(json.dumps(self.base))
         if data_path is not None:
             if not isinstance(base.get("data"), dict):
@@ -243,10 +220,6 @@ class StudySpec:
         return data.get("kind") == "imagefolder" and not data.get("path") and self.data.generate is not None
 
     def problems(self) -> list[str]:
-        from trainer.config import ConfigError
-
-        from autotune import space as space_mod
-
         p: list[str] = []
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.name):
             p.append(f"name={self.name!r}: use letters, digits, '-', '_' or '.' (it names files)")
@@ -254,7 +227,7 @@ class StudySpec:
             self.base_config("<generated>" if self.generates_data else None)
         except ConfigError as e:
             p.extend(f"base.{x}" for x in e.problems)
-        p.extend(space_mod.knob_problems(self))
+        p.extend(knob_problems(self))
         if self.world.nproc_per_node is not None and self.world.nproc_per_node < 1:
             p.append(f"world.nproc_per_node={self.world.nproc_per_node}: must be >= 1 (or null for all GPUs)")
         if self.fixed_global_batch is not None and self.fixed_global_batch < 1:
@@ -273,10 +246,12 @@ class StudySpec:
             p.append(f"budget.trial_timeout_s={b.trial_timeout_s}: must be > 0")
         if self.sampler.n_startup_trials < 0:
             p.append("sampler.n_startup_trials must be >= 0")
-        if not 0 < self.pruner.percentile < 100:
-            p.append(f"pruner.percentile={self.pruner.percentile}: must be in (0, 100)")
-        if self.pruner.n_warmup_steps < 0 or self.pruner.n_startup_trials < 0:
-            p.append("pruner.n_warmup_steps and pruner.n_startup_trials must be >= 0")
+        if not 0 < self.pruner.tolerance < 1:
+            p.append(f"pruner.tolerance={self.pruner.tolerance}: must be in (0, 1)")
+        if self.pruner.min_windows < 2:
+            p.append(f"pruner.min_windows={self.pruner.min_windows}: must be >= 2 (a pace needs two windows)")
+        if self.stages.ceiling_window_s <= 0 or self.stages.candidates < 1:
+            p.append("stages.ceiling_window_s must be > 0 and stages.candidates >= 1")
         if self.data.generate is not None:
             unknown = set(self.data.generate) - {"images", "classes", "val_fraction", "seed"}
             if unknown:
@@ -286,8 +261,6 @@ class StudySpec:
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                     p.append(f"data.generate.{k}={v!r}: an integer >= 1 is required")
         try:
-            from trainer.config import TrainConfig
-
             TrainConfig().with_overrides(dict(self.export))
         except ConfigError as e:
             p.extend(f"export: {x}" for x in e.problems)

@@ -2,8 +2,8 @@
 
     python3 bench/run.py --data /tmp/jpegs --out results.json seed-default strong-pil strong-synthetic ...
 
-Each run is `torchrun -m trainer` through autotune.launch (same env, same watchdog), with the NVML sampler of
-autotune.gpu on the run's GPUs and a CPU-load sampler; only samples inside the job's measurement windows count.
+Each run is a fresh `torchrun -m trainer` through autotune.runner (same env, same watchdog as a trial), with the
+NVML sampler of autotune.hw on the run's GPUs and a CPU-load sampler; only samples inside the job's measurement windows count.
 Prints a table last. `bench/configs/*.yaml` hold the configs; PLAN maps run names to a config plus overrides.
 """
 
@@ -21,8 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune import gpu as nvml_gpu  # noqa: E402
-from autotune.launch import TrialJob, run_trial  # noqa: E402
+from autotune.hw import nvml as nvml_gpu  # noqa: E402
+from autotune.hw.placement import to_nvml, visible_entries  # noqa: E402
+from autotune.runner.trial import TrialJob, run_trial  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -93,7 +94,7 @@ class CpuSampler:
 
 def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: float) -> dict:
     nvml = nvml_gpu.Nvml()
-    gpus = nvml_gpu.to_nvml(nvml, nvml_gpu.visible_entries(nvml.count())[:nproc]) if nvml.available else []
+    gpus = to_nvml(nvml, visible_entries(nvml.count())[:nproc]) if nvml.available else []
     sampler = nvml_gpu.Sampler(nvml, gpus).start()
     cpu = CpuSampler().start()
     run = run_trial(TrialJob(config=cfg, trial_dir=out_dir / name, nproc_per_node=nproc,
@@ -158,7 +159,7 @@ def main() -> int:
     common = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.overrides)}
     if args.nproc is None:
         nvml = nvml_gpu.Nvml()
-        args.nproc = len(nvml_gpu.visible_entries(nvml.count())) if nvml.available and nvml.count() else 2
+        args.nproc = len(visible_entries(nvml.count())) if nvml.available and nvml.count() else 2
     results = []
     runs = list(args.runs)
     if args.config:

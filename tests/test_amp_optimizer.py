@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from tests.jobutil import tiny_config
-from trainer.loop import build_optimizer, grad_scaler, train_step
+from trainer.loop import grad_scaler, train_step
+from trainer.optim import build_optimizer
 
 OPTIMIZERS = {
     "sgd-momentum": {"optimizer.name": "sgd", "optimizer.momentum": 0.9},

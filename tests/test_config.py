@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from trainer.config import DECODE_PATHS, ConfigError, TrainConfig
+from trainer.config import ConfigError, TrainConfig, scope_of
 
 
 def test_defaults_round_trip_through_yaml(tmp_path):
@@ -76,7 +76,6 @@ def test_nvjpeg_hw_is_validated_exactly_like_nvjpeg_gpu(overrides):
         return []
 
     assert problems("nvjpeg-hw") == problems("nvjpeg-gpu")
-    assert "nvjpeg-hw" in DECODE_PATHS
 
 
 def test_an_unknown_decode_path_lists_nvjpeg_hw():
@@ -145,3 +144,31 @@ def test_every_shipped_job_config_is_valid():
     for path in configs:
         cfg = TrainConfig.from_yaml(path)
         assert TrainConfig.from_dict(yaml.safe_load(cfg.to_yaml())) == cfg, path
+
+
+def test_every_problem_of_a_config_is_listed_at_once():
+    """A badly typed value must not hide the other problems: the cross-field checks run on the rest."""
+    data = TrainConfig().to_dict()
+    data["training"].update(batch_size=-1, precision="fp64")
+    data["optimizer"]["lr"] = -1
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict(data)
+    assert len(e.value.problems) == 3, e.value.problems
+    assert e.value.problems[0].startswith("training.precision='fp64': expected one of fp32, bf16, fp16")
+    assert "training.batch_size=-1: must be >= 1" in e.value.problems
+    assert "optimizer.lr=-1.0: must be > 0" in e.value.problems
+
+
+def test_a_type_error_does_not_add_a_problem_about_its_default():
+    data = TrainConfig().to_dict()
+    data["training"]["batch_size"] = "big"  # left at its default (64) while building: nothing else to say about it
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict(data)
+    assert e.value.problems == ["training.batch_size='big': expected an integer"]
+
+
+@pytest.mark.parametrize("path, scope", [("nccl.algo", "process"), ("ddp.timeout_s", "process"),
+                                         ("ddp.bucket_cap_mb", "model"), ("training.precision", "model"),
+                                         ("loader.num_workers", "pipeline"), ("data.decode", "pipeline")])
+def test_each_setting_says_what_changing_it_takes(path, scope):
+    assert scope_of(path) == scope

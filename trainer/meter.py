@@ -11,8 +11,6 @@ loader catching up, a late recompile), so settling costs one window beyond the r
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -22,28 +20,6 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import MeasureConfig
-
-
-class ResultWriter:
-    """The job's JSON-lines stream. Rank 0 writes progress; any rank writes its own error record.
-
-    Each record is one ``write`` of one line to a file opened with O_APPEND, so records of several ranks never
-    interleave, and it is flushed at once: the tuner tails this file while the job runs.
-    """
-
-    def __init__(self, path: str | None, rank: int):
-        self.rank = rank
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if path else None
-
-    def write(self, record: dict[str, Any], *, any_rank: bool = False) -> None:
-        if self.fd is None or (self.rank != 0 and not any_rank):
-            return
-        os.write(self.fd, (json.dumps(record, default=str) + "\n").encode())
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 # Warm-up steps whose median sizes the first window: few enough to reflect the pace after the prefetch buffer.
@@ -85,6 +61,12 @@ class ThroughputMeter:
 
     span_steps: int = 1
     """Fewest steps in a window: one batch from every loader worker, so a window sees each worker's rhythm."""
+
+    stop_requested: Callable[[], bool] | None = None
+    """Asked at every window's end (on every rank; any rank's yes ends the run there): the tuner cancels a pruned
+    trial of a live worker this way, without killing the worker."""
+
+    cancelled: bool = False
 
     state: str = "warmup"
     warmup_steps: int = 0
@@ -176,7 +158,9 @@ class ThroughputMeter:
         seconds = time.perf_counter() - self._win_t0
         t1_wall = time.time()
         # Slowest rank's duration; earliest start and latest end, so the tuner clips GPU samples to the true span.
-        slowest, neg_t0, t1 = _allreduce([seconds, -self._win_t0_wall, t1_wall], dist.ReduceOp.MAX, self.device)
+        stop = float(bool(self.stop_requested and self.stop_requested()))
+        slowest, neg_t0, t1, stop = _allreduce([seconds, -self._win_t0_wall, t1_wall, stop], dist.ReduceOp.MAX,
+                                               self.device)
         losses = [float(x.float().item()) if x is not None else 0.0 for x in (self._loss_at_open, self._loss)]
         images, *loss_sums = _allreduce([float(self._win_steps * self.images_per_step), *losses], dist.ReduceOp.SUM,
                                         self.device)
@@ -191,7 +175,8 @@ class ThroughputMeter:
         # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
         aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))
         self.steps_per_window = max(self.span_steps, min(2 * w.steps, max(w.steps // 2, aim)))
-        if not self.continuous and self._protocol_complete():
+        self.cancelled = bool(stop)
+        if self.cancelled or (not self.continuous and self._protocol_complete()):
             self.state = "done"
             return
         self._open_window()
@@ -242,6 +227,7 @@ class ThroughputMeter:
             "warmup_steps": self.warmup_steps,
             "warmup_capped": self.warmup_capped,
             "settled": self.settled,
+            "cancelled": self.cancelled,
             "step_time_s": self.step_time_s,
             # The loss over the windows the figure stands on: a figure is only worth something if the run learns.
             "loss_start": _round(used[0].loss_start) if used else None,

@@ -34,10 +34,10 @@ def run(args) -> int:
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
     from socketserver import ThreadingMixIn
 
-    from autotune import study as study_mod
+    from autotune.study.storage import display_url, open_storage, resolve_storage
 
-    url = study_mod.resolve_storage(args.study, args.storage)
-    storage = study_mod.open_storage(url, create=False)  # an empty new database would show an empty dashboard
+    url = resolve_storage(args.study, args.storage)
+    storage = open_storage(url, create=False)  # an empty new database would show an empty dashboard
     app = optuna_dashboard.wsgi(storage)
 
     class Server(ThreadingMixIn, WSGIServer):
@@ -55,7 +55,7 @@ def run(args) -> int:
                              "pick another --port (0: any free one)") from None
     host, port = httpd.server_address[:2]
     shown = f"[{host}]" if ":" in str(host) else host
-    print(f"autotune: optuna-dashboard for {study_mod.display_url(url)} at http://{shown}:{port}/dashboard "
+    print(f"autotune: optuna-dashboard for {display_url(url)} at http://{shown}:{port}/dashboard "
           "(Ctrl-C stops it)", flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"autotune: warning: listening on {args.host}: anyone who can reach this port sees (and can edit) the "

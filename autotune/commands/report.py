@@ -16,12 +16,12 @@ def arguments(p: argparse.ArgumentParser) -> None:
 @command("report", help="write the study as one self-contained HTML page of plots (history, importances, imgs/s "
                         "vs utilization, window spread, failures, Pareto front)", arguments=arguments)
 def run(args) -> int:
-    from autotune import study as study_mod
+    from autotune.study.storage import display_url, load, resolve_storage
     from autotune.report import trial_rows, write_report
 
-    url = study_mod.resolve_storage(args.study, args.storage)
-    study = study_mod.load(args.study, url)  # never creates a database: a missing file is an error
-    out = write_report(study, args.out, storage_url=study_mod.display_url(url))  # no password in the page
+    url = resolve_storage(args.study, args.storage)
+    study = load(args.study, url)  # never creates a database: a missing file is an error
+    out = write_report(study, args.out, storage_url=display_url(url))  # no password in the page
     rows = trial_rows(study)
     print(f"autotune: report of study {study.study_name} ({len(rows)} trials) written to {out} "
           f"({out.stat().st_size / 2**20:.1f} MiB, self-contained; open it in a browser)")

@@ -31,8 +31,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import yaml
 
-    from autotune import train as tr
-    from autotune.gpu import Nvml, parse_gpu_list
+    from autotune import fullrun as tr
+    from autotune.hw.nvml import Nvml
+    from autotune.hw.placement import parse_gpu_list
 
     overrides = {}
     for item in args.overrides:

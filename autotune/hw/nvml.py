@@ -1,4 +1,4 @@
-"""NVML in the parent: which GPUs a trial uses, and what they did while its windows were timed.
+"""NVML in the parent: what a trial's GPUs did while its windows were timed.
 
 The job measures throughput; the tuner measures the GPUs, because NVML belongs to the host and not to any rank.
 A sampler thread records timestamped samples (utilization, memory used, power, SM clock, and GPM SM activity where
@@ -19,8 +19,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
-
-from autotune.exceptions import GPUError
 
 SAMPLE_INTERVAL_S = 0.1
 """10 Hz: NVML's utilization counter itself covers the last 1/6 s to 1 s, so sampling faster buys nothing."""
@@ -91,86 +89,9 @@ class Nvml:
         except Exception:  # noqa: BLE001
             return None
 
-    def shutdown(self) -> None:
-        if self.lib:
-            try:
-                self.lib.nvmlShutdown()
-            except Exception:  # noqa: BLE001
-                pass
-
 
 def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def parse_gpu_list(text: str | None) -> list[str] | None:
-    """``"0,1"`` / ``"GPU-ab12,GPU-cd34"`` → entries; ``None`` or blank → ``None`` (meaning: all visible)."""
-    if text is None:
-        return None
-    items = [s.strip() for s in str(text).split(",") if s.strip()]
-    return items
-
-
-def visible_entries(count: int, env: dict[str, str] | None = None) -> list[str]:
-    """What CUDA would see: ``CUDA_VISIBLE_DEVICES`` entries, or indices 0..count-1 when it is unset."""
-    env = os.environ if env is None else env
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return [str(i) for i in range(count)]
-    entries = []
-    for s in cvd.split(","):
-        s = s.strip()
-        # CUDA stops at the first invalid entry (e.g. -1 hides everything after it).
-        if not s or (s.lstrip("-").isdigit() and int(s) < 0):
-            break
-        entries.append(s)
-    return entries
-
-
-def select(visible: list[str], selection: list[str] | None) -> list[str]:
-    """The trial's ``CUDA_VISIBLE_DEVICES`` entries. ``selection`` (``--gpus``) indexes into what CUDA sees (so
-    ``--gpus 1`` under ``CUDA_VISIBLE_DEVICES=2,3`` is physical GPU 3) or names UUIDs directly."""
-    if selection is None:
-        return list(visible)
-    chosen = []
-    for s in selection:
-        if s.isdigit():
-            if int(s) >= len(visible):
-                raise GPUError(f"--gpus {s}: {len(visible)} GPU(s) visible"
-                               f"{f' (indices 0..{len(visible) - 1})' if visible else ''}; "
-                               "pick from those or fix CUDA_VISIBLE_DEVICES")
-            chosen.append(visible[int(s)])
-        else:
-            chosen.append(s)
-    if len(set(chosen)) != len(chosen):
-        raise GPUError(f"--gpus {','.join(selection)}: a GPU is listed twice; list each once")
-    return chosen
-
-
-def to_nvml(nvml: Nvml, entries: list[str]) -> list[Gpu]:
-    """NVML devices for CUDA_VISIBLE_DEVICES-style entries (indices are NVML's PCI order; UUIDs may be prefixes)."""
-    if not nvml.available:
-        return []
-    devices = nvml.all_gpus()
-    out = []
-    for entry in entries:
-        if entry.isdigit():
-            idx = int(entry)
-            if idx >= len(devices):
-                raise GPUError(f"GPU {entry}: NVML sees {len(devices)} GPU(s); fix CUDA_VISIBLE_DEVICES or --gpus")
-            out.append(devices[idx])
-        elif entry.startswith("MIG-"):
-            # MIG instances have no utilization counters of their own; keep the UUID so the trial still runs there.
-            out.append(Gpu(index=-1, uuid=entry, name="MIG instance", handle=None))
-        else:
-            want = entry if entry.startswith("GPU-") else f"GPU-{entry}"
-            match = [d for d in devices if d.uuid.startswith(want)]
-            if len(match) != 1:
-                known = ", ".join(d.uuid for d in devices) or "none"
-                raise GPUError(f"GPU {entry}: {'no' if not match else 'more than one'} GPU matches that UUID "
-                               f"(NVML sees: {known})")
-            out.append(match[0])
-    return out
 
 
 class Sampler:

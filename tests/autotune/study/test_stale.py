@@ -17,8 +17,9 @@ import optuna
 import pytest
 import torch
 
-from autotune import study as study_mod
-from autotune.launch import descendants, processes_in
+from autotune.runner.process import descendants, processes_in
+from autotune.study import liveness as study_mod
+from autotune.study.storage import open_storage
 from tests.helpers.cli import autotune, start_autotune
 from tests.helpers.specs import tiny_spec
 from trainer import checkpoint as ckpt
@@ -33,7 +34,7 @@ M = "tests.helpers.models:"
 @pytest.fixture
 def running(tmp_path):
     """A study on SQLite and a factory of RUNNING trials with given owner attrs."""
-    storage = study_mod.open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
 
     def make(params=None, **attrs):
@@ -175,11 +176,11 @@ def test_a_search_killed_mid_trial_leaves_no_process_and_the_next_search_reruns_
     assert r.returncode == 0, out
     assert f"trial 0: stale (its search (pid {search.pid} on {socket.gethostname()}) is gone): marked FAIL; its " \
            "parameters run again as a new trial" in out
-    assert "trial 1 re-runs the parameters of stale trial 0" in out
+    assert "trial 1 re-runs the parameters of trial 0, its search was gone" in out
     t0, t1 = optuna.load_study(study_name="killed", storage=storage).get_trials()
     assert t0.state == S.FAIL and t0.user_attrs["failure_class"] == "stale"
     assert t1.state == S.COMPLETE and t1.user_attrs["retry_of"] == 0 and t1.params == t0.params
-    assert t1.user_attrs["baseline"] and t1.user_attrs["imgs_per_s"] > 0  # the baseline, measured after all
+    assert t1.user_attrs["stage"] == "baseline" and t1.user_attrs["imgs_per_s"] > 0  # the baseline, after all
     assert "(baseline)" in autotune("show", cwd=tmp_path, timeout=60).stdout
 
 

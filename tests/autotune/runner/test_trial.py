@@ -1,4 +1,5 @@
-"""Trial launch: torchrun argv and environment (NVLS safety), failure classes, and a real job stopped mid-run."""
+"""A run in a process of its own: torchrun argv and environment (NVLS safety), failure classes, and a real job
+stopped mid-run."""
 
 from __future__ import annotations
 
@@ -8,9 +9,21 @@ import time
 import pytest
 
 from autotune.exceptions import LaunchError
-from autotune.launch import (SAFETY_ENV, TrialJob, TrialRun, classify, processes_in, run_trial, steady_windows,
-                             torchrun_argv, trial_env)
+from autotune.runner.process import processes_in
+from autotune.runner.torchrun import Torchrun, run_env, trainer_args
+from autotune.runner.trial import TrialJob, TrialRun, classify, run_trial, steady_windows
 from trainer.config import TrainConfig
+from trainer.protocol import SAFETY_ENV
+
+
+def trial_env(job, base):
+    """The job's environment on top of ``base`` (instead of this process's)."""
+    return run_env(nccl=job.config.nccl.to_env(), nproc=job.nproc_per_node, gpus=job.gpus, extra=job.extra_env,
+                   cores=job.cores, base=base)
+
+
+def torchrun_argv(nproc, args, config, result):
+    return Torchrun.parse(args).argv(nproc, trainer_args(config, result))
 
 
 def _job(tmp_path, **cfg):
@@ -54,8 +67,22 @@ def test_argv_runs_torchrun_of_this_python_standalone_unless_multi_node(tmp_path
     assert argv[-6:] == ["-m", "trainer", "--config", str(tmp_path / "c.yaml"), "--result", str(tmp_path / "r.jsonl")]
     multi = torchrun_argv(8, ["--nnodes=2", "--rdzv-endpoint=h:29500"], tmp_path / "c", tmp_path / "r")
     assert "--standalone" not in multi and "--nnodes=2" in multi
-    with pytest.raises(LaunchError, match="nproc_per_node"):
+    with pytest.raises(LaunchError, match="nproc-per-node"):
         torchrun_argv(2, ["--nproc-per-node=4"], tmp_path / "c", tmp_path / "r")
+    with pytest.raises(LaunchError, match="torchrun does not"):
+        torchrun_argv(2, ["--no-such-flag"], tmp_path / "c", tmp_path / "r")
+
+
+@pytest.mark.parametrize("args, nnodes, own", [
+    ([], 1, False), (["--nnodes=2"], 2, True), (["--nnodes", "1:4"], 4, True), (["--master-addr", "node0"], 1, True),
+    (["--master_addr=node0"], 1, True), (["--rdzv_endpoint=h:1", "--nnodes=2"], 2, True), (["--max-restarts=1"], 1, False),
+])
+def test_torchrun_arguments_are_read_by_torchruns_own_parser(args, nnodes, own):
+    """Every spelling torchrun takes means what torchrun takes it to mean (dashes or underscores, = or a space);
+    a rendezvous of the user's own means no --standalone."""
+    t = Torchrun.parse(args)
+    assert (t.nnodes, t.rendezvous) == (nnodes, own)
+    assert ("--standalone" in t.argv(2, [])) is not own
 
 
 def _run(tmp_path, records=(), log="", rc=1, stopped=None, n_before_stop=None):

@@ -11,7 +11,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import study as study_mod
+from autotune.study import setup as study_setup
+from autotune.study import storage as study_mod
+from autotune.study.setup import create_or_load
 from autotune.exceptions import StorageError
 from autotune.objective import Objective
 from autotune.spec import StudySpec
@@ -37,12 +39,11 @@ def _assert_consistent(trials, pids: list[int], per_worker: int) -> None:
     assert all(t.state == S.COMPLETE and t.user_attrs["imgs_per_s"] > 0 for t in trials), \
         [(t.number, t.state.name, t.user_attrs.get("failure_message")) for t in trials]
     assert Counter(t.user_attrs["owner_pid"] for t in trials) == {pid: per_worker for pid in pids}
-    assert [t.number for t in trials if t.user_attrs.get("baseline")] == [0]
+    assert [t.number for t in trials if t.user_attrs.get("stage") == "baseline"] == [0]
     assert trials[0].params == {"training.batch_size": 8, "ddp.bucket_cap_mb": 25.0}
     for t in trials:
         assert t.user_attrs["heartbeat"] >= t.datetime_start.timestamp() - 1
-        records = [json.loads(line) for line in Path(t.user_attrs["log_path"]).with_name("result.jsonl")
-                   .read_text().splitlines()]
+        records = [json.loads(line) for line in Path(t.user_attrs["result_path"]).read_text().splitlines()]
         # One job per trial: one start, one summary (a trial run twice would append a second pair).
         assert [r["kind"] for r in records].count("start") == 1, t.number
         assert [r["kind"] for r in records].count("summary") == 1, t.number
@@ -101,17 +102,17 @@ def test_the_worker_that_creates_the_study_enqueues_the_baseline_and_the_others_
     storage = study_mod.open_storage(f"sqlite:///{tmp_path / 's.db'}")
     spec, base = _spec(tmp_path), {"training.batch_size": 8, "ddp.bucket_cap_mb": 25.0}
     for _ in range(3):  # three workers, one after the other
-        study = study_mod.create_or_load(spec=spec, study_name="s", storage=storage, objective=Objective(), nproc=2,
+        study = create_or_load(spec=spec, study_name="s", storage=storage, objective=Objective(), nproc=2,
                                          baseline=base)
     (t0,) = study.get_trials()
-    assert t0.state == S.WAITING and t0.user_attrs == {"baseline": True}
+    assert t0.state == S.WAITING and t0.user_attrs == {"stage": "baseline"}
     assert study.user_attrs["setup_complete"] and study.user_attrs["spec_fingerprint"] == spec.fingerprint(2)
     assert study.ask().params == {} and study.trials[0].system_attrs["fixed_params"] == base  # trial 0 = baseline
 
     with pytest.raises(StorageError, match="different spec"):
-        study_mod.create_or_load(spec=spec, study_name="s", storage=storage, objective=Objective(), nproc=4)
+        create_or_load(spec=spec, study_name="s", storage=storage, objective=Objective(), nproc=4)
     with pytest.raises(StorageError, match="exists with objective directions"):  # --objective pareto
-        study_mod.create_or_load(spec=spec, study_name="s", storage=storage, objective=Objective(kind="pareto"),
+        create_or_load(spec=spec, study_name="s", storage=storage, objective=Objective(kind="pareto"),
                                  nproc=2)
     assert len(study.get_trials()) == 1 and optuna.get_all_study_names(storage) == ["s"]
 
@@ -119,10 +120,10 @@ def test_the_worker_that_creates_the_study_enqueues_the_baseline_and_the_others_
 def test_a_worker_waits_for_the_study_set_up_then_adopts_a_study_nobody_sets_up(tmp_path, monkeypatch):
     storage = study_mod.open_storage(f"sqlite:///{tmp_path / 's.db'}")
     optuna.create_study(study_name="s", storage=storage, direction="maximize")  # e.g. a creator that died at once
-    monkeypatch.setattr(study_mod, "SETUP_WAIT_S", 0.5)
-    study = study_mod.create_or_load(spec=_spec(tmp_path), study_name="s", storage=storage, objective=Objective(),
+    monkeypatch.setattr(study_setup, "SETUP_WAIT_S", 0.5)
+    study = create_or_load(spec=_spec(tmp_path), study_name="s", storage=storage, objective=Objective(),
                                      nproc=2, baseline={"training.batch_size": 8})
-    assert [t.user_attrs for t in study.get_trials()] == [{"baseline": True}]
+    assert [t.user_attrs for t in study.get_trials()] == [{"stage": "baseline"}]
     assert study.user_attrs["setup_complete"]
 
 
@@ -134,7 +135,7 @@ def test_starts_follow_the_baseline_and_a_resumed_or_joining_worker_does_not_rep
         spec = StudySpec.from_yaml(tiny_spec(tmp_path, **{"sampler.n_startup_trials": 20, "starts": list(starts)}))
         space = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2)
         storage = study_mod.open_storage(f"sqlite:///{path}")
-        study = study_mod.create_or_load(spec=spec, study_name="s", storage=storage, objective=Objective(), nproc=2,
+        study = create_or_load(spec=spec, study_name="s", storage=storage, objective=Objective(), nproc=2,
                                          baseline={"training.batch_size": 8, "ddp.bucket_cap_mb": 25.0},
                                          starts=space.start_params(spec))
         drawn = []
@@ -145,7 +146,7 @@ def test_starts_follow_the_baseline_and_a_resumed_or_joining_worker_does_not_rep
         return study, drawn
 
     study, _ = worker(tmp_path / "starts.db", 3, starts=[{"training.batch_size": 16}])
-    assert [t.user_attrs for t in study.trials] == [{"baseline": True}, {"start": 0}, {}]
+    assert [t.user_attrs for t in study.trials] == [{"stage": "baseline"}, {"stage": "start", "start": 0}, {}]
     assert study.trials[1].params["training.batch_size"] == 16 and "ddp.bucket_cap_mb" in study.trials[1].params
 
     _, first = worker(tmp_path / "a.db", 4)

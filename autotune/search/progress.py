@@ -1,5 +1,4 @@
-"""The live view of a search: one line per trial (number, key params, imgs/s, util, best so far, ETA), and the
-study table of ``autotune show``."""
+"""The live view of a search, and the formatting of settings and figures that ``autotune show`` shares."""
 
 from __future__ import annotations
 
@@ -53,8 +52,17 @@ def fmt_ips(x: float | None) -> str:
     return "-" if x is None else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
 
 
+PHASES = {"start": "set-up", "ready": "first step", "first_step": "warm-up", "warmup_done": "measuring",
+          "summary": "done", "error": "failed"}
+"""What a trial does after each record of the job (the phase shown until the next record)."""
+
+TICK_S = 1.0
+
+
 class Progress:
-    """Prints the search as it goes. On a terminal a transient status line shows the running trial's windows."""
+    """Prints the search as it goes: a line per trial when it ends; while it runs, its phase (launch, set-up,
+    warm-up, window k), its latest imgs/s and the best so far — on a terminal as one live line, elsewhere (a log
+    file, CI) as plain lines at each phase change."""
 
     def __init__(self, *, total: int, timeout_s: float | None, out: TextIO = sys.stdout):
         self.total, self.timeout_s, self.out = total, timeout_s, out
@@ -63,22 +71,62 @@ class Progress:
         self.done = 0
         self.tty = out.isatty()
         self._status = False
+        self._last_tick = 0.0
+        self.best: tuple[int, float] | None = None
+        self.current: dict[str, Any] = {}
 
     def say(self, text: str) -> None:
         self._clear()
         print(text, file=self.out, flush=True)
 
-    def status(self, text: str) -> None:
+    # ---- while a trial runs -----------------------------------------------------------------------------------
+
+    def begin(self, number: int, stage: str) -> None:
+        self.current = {"number": number, "stage": stage, "phase": "launch", "ips": None, "window": 0}
+        self._show(plain=False)
+
+    def phase(self, number: int, stage: str, kind: str | None, rec: dict) -> None:
+        phase = PHASES.get(str(kind))
+        if phase is None or phase == self.current.get("phase"):
+            return
+        self.current["phase"] = phase
+        if phase != "done":
+            self._show(plain=phase in ("warm-up", "measuring"))
+
+    def window(self, number: int, stage: str, k: int, ips: float) -> None:
+        self.current.update(phase=f"window {k}", ips=ips, window=k)
+        self._show(plain=True)
+
+    def tick(self, number: int, stage: str, elapsed: float) -> None:
+        """Called while waiting: refreshes the live line's clock (at most once a second)."""
+        now = time.monotonic()
+        if self.tty and now - self._last_tick >= TICK_S:
+            self._last_tick = now
+            self.current["elapsed"] = elapsed
+            self._show(plain=False)
+
+    def _show(self, *, plain: bool) -> None:
+        c = self.current
+        if not c:
+            return
+        best = f"best {fmt_ips(self.best[1])} (#{self.best[0]})" if self.best else "best -"
+        ips = f" {fmt_ips(c['ips'])} imgs/s" if c.get("ips") is not None else ""
+        clock = f" {fmt_duration(c['elapsed'])}" if c.get("elapsed") is not None else ""
+        text = f"trial {c['number']} [{c['stage']}] {c['phase']}{ips}{clock} · {best}"
         if self.tty:
             self._clear()
             self.out.write(text[:150])
             self.out.flush()
             self._status = True
+        elif plain:
+            print(f"  {text}", file=self.out, flush=True)
 
     def _clear(self) -> None:
         if self._status:
             self.out.write("\r\033[K")
             self._status = False
+
+    # ---- when a trial ends -------------------------------------------------------------------------------------
 
     def eta(self) -> float | None:
         if not self.walls:
@@ -88,16 +136,17 @@ class Progress:
             left = min(left, max(0.0, self.timeout_s - (time.monotonic() - self.t0)))
         return left
 
-    def trial_done(self, *, number: int, params: dict[str, Any], outcome: str, ips: float | None,
+    def trial_done(self, *, number: int, stage: str, params: dict[str, Any], outcome: str, ips: float | None,
                    util: float | None, best: tuple[int, float] | None, baseline: float | None, wall: float) -> None:
         self.done += 1
         self.walls.append(wall)
+        self.best, self.current = best, {}
         util_txt = "util n/a" if util is None else f"util {util:.0f}%"
         best_txt = "best -"
         if best is not None:
             gain = f" {best[1] / baseline:.2f}x" if baseline else ""
             best_txt = f"best {fmt_ips(best[1])} (#{best[0]}{gain})"
         ips_txt = f"{fmt_ips(ips)} imgs/s" if ips is not None else ""
-        self.say(f"trial {number:>3} [{self.done}/{self.total}] {outcome:<10} {ips_txt:>14}  {util_txt:<9} "
-                 f"{best_txt}  {fmt_duration(wall)}, ETA {fmt_duration(self.eta()) if self.done < self.total else '-'}"
-                 f"\n      {fmt_params(params, 150)}")
+        eta = fmt_duration(self.eta()) if self.done < self.total else "-"
+        self.say(f"trial {number:>3} [{self.done}/{self.total}] {stage:<9} {outcome:<10} {ips_txt:>14}  "
+                 f"{util_txt:<9} {best_txt}  {fmt_duration(wall)}, ETA {eta}\n      {fmt_params(params, 150)}")

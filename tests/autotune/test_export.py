@@ -1,4 +1,5 @@
-"""`autotune export` picking and LR scaling, on a real Optuna study (in-memory storage) with recorded trials."""
+"""`autotune export` picking and LR scaling, on a real Optuna study (in-memory storage) whose trials are recorded by
+the search's own recording step."""
 
 from __future__ import annotations
 
@@ -6,11 +7,17 @@ import optuna
 import pytest
 import yaml
 
-from autotune import export, study as study_mod
+from autotune import export
 from autotune.exceptions import StorageError
 from autotune.objective import Objective
+from autotune.search.evaluate import Evaluation
+from autotune.search.record import record
+from autotune.space import resolve
 from autotune.spec import StudySpec
+from autotune.study import view
+from autotune.study.setup import create_or_load
 from trainer.config import TrainConfig
+from trainer.protocol import Failure
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -19,28 +26,26 @@ SPEC = {"name": "x", "base": {"model": {"name": "resnet50"}, "optimizer": {"lr":
         "export": {"training.mode": "train", "training.epochs": 90}}
 
 
-def make_study(kind: str, rows: list[tuple[int, float | None, float | None, str | None]]):
-    """rows: (batch, imgs/s, util, failure class) — recorded the way `autotune search` records them."""
+def make_study(kind: str, rows: list[tuple[int, float | None, float | None, str | None]], stage: str = "search"):
+    """rows: (batch, imgs/s, util, failure class); trial 0 is the baseline."""
     spec = StudySpec.from_dict(SPEC)
     objective = Objective(kind=kind)
-    study = study_mod.create_or_load(spec=spec, study_name="x", storage=optuna.storages.InMemoryStorage(),
-                                     objective=objective, nproc=2,
-                                     attrs={"fingerprint": {"gpu_model": "NVIDIA H200", "gpu_count": 2},
-                                            "torchrun_args": [], "reference_global_batch": 256})
+    study = create_or_load(spec=spec, study_name="x", storage=optuna.storages.InMemoryStorage(),
+                           objective=objective, nproc=2,
+                           attrs={"fingerprint": {"gpu_model": "NVIDIA H200", "gpu_count": 2},
+                                  "torchrun_args": [], "reference_global_batch": 256})
+    space = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=False)
     base = spec.base_config()
     for i, (bs, ips, util, failure) in enumerate(rows):
         t = study.ask({"training.batch_size": optuna.distributions.CategoricalDistribution([64, 128, 256])})
-        cfg = base.with_overrides({"training.batch_size": bs})
-        attrs = {"config": cfg.to_dict(), "baseline": i == 0, "util_available": util is not None,
-                 "env": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "8"}, "versions": {"torch": "2.11.0"}}
-        if failure:
-            attrs["failure_class"] = failure
-        else:
+        attrs = {"util_available": util is not None, "env": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "8"},
+                 "versions": {"torch": "2.11.0"}}
+        if not failure:
             attrs.update(imgs_per_s=ips, util_mean=util, spread=0.01)
-        for k, v in attrs.items():
-            t.set_user_attr(k, v)
-        study_mod.set_feasibility(t, failure is not None)
-        study.tell(t, objective.infeasible_values() if failure else objective.values(attrs))
+        ev = Evaluation(stage="baseline" if i == 0 else stage, attrs=attrs,
+                        config=base.with_overrides({"training.batch_size": bs}),
+                        failure=Failure(failure) if failure else None, message="injected" if failure else None)
+        record(study, t, ev, objective, space)
     return study
 
 
@@ -71,7 +76,7 @@ def test_same_global_batch_keeps_the_lr(tmp_path):
 def test_pareto_picks_from_the_front():
     rows = [(64, 1700.0, 59.0, None), (256, 3200.0, 46.0, None), (128, 2000.0, 40.0, None), (128, 2600.0, 80.0, None)]
     study = make_study("pareto", rows)
-    assert [t.number for t in export.pareto_front(export.feasible(study))] == [1, 3]
+    assert [v.number for v in export.pareto_front(view.feasible(view.views(study)))] == [1, 3]
     assert export.pick_trial(study, "best").number == 1  # pareto "best": the fastest on the front
     assert export.pick_trial(study, "util").number == 3
     assert export.pick_trial(study, "balanced").number == 3  # 2600/3200 * 80/80 > 3200/3200 * 46/80
@@ -79,7 +84,7 @@ def test_pareto_picks_from_the_front():
 
 def test_bad_picks_say_what_to_do():
     study = make_study("throughput", [(64, 1000.0, None, None), (128, None, None, "oom")])
-    with pytest.raises(StorageError, match="trial 1 did not complete a measurement \\(oom\\)"):
+    with pytest.raises(StorageError, match="trial 1 is not a complete end-to-end measurement \\(oom\\)"):
         export.pick_trial(study, "1")
     with pytest.raises(StorageError, match="no trial 9"):
         export.pick_trial(study, "9")
@@ -88,5 +93,15 @@ def test_bad_picks_say_what_to_do():
     with pytest.raises(StorageError, match="use one of best, fastest"):
         export.pick_trial(study, "cheapest")
     empty = make_study("throughput", [(64, None, None, "oom")])
-    with pytest.raises(StorageError, match="no completed, feasible trial"):
+    with pytest.raises(StorageError, match="no complete, feasible end-to-end trial"):
         export.pick_trial(empty)
+
+
+def test_a_stage_measurement_is_never_an_answer():
+    """The model alone on synthetic data (a ceiling measurement) is faster than any end-to-end trial and still not
+    something a user can train with: it is neither exported nor counted as the best."""
+    study = make_study("throughput", [(64, 1000.0, None, None), (256, 9000.0, None, None)], stage="ceiling")
+    assert export.pick_trial(study).number == 0
+    with pytest.raises(StorageError, match="a ceiling measurement, not a training configuration"):
+        export.pick_trial(study, "1")
+    assert view.fastest(view.views(study)).number == 0 and view.ceiling(view.views(study)).number == 1

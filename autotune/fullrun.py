@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -25,16 +24,20 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from autotune.exceptions import AutotuneError, LaunchError
+from autotune.hw.nvml import Nvml, Sampler, summarize
+from autotune.hw.placement import gpu_count, select, to_nvml, visible_entries
+from autotune.runner.process import LineReader, ProcessTree
+from autotune.runner.torchrun import Torchrun, merge_args, run_env, trainer_args
+from autotune.runner.trial import TrialRun, follow, steady_windows
+from autotune.search.progress import fmt_duration
+from trainer.config import TrainConfig, load_yaml_mapping
+from trainer.protocol import Kind, nccl_env_problems, root_cause_rank
 
 SLOWER_WARNING = 0.05
 """Warn when the run's median imgs/s is more than this fraction below the search's figure for the config."""
 
 NVML_INTERVAL_S = 1.0
 """A full run lasts hours: 1 Hz keeps the sampler's memory small and is plenty for a run-long mean."""
-
-POLL_S = 0.25
-GROUP_SCAN_S = 2.0
-"""How often the process tree is re-scanned for new process groups (ranks and loader workers)."""
 
 TORCHRUN_FLAGS = ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "rdzv_backend", "rdzv_conf", "master_addr",
                   "master_port", "max_restarts")
@@ -101,10 +104,8 @@ class TrainPlan:
 # ---- planning ------------------------------------------------------------------------------------------------------
 
 
-def load_config(path: Path) -> tuple[Any, dict[str, Any]]:
+def load_config(path: Path) -> tuple[TrainConfig, dict[str, Any]]:
     """(TrainConfig, the export's ``autotune:`` section or {})."""
-    from trainer.config import TrainConfig, load_yaml_mapping
-
     data = load_yaml_mapping(path)
     section = data.get("autotune") or {}
     if not isinstance(section, dict):
@@ -112,25 +113,22 @@ def load_config(path: Path) -> tuple[Any, dict[str, Any]]:
     return TrainConfig.from_dict(data), section
 
 
-def plan(o: TrainOptions, *, nvml=None) -> TrainPlan:
-    from trainer.config import nccl_env_problems
-
-    from autotune import gpu as gpu_mod
-
+def plan(o: TrainOptions, *, nvml: Nvml | None = None) -> TrainPlan:
     cfg, section = load_config(Path(o.config))
     tr = section.get("torchrun") or {}
     notes: list[str] = []
     searched_nproc = tr.get("nproc_per_node")
     nproc = o.nproc_per_node or searched_nproc
     export_args = [str(a) for a in tr.get("args") or []]
-    torchrun_args = merge_torchrun_args(export_args, o.torchrun_args)
-    nnodes = _nnodes(torchrun_args)
+    torchrun_args = merge_args(export_args, o.torchrun_args)
+    torchrun = Torchrun.parse(torchrun_args)
+    nnodes = torchrun.nnodes
 
     # GPUs: this host's, whatever the search host had; CUDA_VISIBLE_DEVICES is pinned to UUIDs like a trial's.
-    nvml = nvml if nvml is not None else gpu_mod.Nvml()
-    count = nvml.count() if nvml.available else _cuda_count()
-    visible = gpu_mod.visible_entries(count) if count else []  # CUDA_VISIBLE_DEVICES=0 on a CPU host is no GPU
-    entries = gpu_mod.select(visible, o.gpus) if visible else None
+    nvml = nvml if nvml is not None else Nvml()
+    count = gpu_count(nvml)
+    visible = visible_entries(count) if count else []  # CUDA_VISIBLE_DEVICES=0 on a CPU host is no GPU
+    entries = select(visible, o.gpus) if visible else None
     if o.gpus and not visible:
         raise TrainError(f"--gpus {','.join(o.gpus)}: no GPU visible on this machine")
     if nproc is None:
@@ -143,10 +141,10 @@ def plan(o: TrainOptions, *, nvml=None) -> TrainPlan:
             raise TrainError(f"{nproc} ranks per node but {len(entries)} GPU(s) selected ({','.join(entries)}); "
                              "lower --nproc-per-node or select more GPUs with --gpus")
         entries = entries[:nproc]
-        gpus = gpu_mod.to_nvml(nvml, entries)
+        gpus = to_nvml(nvml, entries)
         entries = [g.uuid if g.index >= 0 else e for g, e in zip(gpus, entries)] if gpus else entries
 
-    searched_world = (searched_nproc or 0) * _nnodes(export_args)
+    searched_world = (searched_nproc or 0) * Torchrun.parse(export_args).nnodes
     comparable = bool(section.get("measured")) and searched_world == nproc * nnodes
     if section.get("measured") and not comparable:
         notes.append(f"the search measured a world of {searched_world} rank(s), this run has {nproc * nnodes}: its "
@@ -169,9 +167,8 @@ def plan(o: TrainOptions, *, nvml=None) -> TrainPlan:
     if ckpts and not o.resume:
         raise TrainError(f"{cfg.checkpoint_dir} holds checkpoints of an earlier run (newest {ckpts[-1].name}): "
                          "pass --resume to continue it, or --out NEW_DIR for a fresh run")
-    node_rank = next((v for k, v in _pairs(torchrun_args) if k == "node-rank"), "0")
-    if nnodes > 1 and str(node_rank) != "0":
-        notes.append(f"node rank {node_rank}: rank 0 runs on another node, so progress, validation and the figures "
+    if nnodes > 1 and torchrun.node_rank != 0:
+        notes.append(f"node rank {torchrun.node_rank}: rank 0 runs on another node, so progress, validation and the figures "
                      "are shown there; this node shows only its own errors")
     if nnodes > 1 and o.resume:
         notes.append("multi-node --resume: every node reads the checkpoint rank 0 wrote, so --out must be on a file "
@@ -196,54 +193,6 @@ def plan(o: TrainOptions, *, nvml=None) -> TrainPlan:
                      comparable=comparable)
 
 
-def merge_torchrun_args(base: list[str], flags: dict[str, str]) -> list[str]:
-    """``base`` (the export's torchrun args) with every option named in ``flags`` replaced by the given value."""
-    names = {k.replace("_", "-") for k in flags}
-    out, i = [], 0
-    while i < len(base):
-        a = base[i]
-        key = a.split("=", 1)[0].lstrip("-").replace("_", "-")
-        takes_value = a.startswith("--") and "=" not in a and i + 1 < len(base) and not base[i + 1].startswith("--")
-        if key in names:
-            i += 2 if takes_value else 1
-            continue
-        out.extend(base[i:i + (2 if takes_value else 1)])
-        i += 2 if takes_value else 1
-    for k, v in flags.items():
-        out.extend([f"--{k.replace('_', '-')}", str(v)])
-    return out
-
-
-def _pairs(args: list[str]):
-    """(option name with dashes, value) of torchrun-style ``--key value`` / ``--key=value`` arguments."""
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a.startswith("--"):
-            key, eq, val = a[2:].partition("=")
-            if not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
-                val, i = args[i + 1], i + 1
-            yield key.replace("_", "-"), val
-        i += 1
-
-
-def _nnodes(args: list[str]) -> int:
-    val = next((v for k, v in _pairs(args) if k == "nnodes"), "1")
-    try:
-        return int(str(val).split(":")[-1])  # "2" or an elastic range "1:4" (the maximum)
-    except ValueError:
-        return 1
-
-
-def _cuda_count() -> int:
-    """GPUs without NVML (rare: a container without the library); no torch import when there is clearly none."""
-    if not Path("/dev/nvidiactl").exists() and not Path("/proc/driver/nvidia").exists():
-        return 0
-    import torch
-
-    return torch.cuda.device_count()
-
-
 def _has_validation(cfg) -> bool:
     d = cfg.data
     if d.val_path or d.val_fraction > 0:
@@ -263,44 +212,36 @@ class TrainResult:
     checkpoints: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
     gpu: dict[str, Any] = field(default_factory=dict)
-    """``autotune.gpu.summarize`` of the run's windows (``util_available`` False without NVML)."""
+    """``autotune.hw.nvml.summarize`` of the run's windows (``util_available`` False without NVML)."""
 
     wall_s: float = 0.0
     leftover_pids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, records: list[dict], **kw) -> TrainResult:
+        by = lambda kind: [r for r in records if r.get("kind") == kind]  # noqa: E731
+        summaries = by(Kind.SUMMARY)
+        return cls(records=records, summary=summaries[-1] if summaries else None, vals=by(Kind.VAL),
+                   checkpoints=by(Kind.CHECKPOINT), errors=by(Kind.ERROR), **kw)
 
 
 class _Interrupted(BaseException):
     """SIGTERM/SIGHUP to this process: handled like Ctrl-C (kill the job, then exit)."""
 
 
-def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None, nvml=None) -> TrainResult:
+def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
+        nvml: Nvml | None = None) -> TrainResult:
     """Launch the job, stream it, and clean up; KeyboardInterrupt (and SIGTERM/SIGHUP) kills the whole job."""
-    from autotune import gpu as gpu_mod
-    from autotune.launch import (LineReader, TrialJob, die_with_parent_preexec, steady_windows, torchrun_argv,
-                                 trial_env)
-
     p.out.mkdir(parents=True, exist_ok=True)
     p.config.to_yaml(p.config_path)
-    job = TrialJob(config=p.config, trial_dir=p.out, nproc_per_node=p.nproc, gpus=p.gpu_entries,
-                   torchrun_args=p.torchrun_args, extra_env=p.extra_env)
-    env, _ = trial_env(job)
-    argv = torchrun_argv(p.nproc, p.torchrun_args, p.config_path, p.result_path)
-
-    nvml = nvml if nvml is not None else gpu_mod.Nvml()
-    gpus = gpu_mod.to_nvml(nvml, p.gpu_entries) if p.gpu_entries and nvml.available else []
-    sampler = gpu_mod.Sampler(nvml, gpus, interval=NVML_INTERVAL_S)
-
-    reader = LineReader(p.result_path)
-    if p.result_path.exists():  # a resumed run appends to the killed run's stream: read only what is new
-        with open(p.result_path, "rb+") as f:
-            size = f.seek(0, 2)
-            if size:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")  # a line torn by the kill must not swallow the new run's first record
-        reader.pos = p.result_path.stat().st_size
+    env, _ = run_env(nccl=p.config.nccl.to_env(), nproc=p.nproc, gpus=p.gpu_entries, extra=p.extra_env)
+    argv = Torchrun.parse(p.torchrun_args).argv(p.nproc, trainer_args(p.config_path, p.result_path))
+    nvml = nvml if nvml is not None else Nvml()
+    gpus = to_nvml(nvml, p.gpu_entries) if p.gpu_entries and nvml.available else []
+    sampler = Sampler(nvml, gpus, interval=NVML_INTERVAL_S)
+    reader = LineReader(p.result_path, pos=_append_point(p.result_path))
     view = ProgressView(out=out, enabled=out.isatty() if progress is None else progress)
-    result = TrainResult(returncode=-1)
+    followed = TrialRun(log_path=p.log_path, result_path=p.result_path)
     t0 = time.monotonic()
     with open(p.log_path, "ab") as log:
         log.write(("\n$ " + " ".join(argv) + "\n").encode())
@@ -308,78 +249,52 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
         # Only the main thread may install handlers (the CLI runs there; an embedding caller keeps its own).
         old = ({s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
                if threading.current_thread() is threading.main_thread() else {})
-        proc, groups = None, set()
+        tree = None
         try:
             sampler.start()
-            # The job dies with this process, even on SIGKILL (each rank also dies with torchrun: trainer/lifeline.py).
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True, preexec_fn=die_with_parent_preexec())
-            groups = {proc.pid}
-            result.returncode = _follow(proc, groups, reader, result, view)
-            # A rank that exited can leave loader workers behind; they belong to the run too.
-            result.leftover_pids = _cleanup(proc, groups, only_if_alive=True)
+            tree = ProcessTree(argv, env=env, log=log)
+            follow(tree, reader, followed, timeout_s=None, on_record=view.record)
+            leftover = tree.finish() if tree.poll() is not None else tree.kill()
         except (KeyboardInterrupt, _Interrupted):
             view.close()
-            if proc is not None:
-                left = _cleanup(proc, groups, only_if_alive=False)
+            if tree is not None:
+                left = tree.kill()
                 stuck = f" ({len(left)} processes would not die: {left})" if left else ""
-                print(f"autotune train: interrupted: job killed{stuck}; "
-                      f"continue it with `autotune train --config {p.config_path} --resume` "
-                      f"(checkpoints in {p.config.checkpoint_dir})", file=sys.stderr, flush=True)
+                print(f"autotune train: interrupted: job killed{stuck}; continue it with `autotune train --config "
+                      f"{p.config_path} --resume` (checkpoints in {p.config.checkpoint_dir})", file=sys.stderr,
+                      flush=True)
             raise KeyboardInterrupt from None
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
             sampler.stop()
-            view.close()
     for rec in reader.read(final=True):
-        _take(rec, result, view)
-    result.wall_s = time.monotonic() - t0
-    windows = steady_windows([r for r in result.records if r.get("kind") == "window"], result.summary)
-    result.gpu = gpu_mod.summarize(sampler.samples, windows, len(gpus)) if gpus else \
+        followed.records.append(rec)
+        view.record(rec)
+    view.close()
+    result = TrainResult.of(followed.records, returncode=tree.returncode, leftover_pids=leftover,
+                            wall_s=time.monotonic() - t0)
+    windows = steady_windows(followed.windows, result.summary)
+    result.gpu = summarize(sampler.samples, windows, len(gpus)) if gpus else \
         {"util_available": False, "reason": "no GPU" if not p.gpu_entries else (nvml.reason or "no NVML device")}
     return result
 
 
+def _append_point(path: Path) -> int:
+    """Where a resumed run's records start: it appends to the killed run's stream, and only what is new is read."""
+    if not path.exists():
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, 2)
+        if size:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                f.write(b"\n")  # a line torn by the kill must not swallow the new run's first record
+    return path.stat().st_size
+
+
 def _raise_interrupted(signum, frame):
     raise _Interrupted(signum)
-
-
-def _follow(proc, groups: set[int], reader, result: TrainResult, view: "ProgressView") -> int:
-    from autotune.launch import groups_of_tree
-
-    last_scan = 0.0
-    while True:
-        if time.monotonic() - last_scan >= GROUP_SCAN_S:
-            groups |= groups_of_tree(proc.pid)
-            last_scan = time.monotonic()
-        for rec in reader.read():
-            _take(rec, result, view)
-        if proc.poll() is not None:
-            return proc.returncode
-        time.sleep(POLL_S)
-
-
-def _cleanup(proc, groups: set[int], *, only_if_alive: bool) -> list[int]:
-    from autotune.launch import kill_tree, processes_in
-
-    if only_if_alive and proc.poll() is not None and not processes_in(groups):
-        return []
-    return kill_tree(proc, groups)
-
-
-def _take(rec: dict, result: TrainResult, view: "ProgressView") -> None:
-    result.records.append(rec)
-    kind = rec.get("kind")
-    if kind == "summary":
-        result.summary = rec
-    elif kind == "val":
-        result.vals.append(rec)
-    elif kind == "checkpoint":
-        result.checkpoints.append(rec)
-    elif kind == "error":
-        result.errors.append(rec)
-    view.record(rec)
 
 
 class ProgressView:
@@ -454,8 +369,6 @@ class ProgressView:
 
 def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[str, Any]]:
     """(lines, warnings, a JSON-able summary) comparing the run with the search's figures."""
-    from autotune.progress import fmt_duration
-
     lines: list[str] = []
     warnings: list[str] = []
     s = r.summary or {}
@@ -499,11 +412,8 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
 
 
 def failure_message(p: TrainPlan, r: TrainResult) -> str:
-    from autotune.launch import CLASS_PRIORITY
-
     if r.errors:
-        e = min(r.errors, key=lambda e: (CLASS_PRIORITY.index(e.get("class")) if e.get("class") in CLASS_PRIORITY
-                                         else len(CLASS_PRIORITY), float(e.get("t", 0))))
+        e = min(r.errors, key=lambda e: (root_cause_rank(e.get("class")), float(e.get("t", 0))))
         return f"the job failed ({e.get('class')}, rank {e.get('rank')}): {e.get('message')}; log: {p.log_path}"
     return f"the job exited with code {r.returncode} and no error record; log: {p.log_path}"
 

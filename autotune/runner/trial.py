@@ -1,0 +1,273 @@
+"""One measured run of a TrainConfig — a search trial, a benchmark row, an export's re-measure — and what happened.
+
+The job's JSON-lines stream is read while it runs (that is what makes pruning possible). A watchdog ends the run when
+no measurement window arrives within the trial timeout (class ``hang``); pruning and Ctrl-C end it too. Every run has
+the NVLink-multicast safety variables set, and a config or an inherited environment that would turn NVLS on or
+force LL128 is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.runner.process import LineReader, ProcessTree, log_tail
+from autotune.runner.torchrun import Torchrun, run_env, trainer_args
+from trainer.config import TrainConfig, process_settings
+from trainer.protocol import Failure, Kind, root_cause_rank
+
+POLL_S = 0.1
+_FAILURE_NAMES = frozenset(f.value for f in Failure)
+
+ERROR_GRACE_S = 30.0
+"""After a rank reported an error, the others get this long to exit before the tree is killed."""
+
+_LOG_PATTERNS = [
+    (Failure.OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+                             r"CUDNN_STATUS_ALLOC_FAILED")),
+    (Failure.LOADER, re.compile(r"DataLoader worker \(pid|is killed by signal|Bus error|unable to (?:open|write to) "
+                                r"(?:shared memory|file </torch_)|No space left on device.*shm|/dev/shm")),
+    (Failure.NCCL, re.compile(r"NCCL error|nccl\w*Error|ProcessGroupNCCL|Watchdog caught collective|NCCL WARN|"
+                              r"\[gloo|Gloo|Connection closed by peer|Connection reset by peer|DistNetworkError|"
+                              r"DistStoreError|Socket Timeout")),
+]
+
+
+@dataclass(kw_only=True)
+class TrialJob:
+    """One run: what to run, where its files go, and on which GPUs."""
+
+    config: TrainConfig
+    trial_dir: Path
+    nproc_per_node: int
+    gpus: list[str] | None = None
+    """``CUDA_VISIBLE_DEVICES`` entries (UUIDs preferably); ``None`` inherits the environment's."""
+
+    torchrun_args: list[str] = field(default_factory=list)
+    timeout_s: float = 300.0
+    """End the run when no window arrives for this long (from launch, then from the previous window)."""
+
+    extra_env: dict[str, str] = field(default_factory=dict)
+    cores: int | None = None
+    """CPU cores shared by the ranks (OMP_NUM_THREADS = cores // ranks); default: this process's affinity."""
+
+    def process_key(self) -> str:
+        """Equal for two jobs that can share one live process (``trainer.config.process_settings``, the world, the
+        GPUs and the environment)."""
+        return repr((process_settings(self.config), self.nproc_per_node, self.gpus, list(self.torchrun_args),
+                     sorted(self.extra_env.items()), self.cores))
+
+    def env(self) -> tuple[dict[str, str], dict[str, str]]:
+        return run_env(nccl=self.config.nccl.to_env(), nproc=self.nproc_per_node, gpus=self.gpus,
+                       extra=self.extra_env, cores=self.cores)
+
+
+@dataclass(kw_only=True)
+class TrialRun:
+    """What happened: the job's records, how it ended, and where the evidence is."""
+
+    records: list[dict] = field(default_factory=list)
+    returncode: int | None = None
+    """The process's exit code; None for a trial of a worker that lives on."""
+
+    failure_class: Failure | None = None
+    failure_message: str | None = None
+    stopped: str | None = None
+    """Why the launcher ended the run: ``hang``, ``pruned``, ``interrupted``, ``error`` (peers did not exit)."""
+
+    leftover_pids: list[int] = field(default_factory=list)
+    """Processes of the run still alive after the kill (should always be empty)."""
+
+    pgids: list[int] = field(default_factory=list)
+    log_path: Path | None = None
+    result_path: Path | None = None
+    config_path: Path | None = None
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    """The variables the launcher set on top of the inherited environment."""
+
+    t_launch: float = 0.0
+    """When the run was asked for: the process launch, or for a worker's trial the request."""
+
+    t_end: float = 0.0
+    n_before_stop: int | None = None
+    """Records received before the launcher decided to stop the run: what the kill itself provokes (peers
+    reporting a closed connection) must not be mistaken for the run's own failure."""
+
+    worker: str | None = None
+    """The live worker that ran it (None: a process of its own)."""
+
+    def of_kind(self, kind: str) -> list[dict]:
+        return [r for r in self.records if r.get("kind") == kind]
+
+    @property
+    def windows(self) -> list[dict]:
+        return self.of_kind(Kind.WINDOW)
+
+    @property
+    def summary(self) -> dict | None:
+        s = self.of_kind(Kind.SUMMARY)
+        return s[-1] if s else None
+
+    @property
+    def steady_windows(self) -> list[dict]:
+        return steady_windows(self.windows, self.summary)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure_class is None and self.summary is not None
+
+    def timing(self) -> dict[str, Any]:
+        """launch_s: asked for → the job's start record (a fresh process: torchrun, import torch, the process group);
+        setup_s: start → ready (data, model, DDP); first_step_s: ready → the first step done, with its parts
+        first_batch_s (loader start-up) and first_compute_s (cuDNN's algorithm search, the first all-reduce);
+        warmup_s: start → warm-up done; measure_s: first window start → last window end; wall_s: asked → done."""
+        first = lambda kind: next((r for r in self.records if r.get("kind") == kind), None)  # noqa: E731
+        start, ready, step, warm = first(Kind.START), first(Kind.READY), first(Kind.FIRST_STEP), first(Kind.WARMUP_DONE)
+        t = {k: float(r["t"]) if r else None for k, r in (("start", start), ("ready", ready), ("step", step),
+                                                          ("warm", warm))}
+        win = self.windows
+        span = lambda a, b: round(t[b] - t[a], 3) if t[a] and t[b] else None  # noqa: E731
+        return {
+            "launch_s": round(t["start"] - self.t_launch, 3) if t["start"] else None,
+            "setup_s": span("start", "ready"), "first_step_s": span("ready", "step"), "warmup_s": span("start", "warm"),
+            "first_batch_s": step.get("first_batch_s") if step else None,
+            "first_compute_s": step.get("first_compute_s") if step else None,
+            "nccl_init_s": start.get("init_s") if start and not start.get("worker_trial") else None,
+            "measure_s": round(float(win[-1]["t1"]) - float(win[0]["t0"]), 3) if win else None,
+            "wall_s": round(self.t_end - self.t_launch, 3),
+        }
+
+
+def steady_windows(windows: list[dict], summary: dict | None) -> list[dict]:
+    """The windows the job's result stands on (its summary's ``windows_used``): utilization and CPU load are averaged
+    over these, not over the windows the job discarded as warm-up. Without a summary (pruned or killed), all."""
+    used = set((summary or {}).get("windows_used") or [])
+    return [w for w in windows if w.get("window") in used] or windows
+
+
+# ---- following a run -----------------------------------------------------------------------------------------------
+
+
+def follow(tree: ProcessTree, reader: LineReader, run: TrialRun, *, timeout_s: float | None,
+           on_record: Callable[[dict], bool | None] | None = None, on_poll: Callable[[], None] | None = None,
+           complete: Callable[[dict], bool] | None = None, cancel: Callable[[], None] | None = None) -> None:
+    """Read the run's records as they arrive, until its process exits or:
+
+    - ``complete(record)`` is true (a worker's trial: its summary; the process lives on);
+    - ``on_record(record)`` returns True: the run is to stop (``pruned``). With ``cancel``, the job is asked to
+      stop at its next window and followed to its summary; without, following ends at once (the caller kills);
+    - no window for ``timeout_s`` (``hang``), or a rank reported an error and its peers did not exit within
+      ``ERROR_GRACE_S`` (``error``).
+
+    ``on_poll`` runs every poll (the trial's heartbeat rate-limits itself). KeyboardInterrupt propagates."""
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    error_deadline = None
+    while True:
+        tree.scan()
+        if on_poll is not None:
+            on_poll()
+        for rec in reader.read():
+            run.records.append(rec)
+            kind = rec.get("kind")
+            if kind == Kind.WINDOW and timeout_s:
+                deadline = time.monotonic() + timeout_s
+            if kind == Kind.ERROR and error_deadline is None:
+                error_deadline = time.monotonic() + ERROR_GRACE_S
+            if on_record is not None and on_record(rec) and run.stopped is None:
+                run.stopped, run.n_before_stop = "pruned", len(run.records)
+                if cancel is None:
+                    return
+                cancel()
+            if complete is not None and complete(rec):
+                return
+        if tree.poll() is not None:
+            return
+        now = time.monotonic()
+        for why, limit in (("hang", deadline), ("error", error_deadline)):
+            if limit is not None and now > limit:
+                run.stopped, run.n_before_stop = why, len(run.records)
+                return
+        time.sleep(POLL_S)
+
+
+def classify(run: TrialRun) -> tuple[Failure | None, str | None]:
+    """(failure class, one-line message) of a finished run; (None, None) for a success or a pruned run."""
+    considered = run.records if run.n_before_stop is None else run.records[:run.n_before_stop]
+    errors = [r for r in considered if r.get("kind") == Kind.ERROR]
+    if run.stopped == "pruned":
+        return None, None
+    if errors:
+        first = min(errors, key=lambda r: (root_cause_rank(r.get("class")), float(r.get("t", 0))))
+        cls = Failure(first["class"]) if first.get("class") in _FAILURE_NAMES else Failure.CRASH
+        return cls, f"rank {first.get('rank', '?')}: {first.get('message', '')}".strip()
+    if run.stopped == "hang":
+        last = "a window" if run.windows else "the first window"
+        return Failure.HANG, (f"no measurement window for {round(run.t_end - run.t_launch)} s (trial timeout); "
+                              f"waiting for {last}; process tree killed")
+    if run.stopped == "interrupted":
+        return Failure.INTERRUPTED, "interrupted (Ctrl-C)"
+    if run.summary is not None and run.returncode in (0, None):
+        return None, None
+    tail = log_tail(run.log_path)
+    for cls, pattern in _LOG_PATTERNS:
+        for line in reversed(tail):
+            if pattern.search(line):
+                return cls, line.strip()[:300]
+    if run.returncode == 0:
+        return Failure.CRASH, "the job exited without a summary record"
+    meaningful = [ln for ln in tail if re.search(r"Error|error|Exception|exitcode|Signal", ln)]
+    return Failure.CRASH, (meaningful[-1] if meaningful else (tail[-1] if tail else
+                                                              f"exit code {run.returncode}"))[:300]
+
+
+# ---- a run in a process of its own -------------------------------------------------------------------------------
+
+
+def prepare(job: TrialJob) -> TrialRun:
+    """The run's folder, config file and (fresh) result file."""
+    d = Path(job.trial_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    run = TrialRun(log_path=d / "log.txt", result_path=d / "result.jsonl", config_path=d / "config.yaml")
+    run.result_path.unlink(missing_ok=True)  # the job appends: a rerun must not read an older run's records
+    job.config.to_yaml(run.config_path)
+    return run
+
+
+def run_trial(job: TrialJob, on_record: Callable[[dict], bool | None] | None = None,
+              on_poll: Callable[[], None] | None = None) -> TrialRun:
+    """Launch ``job`` in a process of its own, stream, watch, clean up. ``on_record`` sees each record as it arrives;
+    returning True stops the run (recorded as ``pruned``). KeyboardInterrupt kills the run, then propagates."""
+    run = prepare(job)
+    env, run.env = job.env()
+    run.argv = Torchrun.parse(job.torchrun_args).argv(job.nproc_per_node,
+                                                      trainer_args(run.config_path, run.result_path))
+    with open(run.log_path, "wb") as log:
+        log.write(("$ " + " ".join(run.argv) + "\n").encode())
+        log.flush()
+        tree = ProcessTree(run.argv, env=env, log=log)
+        run.t_launch = tree.t_launch
+        reader = LineReader(run.result_path)
+        try:
+            follow(tree, reader, run, timeout_s=job.timeout_s, on_record=on_record, on_poll=on_poll)
+        except KeyboardInterrupt:
+            run.stopped, run.n_before_stop = "interrupted", len(run.records)
+            raise
+        finally:
+            ended_by_itself = not run.stopped and tree.poll() is not None
+            run.leftover_pids = tree.finish() if ended_by_itself else tree.kill()
+            end(run, tree, reader)
+    return run
+
+
+def end(run: TrialRun, tree: ProcessTree, reader: LineReader, *, alive: bool = False) -> None:
+    """Close the books of a run: the last records, the exit code, the process groups, the verdict."""
+    run.returncode = None if alive else tree.returncode
+    run.t_end = time.time()
+    run.pgids = sorted(tree.groups)
+    run.records.extend(reader.read(final=not alive))
+    run.failure_class, run.failure_message = classify(run)

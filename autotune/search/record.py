@@ -1,0 +1,76 @@
+"""Record a trial's evaluation in the study: its attributes, its Optuna state and constraints, and — for a failure
+of the configuration with a repair — its draw enqueued once more, repaired (``autotune.search.repair``).
+
+States: a measurement is COMPLETE (an end-to-end one feasible; a stage measurement held infeasible by the
+``measures_a_part`` constraint, so it never counts as an answer); a configuration failure is COMPLETE and infeasible
+(``failed`` constraint: the sampler learns the combination fails); a pruned trial is PRUNED; an environment
+failure is FAIL (the sampler learns nothing from it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from optuna.trial import TrialState
+
+from autotune.objective import Objective, state_for
+from autotune.search.evaluate import Evaluation
+from autotune.search.repair import batch_choices, repair_for
+from autotune.space import SearchSpace
+from autotune.study.storage import CONFIG_KEY, record_on_trial
+from autotune.study.view import FAILED_CONSTRAINT, MEASUREMENT_STAGES, STAGE_CONSTRAINT
+
+
+def record(study, trial, ev: Evaluation, objective: Objective, space: SearchSpace,
+           known_oom: Callable[[dict[str, Any]], int | None] = lambda config: None) -> str:
+    """Tell the study; returns the state (``complete``, ``infeasible``, ``pruned``, ``fail``)."""
+    if ev.config is not None:
+        record_on_trial(trial, CONFIG_KEY, ev.config.to_dict())
+    state = "pruned" if ev.pruned else state_for(ev.failure)
+    attrs = dict(ev.attrs)
+    if ev.failure is not None and not ev.pruned:
+        attrs["failure_class"], attrs["failure_message"] = str(ev.failure), ev.message
+    retry = plan_repair(trial, ev, space, known_oom) if state == "infeasible" else None
+    if retry is not None:
+        attrs["repaired_by_next"] = retry[1]["repaired"]
+    for k, v in attrs.items():
+        if v is not None or k == "util_mean":
+            trial.set_user_attr(k, v)
+    if state in ("complete", "infeasible"):
+        trial.set_constraint(STAGE_CONSTRAINT, 1.0 if ev.stage in MEASUREMENT_STAGES else 0.0)
+        trial.set_constraint(FAILED_CONSTRAINT, 1.0 if state == "infeasible" else 0.0)
+    if state == "complete":
+        study.tell(trial, objective.values(attrs))
+    elif state == "infeasible":
+        study.tell(trial, objective.infeasible_values())
+    else:
+        study.tell(trial, state=TrialState.PRUNED if state == "pruned" else TrialState.FAIL)
+    if retry is not None:
+        study.enqueue_trial(retry[0], user_attrs=retry[1], skip_if_exists=False)
+    return state
+
+
+def plan_repair(trial, ev: Evaluation, space: SearchSpace,
+                known_oom: Callable[[dict[str, Any]], int | None]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(params, user attrs) of the repaired draw of an infeasible trial, or None. An end-to-end draw is repaired
+    once, and only through its own parameters; a measurement of a part moves on (its batch keeps going down until
+    it fits)."""
+    part = ev.stage in MEASUREMENT_STAGES
+    if trial.user_attrs.get("retry_of") is not None and not part:
+        return None
+    config = ev.config.to_dict() if ev.config is not None else None
+    base_batch = config["training"]["batch_size"] if config else 0
+
+    def fits(batch: int) -> bool:
+        return config is None or known_oom({**config, "training": {**config["training"], "batch_size": batch}}) is None
+
+    fix = repair_for(ev.failure, ev.message, config, batches=batch_choices(space, base_batch), fits=fits)
+    if fix is None or (not part and not set(fix.changes) <= set(trial.params)):
+        return None
+    attrs: dict[str, Any] = {"stage": ev.stage, "retry_of": trial.number, "repaired": fix.changes,
+                             "repair_reason": fix.why}
+    if part:
+        attrs["overrides"] = {**(trial.user_attrs.get("overrides") or {}), **fix.changes}
+        return {}, attrs
+    return {**trial.params, **fix.changes}, attrs

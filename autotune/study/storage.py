@@ -1,0 +1,212 @@
+"""Study storage: URLs, opening them, loading a study, and where trial logs go.
+
+SQLite under ``studies/`` by default (``sqlite:///studies/<name>.db``); any SQLAlchemy URL through Optuna's
+RDBStorage — PostgreSQL (``postgresql+psycopg://user:pass@host/db``, the ``postgres`` extra) is the one for many
+search workers on one or many nodes; or a journal file (``journal:///path/x.journal``, or a path ending
+``.journal``) for workers that share only a file system.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.exceptions import StorageError
+
+JOURNAL_PREFIX = "journal://"
+
+SPEC_KEY = "autotune:spec"
+"""The study's spec (a mapping), in the study's system attrs."""
+
+CONFIG_KEY = "autotune:config"
+"""A trial's full TrainConfig (a mapping), in the trial's system attrs."""
+
+
+# ---- records a person does not read -----------------------------------------------------------------------------
+# Bulky records (the spec, a trial's whole config) go into Optuna's system attrs: Optuna's CLI tables (`optuna
+# studies`, `optuna trials`) print every user attr on one line, and a spec there made each row 3,000 characters
+# wide. User attrs keep what a person reads: figures, stage, failure. Optuna's storage API is the way to them.
+
+
+def record_on_study(study, key: str, value: Any) -> None:
+    study._storage.set_study_system_attr(study._study_id, key, value)
+
+
+def study_record(study, key: str, default: Any = None) -> Any:
+    """A record of the study: its system attrs first, then its user attrs (studies made by earlier versions)."""
+    found = study._storage.get_study_system_attrs(study._study_id).get(key)
+    if found is None:
+        found = study.user_attrs.get(key.split(":", 1)[-1])
+    return default if found is None else found
+
+
+def record_on_trial(trial, key: str, value: Any) -> None:
+    trial.storage.set_trial_system_attr(trial._trial_id, key, value)
+
+
+def default_storage(name: str, root: str | Path = "studies") -> str:
+    return f"sqlite:///{Path(root) / name}.db"
+
+
+def journal_path(url: str) -> Path | None:
+    """The file of a journal storage URL (``journal:///abs/x.journal``, ``journal://rel/x.journal``, or a plain path
+    ending ``.journal``/``.log``); None for anything else."""
+    if url.startswith(JOURNAL_PREFIX):
+        return Path(url[len(JOURNAL_PREFIX):])
+    if "://" not in url and url.endswith((".journal", ".log")):
+        return Path(url)
+    return None
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URL; None for other URLs and in-memory SQLite."""
+    if url.startswith("sqlite:///"):
+        db = url[len("sqlite:///"):].split("?", 1)[0]
+        return Path(db) if db and db != ":memory:" else None
+    return None
+
+
+def display_url(url: str) -> str:
+    """The URL as it may be printed: the password hidden."""
+    if "@" not in url or journal_path(url) is not None:
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy can parse: it fails later with its own message
+        return url
+
+
+def log_root(storage_url: str, study_name: str) -> Path:
+    """Where trial folders go: next to a SQLite or journal file, else ``studies/<name>/`` in the working directory
+    (each node of a PostgreSQL study keeps the logs of the trials it ran)."""
+    f = sqlite_path(storage_url) or journal_path(storage_url)
+    if f is not None:
+        return f.parent / study_name
+    return Path("studies") / study_name
+
+
+def normalize_url(url: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; the postgres extra installs psycopg (3): use it when psycopg2
+    is not there."""
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain) and importlib.util.find_spec("psycopg2") is None \
+                and importlib.util.find_spec("psycopg") is not None:
+            return "postgresql+psycopg://" + url[len(plain):]
+    return url
+
+
+def open_storage(url: str, *, create: bool = True):
+    """An Optuna storage for ``url``. ``create=False`` (show, export, report, dashboard) refuses a SQLite or journal
+    file that does not exist instead of creating an empty one. Any failure is one StorageError naming the fix."""
+    import optuna
+
+    optuna.logging.set_verbosity(logging.WARNING)
+    shown = display_url(url)
+    journal = journal_path(url)
+    if journal is not None:
+        if not create and not journal.is_file():
+            raise StorageError(f"storage {shown}: no such journal file; run `autotune search --storage {shown}` "
+                               "first or check the path")
+        try:
+            from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+            journal.parent.mkdir(parents=True, exist_ok=True)
+            return JournalStorage(JournalFileBackend(str(journal)))
+        except Exception as e:  # noqa: BLE001 - unwritable folder, not a journal file
+            raise StorageError(f"storage {shown}: {first_line(e)}; use a writable path on a file system every "
+                               "worker shares") from None
+    url = normalize_url(url)
+    db = sqlite_path(url)
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        if db is not None and not create and not db.is_file():
+            raise StorageError(f"storage {shown}: no such database; run `autotune search` first or pass "
+                               "--storage URL")
+        # Several search workers may share a SQLite file: wait for the lock instead of failing at once.
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    elif url.startswith(("postgresql", "postgres")):
+        # pre_ping: a search runs for hours, the server may restart under it; connect_timeout: an unreachable host
+        # says so in seconds instead of hanging.
+        kwargs["engine_kwargs"] = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+    attempt = 0
+    while True:
+        try:
+            if db is not None:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            return optuna.storages.RDBStorage(url, **kwargs)
+        except Exception as e:  # noqa: BLE001 - bad URL, unreachable server, missing driver, unwritable file
+            # Workers started together on a new database all create Optuna's tables: the losers of that race see
+            # a duplicate-key or already-exists error, and find the tables there a moment later.
+            attempt += 1
+            if type(e).__name__ not in ("IntegrityError", "ProgrammingError") or attempt > 4:
+                raise StorageError(f"storage {shown}: {first_line(e)}; {_storage_fix(url, e)}") from None
+            time.sleep(0.5 * attempt)
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    if text.startswith("(") and ") " in text:  # SQLAlchemy prefixes the driver's exception class: keep the message
+        text = text.split(") ", 1)[1]
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def _storage_fix(url: str, e: BaseException) -> str:
+    if isinstance(e, ImportError) or "No module named" in str(e):
+        if url.startswith("postgres"):
+            return "install the PostgreSQL driver: pip install 'ddp-autotune[postgres]' (psycopg 3)"
+        return "install the database driver the URL names"
+    if type(e).__name__ == "ArgumentError" or "://" not in url:
+        return ("write a SQLAlchemy URL (sqlite:///studies/x.db, postgresql+psycopg://user:pass@host/db) or a "
+                "journal file (journal:///path/x.journal)")
+    if url.startswith("sqlite"):
+        return "check that the folder of the database file exists and is writable"
+    return "check that the server runs and is reachable, and the host, port, user, password and database in the URL"
+
+
+def load(study_name: str | None, storage_url: str):
+    """Load a study for export/show/report; with one study in the storage its name may be omitted. Never creates
+    a database: a path that does not exist is an error naming the fix."""
+    import optuna
+
+    storage = open_storage(storage_url, create=False)
+    try:
+        names = optuna.study.get_all_study_names(storage)
+    except Exception as e:  # noqa: BLE001 - reachable but not an Optuna database, or gone meanwhile
+        raise StorageError(f"storage {display_url(storage_url)}: {first_line(e)}; is it an autotune/Optuna "
+                           "study storage?") from None
+    shown = display_url(storage_url)
+    if study_name is None:
+        if not names:
+            raise StorageError(f"{shown} holds no study yet: run `autotune search --storage {shown}` first")
+        if len(names) != 1:
+            raise StorageError(f"{shown} holds {len(names)} studies ({', '.join(names)}); name one with --study")
+        study_name = names[0]
+    if study_name not in names:
+        raise StorageError(f"no study {study_name!r} in {shown} (there: {', '.join(names) or 'none'})")
+    return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def resolve_storage(study_name: str | None, storage: str | None) -> str:
+    """``--storage`` or the default SQLite file of ``--study``; refuses to invent a database to read from, and says
+    what there is instead."""
+    if storage:
+        return storage
+    dbs = sorted(Path("studies").glob("*.db"))
+    if study_name:
+        db = Path("studies") / f"{study_name}.db"
+        if not db.is_file():
+            there = f" (here: {', '.join(d.stem for d in dbs)})" if dbs else ""
+            raise StorageError(f"no study {study_name} in ./studies{there}; run `autotune search` first, or pass "
+                               "--storage URL")
+        return f"sqlite:///{db}"
+    if len(dbs) == 1:
+        return f"sqlite:///{dbs[0]}"
+    if not dbs:
+        raise StorageError("no study in ./studies: run `autotune search` first (or pass --storage URL)")
+    raise StorageError(f"{len(dbs)} studies in ./studies ({', '.join(d.stem for d in dbs)}): pick one with "
+                       "--study NAME")

@@ -1,0 +1,144 @@
+"""One reading of a study's trials for search, show, export and report: what each trial is (its stage), how it ended,
+what it measured, and which trials count — feasible, the best, the baseline, the ceiling, the supplies.
+
+A trial's stage says what it measured. ``ceiling`` (the model on synthetic data) and ``supply`` (an input pipeline
+alone, no model) are measurements of the parts, not training configurations: they never count as an answer, and
+Optuna holds them as infeasible so that its sampler learns nothing from them about end-to-end settings. Every other
+stage (``baseline``, ``start``, ``candidate``, ``refine``, ``retry``, ``search``) is an end-to-end training run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.study.storage import CONFIG_KEY
+from trainer.protocol import Failure
+
+MEASUREMENT_STAGES = ("ceiling", "supply")
+"""Stages that measure a part of the job (not an end-to-end configuration)."""
+
+STAGE_CONSTRAINT = "measures_a_part"
+"""The Optuna constraint (1.0) that keeps a stage measurement from counting as a feasible answer."""
+
+FAILED_CONSTRAINT = "failed"
+"""The Optuna constraint (1.0) of a trial whose configuration failed (OOM, invalid, diverged)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialView:
+    number: int
+    state: TrialState
+    stage: str
+    outcome: str
+    """``measured`` (a complete end-to-end trial), ``part`` (a complete stage measurement), ``infeasible`` (the
+    config failed), ``fail`` (the environment failed), ``pruned``, ``running``, ``waiting``."""
+
+    imgs_per_s: float | None = None
+    util: float | None = None
+    spread: float | None = None
+    value: float | None = None
+    failure_class: str | None = None
+    failure_message: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    """The trial's full TrainConfig as a mapping ({} for a trial that never built one)."""
+
+    @classmethod
+    def of(cls, t: FrozenTrial) -> TrialView:
+        a = t.user_attrs
+        stage = a.get("stage") or ("baseline" if a.get("baseline") else "start" if a.get("start") is not None
+                                   else "retry" if a.get("retry_of") is not None else "search")
+        return cls(number=t.number, state=t.state, stage=stage, outcome=_outcome(t, stage),
+                   imgs_per_s=_num(a.get("imgs_per_s")), util=_num(a.get("util_mean")), spread=_num(a.get("spread")),
+                   value=t.values[0] if t.values else None, failure_class=a.get("failure_class"),
+                   failure_message=a.get("failure_message"), params=dict(t.params), attrs=dict(a),
+                   config=t.system_attrs.get(CONFIG_KEY) or a.get("config") or {})
+
+    @property
+    def end_to_end(self) -> bool:
+        return self.stage not in MEASUREMENT_STAGES
+
+    @property
+    def feasible(self) -> bool:
+        """A complete end-to-end measurement: a candidate answer."""
+        return self.outcome == "measured" and self.imgs_per_s is not None
+
+    @property
+    def baseline(self) -> bool:
+        return self.stage == "baseline"
+
+    def setting(self, dotted: str, default: Any = None) -> Any:
+        """A setting of the trial's config (searched or not), by dotted path."""
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return self.params.get(dotted, default)
+            node = node[part]
+        return node
+
+
+def _outcome(t: FrozenTrial, stage: str) -> str:
+    cls = t.user_attrs.get("failure_class")
+    if t.state == TrialState.COMPLETE:
+        if cls is not None and _caused_by_config(cls):
+            return "infeasible"
+        return "part" if stage in MEASUREMENT_STAGES else "measured"
+    return {TrialState.PRUNED: "pruned", TrialState.FAIL: "fail", TrialState.RUNNING: "running",
+            TrialState.WAITING: "waiting"}[t.state]
+
+
+def _caused_by_config(cls: str) -> bool:
+    try:
+        return Failure(cls).caused_by_config
+    except ValueError:
+        return False
+
+
+def _num(x) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if v == v and v not in (float("inf"), float("-inf")) else None
+
+
+def views(study) -> list[TrialView]:
+    return [TrialView.of(t) for t in study.get_trials(deepcopy=False)]
+
+
+def feasible(trials: list[TrialView]) -> list[TrialView]:
+    return [v for v in trials if v.feasible]
+
+
+def fastest(trials: list[TrialView]) -> TrialView | None:
+    """The fastest feasible end-to-end trial."""
+    return max(feasible(trials), key=lambda v: v.imgs_per_s, default=None)
+
+
+def baseline(trials: list[TrialView]) -> TrialView | None:
+    """Trial 0 as measured (None until it is)."""
+    return next((v for v in feasible(trials) if v.baseline), None)
+
+
+def stage(trials: list[TrialView], name: str) -> list[TrialView]:
+    """The stage's complete measurements."""
+    return [v for v in trials if v.stage == name and v.outcome == "part" and v.imgs_per_s is not None]
+
+
+def ceiling(trials: list[TrialView]) -> TrialView | None:
+    """The fastest measurement of the model alone: what the GPUs can do."""
+    return max(stage(trials, "ceiling"), key=lambda v: v.imgs_per_s, default=None)
+
+
+def supplies(trials: list[TrialView]) -> dict[str, TrialView]:
+    """Per input pipeline (``data.decode``), its best supply measurement: what it can feed."""
+    out: dict[str, TrialView] = {}
+    for v in stage(trials, "supply"):
+        decode = v.setting("data.decode")
+        if decode not in out or v.imgs_per_s > out[decode].imgs_per_s:
+            out[decode] = v
+    return out

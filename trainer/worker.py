@@ -1,0 +1,118 @@
+"""A trial worker: one process group, trial after trial.
+
+``python -m trainer --config first.yaml --result first.jsonl --serve requests.jsonl`` runs the first config as a
+fresh job does, then serves more: the tuner appends one JSON line per trial to the requests file,
+``{"config": {...}, "result": "/abs/trial-7/result.jsonl", "cancel": "/abs/trial-7/cancel"}``, and
+``{"stop": true}`` at the end (a trial ends early, at a window's end, once its ``cancel`` file exists). Each trial is a
+``Job`` of its own (built, run, closed) streaming its records to its own result file, so the tuner reads a reused
+trial exactly as a fresh one. What a trial needs from the process itself — the NCCL environment, the backend, the
+process group's timeout (``trainer.config.process_settings``) — must equal the first config's; the tuner starts a
+new worker for anything else.
+
+Launch, ``import torch``, the CUDA context and the communicators are paid once per worker instead of once per trial.
+Isolation is kept by ending the worker at the first failure (an OOM, a NCCL error, a dead loader leave state nobody
+should measure on) and whenever a closed trial leaves a loader process or a thread behind: the next trial then gets
+a fresh worker.
+
+Every rank reads the requests file itself: all see the same lines in the same order, and no collective waits for
+the tuner (an idle worker would otherwise hit the process group's timeout between trials).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainer.config import ConfigError, TrainConfig, process_settings
+from trainer.job import init_distributed, run_job, run_recorded, shutdown_distributed
+from trainer.protocol import ResultWriter
+
+REQUEST_POLL_S = 0.02
+"""How often an idle worker looks for the next request: 20 ms is nothing next to a trial, and costs no CPU."""
+
+LEAK_GRACE_S = 5.0
+"""How long a closed trial's loader processes and threads get to go before the worker gives up on its process."""
+
+
+def serve(first: TrainConfig, first_result: str | None, requests: str | Path, *, cancel: str | None = None) -> int:
+    """Run ``first``, then every requested trial, until a stop request; returns the process exit code."""
+    rank = int(os.environ.get("RANK", 0))
+    settings = process_settings(first)
+    baseline_threads = set(threading.enumerate())
+    env = None
+    for index, (cfg, result, cancel) in enumerate(_trials(first, first_result, Path(requests), cancel)):
+        writer = ResultWriter(result, rank)
+
+        def body(cfg=cfg, index=index, cancel=cancel) -> None:
+            nonlocal env
+            if process_settings(cfg) != settings:
+                raise ConfigError([f"this worker runs with {settings}; the trial needs {process_settings(cfg)}: a "
+                                   "process-scope setting changed, which takes a new worker"])
+            if env is None:
+                env = init_distributed(cfg)
+            run_job(cfg, env, writer, worker_trial=index, cancel=cancel)
+
+        try:
+            code = run_recorded(writer, body)
+        finally:
+            writer.close()
+        if code:
+            return code
+        leaks = leftovers(baseline_threads)
+        if leaks:
+            print(f"[rank {rank}] trial {index} left {leaks} behind: this worker stops, the next trial gets a fresh "
+                  "one", file=sys.stderr)
+            return 4
+    shutdown_distributed()
+    return 0
+
+
+def _trials(first: TrainConfig, first_result: str | None, requests: Path,
+            first_cancel: str | None) -> Iterator[tuple[TrainConfig, str | None, str | None]]:
+    yield first, first_result, first_cancel
+    for request in read_requests(requests):
+        if request.get("stop"):
+            return
+        yield TrainConfig.from_dict(request["config"]), request.get("result"), request.get("cancel")
+
+
+def read_requests(path: Path, poll_s: float = REQUEST_POLL_S) -> Iterator[dict]:
+    """The requests file's JSON lines as they are appended (a line counts once it ends in a newline)."""
+    pos, buf = 0, b""
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(pos)
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        pos += len(data)
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+        if not lines:
+            time.sleep(poll_s)
+
+
+def leftovers(baseline_threads: set[threading.Thread], grace_s: float = LEAK_GRACE_S) -> str | None:
+    """What a closed trial left running (loader processes, threads it started), after a grace period; None when
+    nothing."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        children = multiprocessing.active_children()  # also reaps the ones that have exited
+        threads = [t for t in threading.enumerate() if t not in baseline_threads and t.is_alive()]
+        if not children and not threads:
+            return None
+        if time.monotonic() > deadline:
+            parts = [f"{len(children)} process(es)"] if children else []
+            parts += [f"thread {t.name!r}" for t in threads]
+            return ", ".join(parts)
+        time.sleep(0.05)
