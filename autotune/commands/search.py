@@ -98,7 +98,7 @@ def given_data(spec, data_arg: str | None):
 def _check_images(base, where: str):
     """An ImageFolder with no image (or a validation split that does not match) fails every trial: say so now."""
     from trainer.config import ConfigError
-    from trainer.data import resolve_splits
+    from trainer.data.files import resolve_splits
 
     try:
         resolve_splits(base)
@@ -215,7 +215,7 @@ def preflight(spec, base, space, baseline: dict[str, Any], world: int) -> None:
     if problems:
         raise SpecError(problems, spec.source)
     if cfg is not None and cfg.data.kind == "imagefolder" and cfg.data.path and Path(cfg.data.path).is_dir():
-        from trainer.data import resolve_splits
+        from trainer.data.files import resolve_splits
 
         n = len(resolve_splits(cfg)[0].samples)
         need = cfg.training.batch_size * cfg.training.accum_steps * world
