@@ -47,10 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from trainer.config import ConfigError, TrainConfig  # noqa: E402
-from trainer.gpu_decode import (BatchedDecodePipeline, GpuDecodePipeline, HybridDecodePipeline,  # noqa: E402
-                                batched_resized_crop, decode_batch, decode_batch_hw, hw_decode_params,
-                                import_nvimgcodec, make_hw_decoder, normalize_into, pack_bytes, sample_crop_boxes,
-                                unpack_bytes)
+from trainer.data.cpu import DeviceNormalize  # noqa: E402
+from trainer.data.gpu.crop import batched_resized_crop, normalize_into, sample_crop_boxes  # noqa: E402
+from trainer.data.gpu.datasets import pack_bytes, unpack_bytes  # noqa: E402
+from trainer.data.gpu.decode import (decode_batch, decode_batch_hw, hw_decode_params, import_nvimgcodec,  # noqa: E402
+                                     make_hw_decoder)
+from trainer.data.gpu.pipeline import BatchedDecodePipeline, GpuDecodePipeline, HybridDecodePipeline  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -211,8 +213,6 @@ def correctness(samples, device, size) -> dict:
     from PIL import Image
     from torchvision.io import ImageReadMode, decode_image
     from torchvision.transforms.v2 import functional as F
-
-    from trainer.data import DeviceNormalize
 
     blobs = []
     for path, _ in samples[:16]:

@@ -66,7 +66,7 @@ def test_each_bad_field_gets_its_message(overrides, message):
 ])
 def test_nvjpeg_hw_is_validated_exactly_like_nvjpeg_gpu(overrides):
     # The config cannot know the machine: both GPU decode paths are valid anywhere, and the pipeline refuses them
-    # without CUDA (tests/test_gpu_decode.py).
+    # without CUDA (tests/data/test_gpu_pipeline.py).
     def problems(decode):
         try:
             cfg = TrainConfig().with_overrides({**overrides, "data.decode": decode})

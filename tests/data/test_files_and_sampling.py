@@ -5,7 +5,8 @@ import itertools
 from torch.utils.data import DistributedSampler
 
 from tests.jobutil import make_jpeg_folder, tiny_config
-from trainer.data import StreamingSampler, list_samples, resolve_splits, train_sampler
+from trainer.data.files import list_samples, resolve_splits
+from trainer.data.sampling import StreamingSampler, train_sampler
 
 
 def test_streaming_sampler_is_consecutive_epochs_without_a_stop():

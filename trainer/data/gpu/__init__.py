@@ -1,0 +1,21 @@
+"""The ``nvjpeg-gpu``, ``nvjpeg-hw`` and ``hybrid`` input pipelines: loader workers read bytes; the rank's GPU
+decodes and augments.
+
+On the H200 machines one CPU core decodes + crops ~350 JPEGs/s while one GPU trains ResNet-50 at ~4,500-6,000
+imgs/s, so the CPU paths cannot keep up however many workers they get. nvJPEG decodes thousands of imgs/s in batches
+of 256; what remains is to keep everything after the decode batched too, and cheap in both device time and host
+(GIL) time, because it shares the GPU and the process with training. Each module states the measurements behind its
+choices (``bench/pipeline_gpu.py`` times every stage):
+
+- ``datasets``: the worker side: one batch crosses the worker queue as a few tensors; ``hybrid``'s share is decoded
+  in the workers.
+- ``decode``: nvJPEG's CUDA decoder through torchvision; the hardware JPEG engines through nvImageCodec.
+- ``crop``: RandomResizedCrop, flip and normalization of a whole batch in a few batched kernels.
+- ``pipeline``: the pipelines, which decode and augment one batch ahead in a thread, on a side CUDA stream.
+"""
+
+from __future__ import annotations
+
+from trainer.data.gpu.pipeline import BatchedDecodePipeline, GpuDecodePipeline, HybridDecodePipeline
+
+__all__ = ["BatchedDecodePipeline", "GpuDecodePipeline", "HybridDecodePipeline"]

@@ -1,0 +1,262 @@
+"""The GPU-decode pipelines: a DataLoader whose workers read bytes (``datasets``), then decode (``decode``) and
+batched augmentation (``crop``) on the device.
+
+Decode and augment run one batch ahead in a background thread (``_Producer``) on a high-priority side CUDA stream,
+handed over with an event: decoding synchronously on the training stream cost ~20 %.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainer.config import ConfigError, TrainConfig
+from trainer.data.cpu import cpu_transforms
+from trainer.data.gpu.crop import batched_resized_crop, normalize_into, sample_crop_boxes
+from trainer.data.gpu.datasets import HybridCollate, HybridDataset, JpegBytesDataset, collate_bytes, unpack_bytes
+from trainer.data.gpu.decode import decode_batch, decode_batch_hw, import_nvimgcodec, make_hw_decoder
+from trainer.data.sampling import seed_worker, train_sampler
+
+
+class BatchedDecodePipeline:
+    """Byte-reading DataLoader + batched decode and augmentation on ``device``, one batch ahead in a thread.
+
+    A ``trainer.data.Pipeline``: iterating yields ``(images, labels)`` on the device (float32, normalized,
+    channels_last when configured; int64); ``len()`` is batches per epoch on this rank; ``set_epoch``; ``close``.
+    On CUDA the work runs on a side stream and the consumer's stream waits on an event, so training kernels and the
+    next batch's decode overlap. The side stream has high priority (``stream_priority``, lower is higher): its
+    kernels are small and many, and at equal priority each one queues behind the training kernels that fill the GPU,
+    which stretches the next batch's preparation well past its own GPU time. On a CPU device the same code decodes
+    with libjpeg-turbo (used by the tests and the benchmark's smoke run; ``GpuDecodePipeline`` is what training
+    uses).
+    """
+
+    def __init__(self, cfg: TrainConfig, samples: Sequence[tuple[str, int]], *, rank: int, world_size: int,
+                 device: torch.device | str, ahead: int = 1, stream_priority: int = -1):
+        self.device = torch.device(device)
+        self.cfg = cfg
+        batch = cfg.training.batch_size
+        if len(samples) < batch * world_size:
+            raise ConfigError([(f"{len(samples)} training images cannot fill one batch of {batch} on each of "
+                                f"{world_size} ranks: lower training.batch_size or add images")])
+        self.dataset, collate = self._dataset(samples)
+        self.sampler = train_sampler(self.dataset, cfg, rank=rank, world_size=world_size)
+        ld = cfg.loader
+        self.loader = DataLoader(
+            self.dataset, batch_size=batch, sampler=self.sampler, collate_fn=collate, drop_last=True,
+            num_workers=ld.num_workers, prefetch_factor=ld.prefetch_factor if ld.num_workers > 0 else None,
+            pin_memory=ld.pin_memory and self.device.type == "cuda",
+            persistent_workers=ld.persistent_workers and ld.num_workers > 0, **self._loader_seeding())
+        self.rank, self.ahead, self.epoch = rank, ahead, 0
+        self.stream = (torch.cuda.Stream(self.device, priority=stream_priority) if self.device.type == "cuda"
+                       else None)
+        self._producer: _Producer | None = None
+        self._hw_decoder = None  # nvjpeg-hw: made on first use, in the producer thread (``_decode``)
+
+    def _dataset(self, samples):
+        return JpegBytesDataset(samples), collate_bytes
+
+    def _loader_seeding(self) -> dict:
+        return {}
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._producer is not None:  # an earlier iteration the consumer left unfinished
+            self._producer.stop()
+        # Crops and flips derive from (seed, epoch, rank): a resumed run replays its epoch's augmentation.
+        seed = (self.cfg.training.seed * 100_003 + self.epoch) * 4_099 + self.rank
+        generator = torch.Generator().manual_seed(seed)
+        if self.loader.generator is not None:  # worker RNG seeds (hybrid's CPU share) are drawn from it below
+            self.loader.generator.manual_seed(seed)
+        producer = _Producer(self, iter(self.loader), generator)  # workers fork here, in the caller's thread
+        self._producer = producer
+        try:
+            while True:
+                item = producer.get()
+                if item is None:
+                    return
+                images, labels, ready = item
+                if ready is not None:
+                    stream = torch.cuda.current_stream(self.device)
+                    stream.wait_event(ready)
+                    # Allocated on the side stream but consumed on this one: without this the allocator could hand
+                    # the memory to the next batch while this stream's kernels still read it.
+                    images.record_stream(stream)
+                    labels.record_stream(stream)
+                yield images, labels
+        finally:
+            producer.stop()
+            if self._producer is producer:
+                self._producer = None
+
+    def prepare(self, batch, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch from the loader (packed bytes, lengths, labels) -> ``(images, labels)`` on the device (on the
+        current stream)."""
+        buf, lengths, labels = batch
+        return self.decode_and_crop(buf, lengths, generator), labels.to(self.device, non_blocking=True)
+
+    def decode_and_crop(self, buf: torch.Tensor, lengths: torch.Tensor, generator: torch.Generator,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode the packed JPEGs on the device and RandomResizedCrop + flip + normalize them (into ``out``)."""
+        d = self.cfg.data
+        images = self._decode(unpack_bytes(buf, lengths))
+        heights = torch.tensor([im.shape[-2] for im in images])
+        widths = torch.tensor([im.shape[-1] for im in images])
+        boxes = sample_crop_boxes(heights, widths, scale=d.crop_scale, ratio=d.crop_ratio, generator=generator)
+        flip = torch.rand(len(images), generator=generator) < 0.5 if d.hflip else None
+        return batched_resized_crop(images, boxes, d.image_size, flip=flip,
+                                    channels_last=self.cfg.training.channels_last, out=out)
+
+    def _decode(self, blobs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The decode step ``data.decode`` names: nvImageCodec on the hardware engines for ``nvjpeg-hw``,
+        ``decode_batch`` (torchvision's nvJPEG, libjpeg-turbo on a CPU device) for the others."""
+        if self.cfg.data.decode != "nvjpeg-hw":
+            return decode_batch(blobs, self.device)
+        if self._hw_decoder is None:  # one per pipeline, created by the thread that decodes, on the rank's device
+            self._hw_decoder = make_hw_decoder(self.device)
+        return decode_batch_hw(blobs, self.device, self._hw_decoder)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.stop()
+            self._producer = None
+        self._hw_decoder = None  # frees the engines' state and pinned buffers now, not at interpreter exit
+        iterator = getattr(self.loader, "_iterator", None)  # persistent workers live here between epochs
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
+
+class GpuDecodePipeline(BatchedDecodePipeline):
+    """``data.decode: nvjpeg-gpu`` or ``nvjpeg-hw`` — needs a CUDA device (and, for ``nvjpeg-hw``, nvImageCodec:
+    checked here, before the workers start, so a missing package is a config error and not a crash mid-run)."""
+
+    def __init__(self, cfg: TrainConfig, samples: Sequence[tuple[str, int]], *, rank: int, world_size: int,
+                 device: torch.device | str, ahead: int = 1, stream_priority: int = -1):
+        # Anything but nvjpeg-hw decodes as nvjpeg-gpu here (``_decode``), and is named so.
+        decode, problems = ("nvjpeg-hw" if cfg.data.decode == "nvjpeg-hw" else "nvjpeg-gpu"), []
+        if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+            problems.append(f"data.decode={decode} needs a CUDA GPU: use torchvision-cpu or pil on this machine")
+        if decode == "nvjpeg-hw":
+            try:
+                import_nvimgcodec()
+            except ConfigError as e:
+                problems.extend(e.problems)
+        if problems:
+            raise ConfigError(problems)
+        super().__init__(cfg, samples, rank=rank, world_size=world_size, device=device, ahead=ahead,
+                         stream_priority=stream_priority)
+
+
+class HybridDecodePipeline(BatchedDecodePipeline):
+    """``data.decode: hybrid`` — ``data.hybrid_cpu_fraction`` of every batch is decoded and augmented by the loader
+    workers (``HybridDataset``), the rest by the device as in ``nvjpeg-gpu``; the output is the CPU share
+    (normalized on the device) followed by the GPU share, labels alike. The fraction trades CPU cores for device
+    time, which is what the tuner balances. Works on a CPU device too (both shares then decode with libjpeg-turbo).
+    """
+
+    def _dataset(self, samples):
+        transform = cpu_transforms(self.cfg, train=True, decode="torchvision-cpu")
+        return (HybridDataset(samples, transform, self.cfg.data.hybrid_cpu_fraction),
+                HybridCollate(self.cfg.data.image_size))
+
+    def _loader_seeding(self) -> dict:
+        # The CPU share's transforms draw from each worker's torch RNG, seeded from this generator (as in the
+        # torchvision-cpu path); __iter__ reseeds it from (seed, epoch, rank).
+        return {"worker_init_fn": seed_worker, "generator": torch.Generator().manual_seed(self.cfg.training.seed)}
+
+    def prepare(self, batch, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        cpu_images, buf, lengths, labels = batch
+        k, size = cpu_images.shape[0], self.cfg.data.image_size
+        fmt = torch.channels_last if self.cfg.training.channels_last else torch.contiguous_format
+        out = torch.empty((k + lengths.numel(), 3, size, size), dtype=torch.float32, device=self.device,
+                          memory_format=fmt)
+        if k:
+            normalize_into(out[:k], cpu_images.to(self.device, non_blocking=True))
+        if lengths.numel():
+            self.decode_and_crop(buf, lengths, generator, out=out[k:])
+        return out, labels.to(self.device, non_blocking=True)
+
+
+class _Producer:
+    """The background thread of one iteration: loader batch -> prepared batch -> bounded queue."""
+
+    def __init__(self, pipeline: BatchedDecodePipeline, batches, generator: torch.Generator):
+        self.pipeline, self.batches, self.generator = pipeline, batches, generator
+        self.queue: queue.Queue = queue.Queue(maxsize=pipeline.ahead)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="gpu-decode", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        p = self.pipeline
+        try:
+            on_side_stream = contextlib.ExitStack()
+            if p.stream is not None:  # the current device and stream are per thread: set both here
+                on_side_stream.enter_context(torch.cuda.device(p.device))
+                on_side_stream.enter_context(torch.cuda.stream(p.stream))
+            with on_side_stream:
+                for batch in self.batches:
+                    if self.stopping.is_set():
+                        return
+                    if p.stream is not None:
+                        # nvJPEG writes its outputs from its own stream; memory this stream freed (the last batch's
+                        # temporaries) may be handed to those outputs only once this stream's reads of it are done.
+                        p.stream.synchronize()
+                    # The decoders may read the last batch's pinned file bytes asynchronously until that sync, and the
+                    # loop variable let go of them before it: this reference keeps them from the caching host
+                    # allocator (and the loader's pin thread) until now.
+                    self.in_use = batch
+                    images, labels = p.prepare(batch, self.generator)
+                    ready = None
+                    if p.stream is not None:
+                        ready = torch.cuda.Event()
+                        ready.record(p.stream)
+                    if not self._put((images, labels, ready)):
+                        return
+            self._put(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            self._put(e)
+
+    def _put(self, item) -> bool:
+        while not self.stopping.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self):
+        """The next prepared batch, None at the end of the epoch; re-raises the thread's exception."""
+        while True:
+            try:
+                item = self.queue.get(timeout=1.0)
+            except queue.Empty:
+                if not self.thread.is_alive() and self.queue.empty():
+                    raise RuntimeError("the GPU decode thread ended without handing over a result") from None
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self.stopping.set()
+        while True:  # unblock a put() in progress and free the prepared batches
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+        self.thread.join(timeout)
+        if not self.pipeline.loader.persistent_workers and hasattr(self.batches, "_shutdown_workers"):
+            self.batches._shutdown_workers()
