@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from collections.abc import Callable
 
-from autotune.exceptions import AutotuneError
+from autotune.exceptions import AutotuneError, Terminated
 from trainer.config import ConfigError
 
 DESCRIPTION = ("Find the fastest PyTorch DDP configuration for a training job on this machine's GPUs (or, without "
@@ -28,15 +28,6 @@ class Command:
 
 
 _COMMANDS: dict[str, Command] = {}
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM/SIGHUP, handled as Ctrl-C is (the running trial's processes are killed and it is recorded); the exit
-    code says which signal, as a shell's does (128 + its number)."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(f"terminated ({signal.Signals(signum).name})")
 
 
 def command(name: str, help: str, arguments: Callable[[argparse.ArgumentParser], None] = lambda p: None):
@@ -78,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt as e:
-        print(f"autotune: {e or 'interrupted'}", file=sys.stderr)
+        print(f"autotune: {str(e) or 'interrupted'}", file=sys.stderr)
         return 128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT)
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into one line
         if args.debug:

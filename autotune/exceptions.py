@@ -1,6 +1,8 @@
 """The tuner's exception hierarchy. Every error a user can cause is an `AutotuneError` with a one-line message that
 names the fix; the CLI prints it without a traceback (``--debug`` shows one)."""
 
+import signal
+
 
 class AutotuneError(Exception):
     """Base class: ``str(e)`` is the one line shown to the user."""
@@ -30,3 +32,12 @@ class LaunchError(AutotuneError):
 
 class GPUError(AutotuneError):
     """The GPUs asked for are not there."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP, handled as Ctrl-C is (what runs is killed and recorded); the exit code says which signal, as
+    a shell's does (128 + its number)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"terminated ({signal.Signals(signum).name})")

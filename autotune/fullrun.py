@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from autotune.exceptions import AutotuneError, LaunchError
+from autotune.exceptions import AutotuneError, LaunchError, Terminated
 from autotune.hw.nvml import Nvml, Sampler, summarize
 from autotune.hw.placement import gpu_count, select, to_nvml, visible_entries
 from autotune.runner.process import LineReader, ProcessTree
@@ -99,6 +99,14 @@ class TrainPlan:
     notes: list[str] = field(default_factory=list)
     comparable: bool = True
     """Whether the search's figures were measured at this world size (otherwise no comparison is made)."""
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The run's environment: the export's variables, threads per rank, the GPUs, the safety variables."""
+        return run_env(nccl=self.config.nccl.to_env(), nproc=self.nproc, gpus=self.gpu_entries, extra=self.extra_env,
+                       base=base)[0]
+
+    def argv(self) -> list[str]:
+        return Torchrun.parse(self.torchrun_args).argv(self.nproc, trainer_args(self.config_path, self.result_path))
 
 
 # ---- planning ------------------------------------------------------------------------------------------------------
@@ -225,17 +233,12 @@ class TrainResult:
                    checkpoints=by(Kind.CHECKPOINT), errors=by(Kind.ERROR), **kw)
 
 
-class _Interrupted(BaseException):
-    """SIGTERM/SIGHUP to this process: handled like Ctrl-C (kill the job, then exit)."""
-
-
 def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
         nvml: Nvml | None = None) -> TrainResult:
     """Launch the job, stream it, and clean up; KeyboardInterrupt (and SIGTERM/SIGHUP) kills the whole job."""
     p.out.mkdir(parents=True, exist_ok=True)
     p.config.to_yaml(p.config_path)
-    env, _ = run_env(nccl=p.config.nccl.to_env(), nproc=p.nproc, gpus=p.gpu_entries, extra=p.extra_env)
-    argv = Torchrun.parse(p.torchrun_args).argv(p.nproc, trainer_args(p.config_path, p.result_path))
+    env, argv = p.env(), p.argv()
     nvml = nvml if nvml is not None else Nvml()
     gpus = to_nvml(nvml, p.gpu_entries) if p.gpu_entries and nvml.available else []
     sampler = Sampler(nvml, gpus, interval=NVML_INTERVAL_S)
@@ -255,7 +258,7 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
             tree = ProcessTree(argv, env=env, log=log)
             follow(tree, reader, followed, timeout_s=None, on_record=view.record)
             leftover = tree.finish() if tree.poll() is not None else tree.kill()
-        except (KeyboardInterrupt, _Interrupted):
+        except KeyboardInterrupt:
             view.close()
             if tree is not None:
                 left = tree.kill()
@@ -263,7 +266,7 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
                 print(f"autotune train: interrupted: job killed{stuck}; continue it with `autotune train --config "
                       f"{p.config_path} --resume` (checkpoints in {p.config.checkpoint_dir})", file=sys.stderr,
                       flush=True)
-            raise KeyboardInterrupt from None
+            raise
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
@@ -294,7 +297,7 @@ def _append_point(path: Path) -> int:
 
 
 def _raise_interrupted(signum, frame):
-    raise _Interrupted(signum)
+    raise Terminated(signum)
 
 
 class ProgressView:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 
 from autotune.search.progress import fmt_duration, fmt_ips, fmt_params
+from autotune.search.stages import shown_settings
 from autotune.study import view
 from autotune.study.view import TrialView
 
@@ -59,7 +60,7 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
         a = v.attrs
         gain = f"{v.imgs_per_s / base.imgs_per_s:.2f}x" if v.feasible and base else ""
         spread = f"{v.spread:.1%}" + ("!" if a.get("settled") is False else "") if v.spread is not None else "-"
-        note = fmt_params(v.params, 90) or fmt_params(a.get("overrides") or {}, 90)
+        note = fmt_params(v.params, 90) or fmt_params(shown_settings(a.get("overrides") or {}), 90)
         if v.failure_class and v.outcome != "pruned":
             note = f"{v.failure_class}: {(v.failure_message or '')[:80]}  [{note}]"
         rows.append((f"{v.number}{'*' if best is not None and v.number == best.number else ''}", v.stage,

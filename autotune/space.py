@@ -229,13 +229,14 @@ class SearchSpace:
                 if not p.when.holds(cond_value):
                     continue
             if not p.contains(value):
-                if explicit:
+                if explicit and not _declared(spec, p.path, value):
                     problems.append(f"baseline.{p.path}={_show(value)}: outside the searched {p.describe()}; "
                                     f"set baseline.{p.path} to one of those")
                     continue
                 near = p.nearest(value)
-                self.notes.append(f"baseline: {p.path}={_show(near)} (the base's {_show(value)} is not searched "
-                                  f"here: {p.describe()})")
+                whose = "the spec's baseline" if explicit else "the base's"
+                self.notes.append(f"baseline: {p.path}={_show(near)} ({whose} {_show(value)} is not searched on "
+                                  f"this machine and data: {p.describe()})")
                 value = near
             out[p.path] = p.match(value) if p.kind == "categorical" else value
         if problems:
@@ -324,6 +325,12 @@ def effective_knobs(spec: StudySpec) -> dict[str, Knob]:
     return knobs
 
 
+def _declared(spec: StudySpec, path: str, value: Any) -> bool:
+    """Whether ``value`` is one of the spec's own choices for the knob (dropped here for the machine or the data)."""
+    k = effective_knobs(spec).get(path)
+    return k is not None and k.choices is not None and value in [_norm_choice(c) for c in k.choices]
+
+
 def _norm_choice(v: Any) -> Any:
     return None if isinstance(v, str) and v == DEFAULT_CHOICE else v
 
@@ -376,6 +383,12 @@ def knob_problems(spec: StudySpec) -> list[str]:
                         p.append(f"{where}.{name}: auto is only defined for loader.num_workers")
                 elif isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
                     p.append(f"{where}.{name}={v!r}: expected {'an integer' if kind is int else 'a number'}")
+            for name, v in (("low", k.low), ("high", k.high)):
+                if v != AUTO and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    try:
+                        TrainConfig().with_overrides({path: v})
+                    except ConfigError as e:
+                        p.extend(f"{where}.{name}: {x}" for x in e.problems if x.startswith(f"{path}="))
             nums = [v for v in (k.low, k.high) if v != AUTO]
             if len(nums) == 2 and all(isinstance(v, (int, float)) for v in nums) and k.low > k.high:
                 p.append(f"{where}: low={k.low} > high={k.high}")
@@ -411,7 +424,7 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
     """The spec's space for this machine and data: ``auto`` bounds filled in, GPU-only choices dropped on a CPU
     machine, batch sizes the data cannot fill dropped (``max_batch``: training images per rank), fixed-global-batch
     filtering, knobs ordered so conditions read already-suggested values. On ``synthetic`` data there is no input
-    pipeline: its knobs are not searched."""
+    pipeline: the default space's pipeline knobs are not searched (a spec that names one keeps it)."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     per_rank = max(1, cores // max(1, nproc_per_node))
@@ -419,7 +432,7 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
     notes: list[str] = []
     params: list[Param] = []
     for path, k in effective_knobs(spec).items():
-        if synthetic and path.split(".", 1)[0] in ("data", "loader"):
+        if synthetic and path.split(".", 1)[0] in ("data", "loader") and path not in spec.space:
             notes.append(f"{path}: not searched (synthetic data: no input pipeline)")
             continue
         when = Condition.parse(k.when) if k.when else None

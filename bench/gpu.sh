@@ -1,101 +1,106 @@
 #!/usr/bin/env bash
-# All GPU work of one session, in one call on nvidia-h200-x2 (see ../shared/GPU.md). Usage, from the repo root on the
-# GPU machine, after the wheel install line:  bash bench/gpu.sh STAGE [RUN ...]
-# Stages: job (default), pipeline, search N, final, or run names of bench/run.py.
-# Writes JSON and logs under $OUT (default bench/out) and prints a table last.
-# Wheels: `../shared/gpu-wheels.sh .whl nvidia-nvimgcodec-cu13 nvidia-nvjpeg` (the nvjpeg-hw decode path needs the
-# last two; ~29 MB more, inside the 64 MiB a call carries).
-# Chain calls within the machine's 30 s warm period and /tmp (JPEGs, the study in /tmp/state) carries over; a study
-# also resumes on a fresh machine from bench/state/$STUDY.db when that is carried.
+# The GPU work of a session, in as few calls as possible, on nvidia-h200-x2. From the repo root on the GPU machine,
+# after the wheel install line:
+#
+#   bash bench/gpu.sh STAGE [STAGE ...]
+#
+#   compare        fresh-process rows of bench/run.py (ROWS) with this tree, and OLD_ROWS with the tree in $OLD
+#                  (a `git archive` of an earlier commit, carried beside this one) run the same way, named old-*
+#   search=N       N trials of the resnet50 study on the generated JPEGs (resumes it; starts no trial after the call's
+#                  deadline, CALL_S seconds after the script began, minus a margin for the trial in flight)
+#   final          the search's best exported and re-measured in a fresh process, two more trials re-measured (the
+#                  best with a CPU decode, the best with a GPU decode), and HAND rows measured again by bench/run.py
+#   RUN            any bench/run.py row by name
+#
+# Everything comes back in at most 8 files under $OUT: call.log (all output), compare.json, final.json, best.yaml,
+# search.db (the whole study: `autotune show --storage sqlite:///search.db`), search-table.txt, workers.tgz.
+# A study also resumes on a fresh machine from bench/state/resnet50.db when that is carried.
+# DRY=1: the same stages on a machine without GPUs at toy sizes (ResNet-18, 32 px): checks the plumbing only.
 set -uo pipefail
+t0=$(date +%s)
 out=${OUT:-bench/out}; mkdir -p "$out"
-stage=${1:-job}; shift || true
-# torchrun's per-rank banners and warnings, kept in the logs under $OUT, not on the screen.
-quiet() { grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS"; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-data=${DATA:-/tmp/jpegs}; study=${STUDY:-resnet50}
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,power.limit --format=csv,noheader
-python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'gpus', torch.cuda.device_count(), 'cpus', __import__('os').cpu_count())"
-# 32,000 ImageNet-like JPEGs (100 class folders; the model head keeps 1000 classes, as for ImageNet).
-python3 -m autotune make-data "$data" --images "${IMAGES:-32000}" --classes 100 --no-progress 2>&1 | tail -1
-case "$stage" in
-  job) runs=${*:-seed-default strong-pil strong-tvcpu strong-synthetic bare-synthetic loader-pil loader-tvcpu loader-nvjpeg strong-nvjpeg-bf16 strong-nvjpeg-fp16} ;;
-  pipeline)
-    # One GPU: stage costs (wall and GPU ms), and a ResNet-50 loop fed by each pipeline in one process.
-    timeout 150 python3 bench/pipeline_gpu.py "$data" --out "$out/pipeline_gpu.json" --workers 6 --hybrid 0.25,0.5 \
-      --train --seconds 3 2>&1 | tail -24
-    runs=${*:-strong-hybrid-fp16-50 strong-nvjpeg-fp16} ;;
-  search)
-    # A real search of the default GPU study on the same JPEGs. The study lives in /tmp/state while the machine stays
-    # warm; bench/state/$study.db (git-ignored; carry it) seeds it on a fresh machine, so the study resumes.
-    # SEARCH_TIMEOUT: start no trial after this many seconds (a trial runs to its end: no trial is cut short).
-    mkdir -p /tmp/state; db="sqlite:////tmp/state/$study.db"
-    [ -f /tmp/state/$study.db ] || [ ! -f bench/state/$study.db ] || cp bench/state/$study.db /tmp/state/
-    python3 -m autotune search --trials "${1:-4}" --timeout "${SEARCH_TIMEOUT:-200}" --data "$data" --storage "$db" \
-      2>&1 | tee -a "$out/search.log" | quiet
-    python3 -m autotune show --study "$study" --storage "$db" 2>&1 | tee "$out/search-table.txt"
-    cp /tmp/state/$study.db "$out/"
-    tar czf "$out/search-trials.tgz" -C /tmp/state "$study"
-    exit 0 ;;
-  final)
-    # The search's best config: exported, re-measured 3 times as the search measured it, then a short full run
-    # (`autotune train`) on a 4x larger view of the same JPEGs (hard links, so an epoch lasts ~4x a trial's windows),
-    # interrupted once after its first checkpoint and resumed.
-    db="sqlite:////tmp/state/$study.db"
-    [ -f /tmp/state/$study.db ] || { mkdir -p /tmp/state; cp bench/state/$study.db /tmp/state/; }
-    python3 -m autotune export "$out/best.yaml" --study "$study" --storage "$db" || exit 1
-    python3 bench/run.py --config "$out/best.yaml" --repeat 3 --out "$out/remeasure.json" --trials-dir /tmp/remeasure \
-      --timeout 150 2>&1 | tee "$out/remeasure.log" | quiet
-    # Side by side on this machine: the seed's defaults, and the best config fed synthetic data (its ceiling).
-    python3 bench/run.py seed-default --data "$data" --out "$out/compare-seed.json" --trials-dir /tmp/remeasure \
-      --timeout 150 2>&1 | tee -a "$out/remeasure.log" | quiet
-    python3 bench/run.py --config "$out/best.yaml" --repeat 1 --label best-synthetic --set data.kind=synthetic \
-      --out "$out/compare-synthetic.json" --trials-dir /tmp/remeasure --timeout 150 2>&1 \
-      | tee -a "$out/remeasure.log" | quiet
-    python3 - "$data" /tmp/jpegs-x4 <<'PY'
-import os, sys
-from pathlib import Path
-src, dst = Path(sys.argv[1]) / "train", Path(sys.argv[2]) / "train"
-for cls in sorted(d for d in src.iterdir() if d.is_dir()):
-    (dst / cls.name).mkdir(parents=True, exist_ok=True)
-    for f in cls.iterdir():
-        for k in range(4):
-            link = dst / cls.name / f"{k}_{f.name}"
-            if not link.exists():
-                os.link(f, link)
-print("train view:", sum(1 for _ in dst.rglob("*.jpg")), "files")
-PY
-    tr=/tmp/train-run; rm -rf "$tr"
-    flags=(--config "$out/best.yaml" --epochs "${TRAIN_EPOCHS:-3}" --out "$tr" --no-progress
-           --set data.path=/tmp/jpegs-x4 --set data.val_fraction=0.01)
-    python3 -m autotune train "${flags[@]}" > "$out/train-1.log" 2>&1 &
-    pid=$!
-    until [ -n "$(find "$tr" -name "ckpt-*.pt" 2>/dev/null)" ] || ! kill -0 $pid 2>/dev/null; do sleep 1; done
-    sleep 2; kill -TERM $pid; wait $pid; echo "first run (interrupted): exit $?"
-    quiet < "$out/train-1.log" | tail -8
-    python3 -m autotune train "${flags[@]}" --resume 2>&1 | tee "$out/train-2.log" | quiet
-    # One archive, so a call that also searched stays inside the 8 files that come back.
-    cp "$tr/train-summary.json" "$tr/train.log" "$out/" 2>/dev/null
-    (cd "$out" && tar czf final.tgz remeasure.log compare-*.json train-1.log train-2.log train-summary.json train.log \
-      && rm -f remeasure.log compare-*.json train-1.log train-2.log train.log)
-    exit 0 ;;
-  *) runs="$stage $*" ;;
-esac
-python3 bench/run.py --data "$data" --out "$out/results.json" --trials-dir /tmp/bench-trials --timeout 150 ${BENCH_ARGS:-} $runs 2>&1 \
-  | tee "$out/run.log" | quiet
-tar czf "$out/trials.tgz" -C /tmp bench-trials
-if [ "$stage" = job ]; then
-  # The nvJPEG pipeline alone on one GPU: decode, crop, full pipeline by worker count (and its accuracy checks).
-  timeout 150 python3 bench/pipeline_gpu.py "$data" --out "$out/pipeline_gpu.json" --workers 6,15 --seconds 5 2>&1 \
-    | tail -40
+exec > >(tee -a "$out/call.log") 2>&1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+data=${DATA:-/tmp/jpegs}; state=/tmp/state; db="sqlite:///$state/resnet50.db"
+call_s=${CALL_S:-570}
+rows=${ROWS:-synthetic-fp16 strong-synthetic strong-nvjpeg-fp16 strong-nvjpeg-bf16 strong-hybrid-fp16-25}
+old_rows=${OLD_ROWS:-synthetic-fp16 strong-synthetic strong-nvjpeg-bf16}
+hand=${HAND:-strong-nvjpeg-fp16 strong-hybrid-fp16-25}
+images=${IMAGES:-32000}
+bench_set=(); search_set=()
+if [ -n "${DRY:-}" ]; then  # toy sizes for a CPU smoke run
+  images=400
+  bench_set=(--set model.name=resnet18 --set data.image_size=32 --set training.batch_size=8
+             --set loader.num_workers=1 --set measure.window_s=0.5 --set measure.warmup_min_steps=2)
+  search_set=(--model resnet18 --image-size 32 --trial-timeout 120)
 fi
-python3 - "$out/results.json" <<'PY'
+quiet() { grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS\|^  trial .* window\|^  trial .* warm-up\|^  trial .* measuring"; }
+left() { echo $(( t0 + call_s - $(date +%s) )); }
+
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, \
+'gpus', torch.cuda.device_count(), 'cpus', __import__('os').cpu_count())"
+git log -1 --format='tree: %h %s' 2>/dev/null || true
+# ImageNet-like JPEGs in 100 class folders, made once per machine.
+python3 -m autotune make-data "$data" --images "$images" --classes 100 --no-progress 2>&1 | tail -1
+
+for stage in "$@"; do
+  echo "== $stage ($(( $(date +%s) - t0 )) s into the call)"
+  case "$stage" in
+    compare)
+      python3 bench/run.py --data "$data" --out "$out/compare-new.json" --trials-dir /tmp/bench-new --timeout 150 \
+        "${bench_set[@]}" $rows 2>&1 | quiet
+      if [ -n "${OLD:-}" ]; then
+        (cd "$OLD" && PYTHONPATH="/tmp/site:$PWD" python3 bench/run.py --data "$data" \
+          --out "$OLDPWD/$out/compare-old.json" --trials-dir /tmp/bench-old --timeout 150 "${bench_set[@]}" \
+          $old_rows 2>&1 | quiet)
+      fi
+      python3 - "$out" <<'PY'
 import json, sys
-rows = json.load(open(sys.argv[1]))
-print(f"{'run':<22}{'imgs/s':>10}{'spread':>8}{'util%':>7}{'memGiB':>8}{'cpu%':>6}{'launch':>7}{'wall':>6}")
-for r in rows:
-    print(f"{r['name']:<22}{(r.get('imgs_per_s') or 0):>10,.0f}{(r.get('spread') or 0):>8.3f}"
-          f"{(r.get('util_mean') or 0):>7.1f}{(r.get('mem_used_max_mib') or 0) / 1024:>8.1f}"
-          f"{(r.get('cpu_busy_pct') or 0):>6.0f}{(r.get('launch_s') or 0):>7.1f}{r.get('bench_wall_s', 0):>6.0f}"
-          f"  {r.get('failure') or ''} {(r.get('failure_message') or '')[:80]}")
+from pathlib import Path
+out = Path(sys.argv[1])
+rows = json.loads((out / "compare-new.json").read_text())
+old = out / "compare-old.json"
+if old.exists():
+    rows += [{**r, "name": "old-" + r["name"]} for r in json.loads(old.read_text())]
+(out / "compare.json").write_text(json.dumps(rows, indent=1, default=str))
+for f in ("compare-new.json", "compare-old.json"):
+    (out / f).unlink(missing_ok=True)
 PY
+      ;;
+    search=*)
+      n=${stage#search=}
+      mkdir -p "$state"
+      [ -f "$state/resnet50.db" ] || [ ! -f bench/state/resnet50.db ] || cp bench/state/resnet50.db "$state/"
+      budget=$(( $(left) - 60 ))  # the trial in flight when it runs out still ends inside the call
+      if [ "$budget" -gt 30 ]; then
+        python3 -m autotune search --spec resnet50 --data "$data" --storage "$db" --trials "$n" --timeout "$budget" \
+          "${search_set[@]}" 2>&1 | quiet
+      else
+        echo "search: only $(left) s left in this call; not started"
+      fi
+      python3 -m autotune show --storage "$db" > "$out/search-table.txt"
+      tail -4 "$out/search-table.txt"
+      cp "$state/resnet50.db" "$out/search.db"
+      tar czf "$out/workers.tgz" -C "$state" --exclude='*.pt' resnet50 2>/dev/null || true
+      ;;
+    final)
+      python3 bench/remeasure.py --storage "$db" --out "$out/final.json" --yaml "$out/best.yaml" --timeout 150
+      python3 bench/run.py --data "$data" --out "$out/hand.json" --trials-dir /tmp/bench-hand --timeout 150 \
+        --set data.num_classes=100 "${bench_set[@]}" $hand 2>&1 | quiet
+      python3 - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+final = json.loads((out / "final.json").read_text())
+final["hand"] = json.loads((out / "hand.json").read_text())
+(out / "final.json").write_text(json.dumps(final, indent=1, default=str))
+(out / "hand.json").unlink()
+PY
+      ;;
+    *)
+      python3 bench/run.py --data "$data" --out "$out/runs.json" --trials-dir /tmp/bench-runs --timeout 150 \
+        "${bench_set[@]}" "$stage" 2>&1 | quiet ;;
+  esac
+done
+echo "== done in $(( $(date +%s) - t0 )) s"

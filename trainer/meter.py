@@ -80,6 +80,7 @@ class ThroughputMeter:
     _win_steps: int = 0
     _win_t0_wall: float = 0.0
     _win_t0: float = 0.0
+    _win_paused: float = 0.0
     _loss: torch.Tensor | None = None
     _loss_at_open: torch.Tensor | None = None
 
@@ -99,9 +100,6 @@ class ThroughputMeter:
         if self.state == "warmup":
             self._warmup_step()
         elif self.state == "measure":
-            if self._win_steps == 0 and self._win_t0 == 0.0:
-                self._open_window()  # first step after a pause: the window starts now
-                return
             self._win_steps += 1
             if self._win_steps >= self.steps_per_window:
                 self._close_window()
@@ -109,15 +107,18 @@ class ThroughputMeter:
     @contextlib.contextmanager
     def paused(self):
         """Validation or a checkpoint runs inside: that time is not training. A warm-up step's clock skips it; an
-        open window is discarded (its wall-clock span would no longer match what it measured)."""
+        open window leaves it out of its seconds (``paused_s``), so windows run across epoch boundaries: a train
+        run's windows measure its whole pace, an epoch's loader restart included, even when epochs are short."""
+        sync(self.device)
         start = time.perf_counter()
         try:
             yield
         finally:
+            sync(self.device)
             if self.state == "warmup":
                 self._t_last += time.perf_counter() - start
             elif self.state == "measure":
-                self._win_steps, self._win_t0 = 0, 0.0
+                self._win_paused += time.perf_counter() - start
 
     # ---- warm-up -----------------------------------------------------------------------------------------------
 
@@ -151,11 +152,11 @@ class ThroughputMeter:
         # A copy, queued on the device: the training loop may reuse the tensor it handed over.
         self._loss_at_open = self._loss.detach().clone() if self._loss is not None else None
         sync(self.device)
-        self._win_t0_wall, self._win_t0, self._win_steps = time.time(), time.perf_counter(), 0
+        self._win_t0_wall, self._win_t0, self._win_steps, self._win_paused = time.time(), time.perf_counter(), 0, 0.0
 
     def _close_window(self) -> None:
         sync(self.device)
-        seconds = time.perf_counter() - self._win_t0
+        seconds = time.perf_counter() - self._win_t0 - self._win_paused
         t1_wall = time.time()
         # Slowest rank's duration; earliest start and latest end, so the tuner clips GPU samples to the true span.
         stop = float(bool(self.stop_requested and self.stop_requested()))
@@ -170,7 +171,8 @@ class ThroughputMeter:
         self.windows.append(w)
         self.emit({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
                    "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3),
-                   "loss_start": _round(w.loss_start), "loss_end": _round(w.loss_end)})
+                   "loss_start": _round(w.loss_start), "loss_end": _round(w.loss_end),
+                   "paused_s": round(self._win_paused, 6)})
         # Re-aim the next window at window_s from what this one really took (every rank computes the same number),
         # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
         aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))

@@ -6,7 +6,8 @@ import argparse
 import signal
 import threading
 
-from autotune.cli import Terminated, command
+from autotune.cli import command
+from autotune.exceptions import Terminated
 
 
 def arguments(p: argparse.ArgumentParser) -> None:

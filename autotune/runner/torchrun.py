@@ -45,7 +45,8 @@ class Torchrun:
             nnodes = int(str(ns.nnodes).split(":")[-1])
         except ValueError:
             raise LaunchError(f"torchrun args: --nnodes {ns.nnodes}: expected N or MIN:MAX") from None
-        own = nnodes > 1 or bool(ns.rdzv_endpoint) or bool(ns.master_addr) or bool(ns.standalone)
+        given = lambda name: getattr(ns, name) != _parser().get_default(name)  # noqa: E731
+        own = nnodes > 1 or given("rdzv_endpoint") or given("master_addr") or bool(ns.standalone)
         return cls(args=args, nnodes=nnodes, rendezvous=own, node_rank=int(ns.node_rank or 0))
 
     def argv(self, nproc: int, trainer_args: list[str]) -> list[str]:

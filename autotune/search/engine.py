@@ -20,7 +20,7 @@ from autotune.search.evaluate import Evaluator
 from autotune.search.prepare import Plan, SearchOptions, describe_model, generate_data, prepare, summarize_data
 from autotune.search.progress import Progress
 from autotune.search.record import record
-from autotune.search.stages import StagePlanner
+from autotune.search.stages import StagePlanner, shown_settings
 from autotune.study import view
 from autotune.study.liveness import STALE_AFTER_S, reclaim_stale
 from autotune.study.setup import create_or_load
@@ -114,7 +114,7 @@ class Engine:
         best, base = view.fastest(trials), view.baseline(trials)
         outcome = {"complete": "ok" if stage not in view.MEASUREMENT_STAGES else "measured", "pruned": "pruned",
                    "infeasible": f"infeasible:{ev.failure}", "fail": f"FAIL:{ev.failure}"}[state]
-        shown = dict(trial.params) or dict(trial.user_attrs.get("overrides") or {})
+        shown = dict(trial.params) or shown_settings(trial.user_attrs.get("overrides") or {})
         self.progress.trial_done(number=trial.number, stage=stage, params=shown, outcome=outcome,
                                  ips=ev.attrs.get("imgs_per_s"), util=ev.attrs.get("util_mean"),
                                  best=(best.number, best.imgs_per_s) if best else None,

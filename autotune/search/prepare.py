@@ -227,7 +227,7 @@ def given_data(spec: StudySpec, data_arg: str | None) -> TrainConfig | None:
         path = Path(data_arg).expanduser().resolve()
         if not path.is_dir():
             raise DataError(f"--data {data_arg}: no such folder; make one with `autotune make-data {data_arg} "
-                            "--images 2000 --classes 10`, or point --data at an ImageFolder (one sub-folder per "
+                            "--images 1000 --classes 10`, or point --data at an ImageFolder (one sub-folder per "
                             "class)")
         base = spec.base_config(str(path)).with_overrides({"data.kind": "imagefolder"})
         return _check_images(base, "--data")

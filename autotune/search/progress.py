@@ -11,7 +11,8 @@ SHORT = {
     "training.compile": "compile", "loader.num_workers": "wk", "loader.prefetch_factor": "pf",
     "loader.pin_memory": "pin", "loader.persistent_workers": "pers", "data.decode": "", "ddp.bucket_cap_mb": "bkt",
     "ddp.gradient_as_bucket_view": "gbv", "ddp.static_graph": "static", "nccl.algo": "algo", "nccl.proto": "proto",
-    "nccl.min_ctas": "minc", "nccl.max_ctas": "maxc", "nccl.buffsize": "buf",
+    "nccl.min_ctas": "minc", "nccl.max_ctas": "maxc", "nccl.buffsize": "buf", "training.mode": "",
+    "data.hybrid_cpu_fraction": "cpu_share", "training.cudnn_benchmark": "cudnn_search",
 }
 """Short labels; an empty label shows the value alone (``bf16``, ``nvjpeg-gpu`` speak for themselves)."""
 

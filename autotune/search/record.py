@@ -28,7 +28,7 @@ def record(study, trial, ev: Evaluation, objective: Objective, space: SearchSpac
     if ev.config is not None:
         record_on_trial(trial, CONFIG_KEY, ev.config.to_dict())
     state = "pruned" if ev.pruned else state_for(ev.failure)
-    attrs = dict(ev.attrs)
+    attrs = {**ev.attrs, "stage": ev.stage}
     if ev.failure is not None and not ev.pruned:
         attrs["failure_class"], attrs["failure_message"] = str(ev.failure), ev.message
     retry = plan_repair(trial, ev, space, known_oom) if state == "infeasible" else None

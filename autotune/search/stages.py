@@ -42,6 +42,10 @@ REACH = 0.90
 IDENTITY = ("data.decode", "data.hybrid_cpu_fraction", "training.precision", "training.channels_last")
 """What the refine stage holds of a good end-to-end trial: its pipeline, precision and layout."""
 
+SHOWN = ("training.mode", "data.decode", "data.hybrid_cpu_fraction", "training.precision", "training.channels_last",
+         "training.batch_size", "loader.num_workers", "training.cudnn_benchmark")
+"""What tells one stage measurement from another (the rest of its settings are the same for all)."""
+
 CEILING_FIXED = {"data.kind": "synthetic", "training.accum_steps": 1, "loader.num_workers": 0,
                  "loader.prefetch_factor": None, "loader.persistent_workers": False}
 
@@ -294,3 +298,8 @@ def _value(p: Param, fixed: dict[str, Any], baseline: dict[str, Any], base: dict
             value = source[p.path]
             return p.match(value) if p.kind == "categorical" else value
     return p.nearest(get_path(base, p.path))
+
+
+def shown_settings(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A stage measurement's settings as a person reads them: the ones that tell it from the others."""
+    return {k: overrides[k] for k in SHOWN if k in overrides}

@@ -18,9 +18,9 @@ import yaml
 
 from autotune.runner.process import processes_in
 from trainer.config import TrainConfig
+from tests.helpers.cli import REPO
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[3]
 S = optuna.trial.TrialState
 
 

@@ -68,7 +68,7 @@ def test_two_search_workers_share_a_journal_file(tmp_path):
 
     trials = optuna.load_study(study_name="journaled", storage=study_mod.open_storage(str(journal))).get_trials()
     _assert_consistent(trials, pids, per_worker=1)
-    assert Path(trials[1].user_attrs["log_path"]).parent == journal.parent / "journaled" / "trial-1"  # next to it
+    assert Path(trials[1].user_attrs["result_path"]).parent == journal.parent / "journaled" / "trial-1"  # beside it
     r = autotune("show", "--storage", journal, cwd=tmp_path, timeout=60)  # a plain path ending .journal works too
     assert r.returncode == 0 and "study journaled: 2 trials" in r.stdout, r.stderr
 

@@ -144,3 +144,25 @@ def test_a_train_run_stands_on_all_its_windows():
     drive(meter, [0.002], limit=300)
     assert len(meter.windows) > 3 and not meter.done
     assert meter.summary()["windows_used"] == [w.index for w in meter.windows]
+
+
+def test_a_pause_inside_a_window_is_left_out_of_its_seconds_and_the_window_goes_on():
+    """Short train epochs: validation after every 2 steps would discard every window if a pause voided it."""
+    records = []
+    meter = make(records, warmup_min_steps=2, window_s=0.1)
+    meter.continuous = True
+    drive(meter, [0.01], limit=4)  # warm-up done, a window open
+    assert meter.state == "measure"
+    pauses = 0
+    for _ in range(30):
+        time.sleep(0.01)
+        meter.step()
+        if meter.windows:
+            break
+        with meter.paused():  # an epoch's end: validation, a checkpoint
+            time.sleep(0.05)
+        pauses += 1
+    (w,) = meter.windows[:1]
+    window = next(r for r in records if r["kind"] == "window")
+    assert pauses >= 3 and window["paused_s"] >= 0.05 * pauses  # every pause inside the window was counted ...
+    assert w.seconds < 0.05 * pauses  # ... and left out: the window holds the steps' own time, not the pauses'

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import optuna
 import pytest
+from tests.helpers.cli import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def env() -> dict:

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from trainer.datagen import MANIFEST, DatagenError, make_image_folder
+from tests.helpers.cli import REPO
 
 
 def jpegs(root: Path) -> dict[str, bytes]:
@@ -115,7 +116,7 @@ def test_bad_arguments_and_foreign_folders(tmp_path):
 
 
 def test_cli_one_line_summary_and_errors(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "autotune", "make-data", str(tmp_path / "d"), "--images", "12", "--classes", "3",
            "--val-fraction", "0.25", "--workers", "2", "--no-progress"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)

@@ -18,8 +18,8 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
+from tests.helpers.cli import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DIST = {"training.batch_size": CategoricalDistribution([64, 128, 256]),
         "training.precision": CategoricalDistribution(["fp32", "bf16", "fp16"]),
         "data.decode": CategoricalDistribution(["pil", "torchvision-cpu", "nvjpeg-gpu"]),
@@ -40,7 +40,7 @@ TRIALS = [
 
 
 def make_study(storage: str, name: str = "gpu-study", *, pareto: bool = False, util: bool = True,
-               trials=TRIALS) -> optuna.Study:
+               trials=TRIALS, stages: bool = True) -> optuna.Study:
     study = optuna.create_study(study_name=name, storage=storage,
                                 directions=["maximize", "maximize"] if pareto else ["maximize"])
     study.set_user_attr("objective", "pareto" if pareto else "throughput")
@@ -71,7 +71,20 @@ def make_study(storage: str, name: str = "gpu-study", *, pareto: bool = False, u
         else:
             values, st = None, TrialState.PRUNED if state == "pruned" else TrialState.FAIL
         study.add_trial(create_trial(state=st, values=values, params=params, distributions=DIST, user_attrs=attrs))
+    for stage, overrides, ips in STAGE_TRIALS if stages else ():
+        attrs = {"stage": stage, "overrides": overrides, "imgs_per_s": ips, "imgs_per_s_windows": [ips], "spread": 0.0,
+                 "config": {"training": {"precision": overrides.get("training.precision", "bf16"),
+                                         "batch_size": 256, "channels_last": True},
+                            "data": {"decode": overrides.get("data.decode", "pil")}}}
+        study.add_trial(create_trial(state=TrialState.COMPLETE, values=[ips, 99.0] if pareto else [ips],
+                                     user_attrs=attrs, system_attrs={"constraints:measures_a_part": 1.0}))
     return study
+
+
+# Stage measurements (the model alone, each pipeline alone), recorded as the search records them: no parameters.
+STAGE_TRIALS = [("ceiling", {"training.precision": "fp16", "data.kind": "synthetic"}, 11645.0),
+                ("supply", {"training.mode": "loader", "data.decode": "nvjpeg-gpu"}, 17632.0),
+                ("supply", {"training.mode": "loader", "data.decode": "pil"}, 4126.0)]
 
 
 def unescaped(page: str) -> str:
@@ -90,22 +103,27 @@ def test_report_has_every_section_and_is_self_contained(tmp_path):
     make_study(storage)
     r = report(tmp_path, "--storage", storage, "--out", "out/report.html")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "9 trials" in r.stdout
+    assert "12 trials" in r.stdout
     page = (tmp_path / "out" / "report.html").read_text()
-    for div in ("history", "importances", "parallel", "util", "spread", "failures"):
+    # It opens with the three numbers: the ceiling, what each pipeline feeds, how close the best gets.
+    head = page[page.index('<table class="summary">'):page.index("</table>")]
+    assert head.index("what the GPUs can do") < head.index("what each input pipeline can feed") < \
+        head.index("the tuned configuration") < head.index("study")
+    assert "11,645" in head and "nvjpeg-gpu 17,632" in head and "trial 3, 8,625 imgs/s = 74% of the ceiling" in head
+    for div in ("bottleneck", "history", "importances", "parallel", "util", "spread", "failures"):
         assert f'id="plot-{div}"' in page, div
     assert 'id="empty-pareto"' in page and "single-objective" in page
     # Offline: plotly.js is inlined, nothing is fetched.
     assert not re.findall(r"<script[^>]*\ssrc=", page) and not re.findall(r"<link[^>]*\shref=", page)
     assert len(page) > 3_000_000 and page.count("Plotly.newPlot(") >= 6
     # The utilization caption states the design figure as such; the scatter groups precision x decode.
-    assert "46 %" in page and "59 %" in page and "ARCHITECTURE.md" in page
+    assert "46 %" in page and "59 %" in page and "ARCHITECTURE.md" not in page  # no pointer out of the page
     for group in ("bf16 · nvjpeg-gpu", "fp16 · nvjpeg-gpu", "fp32 · pil", "bf16 · torchvision-cpu"):
         assert group in unescaped(page)
     assert "Optimization history" in page and "Best Value" in page
     assert "Parameter importances" in page and "Parallel coordinates" in page
     # Failures: counted by class and listed with their message and log.
-    assert "Failed trials by class (3 of 9; 1 pruned)" in page
+    assert "Failed trials by class (3 of 12; 1 pruned)" in page
     assert "rank 1: oom happened" in page and "studies/gpu-study/trial-7/log.txt" in page
     assert "fastest" in page and "5.13× trial 0" in page  # 8625 / 1681
 
@@ -125,7 +143,7 @@ def test_sections_without_data_say_so(tmp_path):
 
     storage = f"sqlite:///{tmp_path / 'cpu.db'}"
     few = [t for t in TRIALS[:2]]
-    study = make_study(storage, "cpu-study", util=False, trials=few)
+    study = make_study(storage, "cpu-study", util=False, trials=few, stages=False)
     page = render_html(study)
     assert 'id="empty-util"' in page and "utilization is recorded as unavailable" in page
     assert 'id="empty-importances"' in page and "Too few feasible completed trials" in page
@@ -147,8 +165,8 @@ def test_sections_without_data_say_so(tmp_path):
 
     empty = optuna.create_study(study_name="empty", storage=storage)
     page = render_html(empty)
-    assert page.count('class="empty"') == len(("history", "importances", "parallel", "util", "spread", "failures",
-                                               "pareto"))
+    assert page.count('class="empty"') == len(("bottleneck", "history", "importances", "parallel", "util", "spread",
+                                               "failures", "pareto"))
 
 
 def test_missing_study_is_one_line(tmp_path):

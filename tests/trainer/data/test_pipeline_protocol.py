@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from tests.data.common import config, samples_of
+from tests.trainer.data.common import config, samples_of
 from trainer.data import Pipeline, build_pipeline
 from trainer.data.cpu import LoaderPipeline
 from trainer.data.gpu import BatchedDecodePipeline, GpuDecodePipeline, HybridDecodePipeline

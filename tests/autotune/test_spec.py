@@ -9,8 +9,8 @@ import yaml
 
 from autotune.exceptions import SpecError
 from autotune.spec import StudySpec, builtin_names, find_spec, load_spec
+from tests.helpers.cli import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name", ["resnet50", "cpu-demo"])
@@ -35,7 +35,7 @@ def test_specs_are_found_by_name_from_any_directory(tmp_path, monkeypatch):
     assert find_spec("cpu-demo").name == "cpu-demo.yaml"  # the packaged copy
     (tmp_path / "studies").mkdir()
     own = tmp_path / "studies" / "cpu-demo.yaml"
-    own.write_text((REPO / "studies" / "cpu-demo.yaml").read_text().replace("trials: 5", "trials: 2"))
+    own.write_text((REPO / "studies" / "cpu-demo.yaml").read_text().replace("trials: 12", "trials: 2"))
     assert load_spec("cpu-demo").budget.trials == 2  # ./studies wins over the packaged copy
     with pytest.raises(SpecError, match="no such spec file or built-in spec .*cpu-demo"):
         find_spec("nope")
@@ -89,7 +89,7 @@ def test_yaml_errors_name_the_file_and_line(tmp_path):
     with pytest.raises(SpecError, match=r"s.yaml: not valid YAML \(line \d\)"):
         StudySpec.from_yaml(f)
     f.write_text("- a list\n")
-    with pytest.raises(SpecError, match="expected a mapping at the top level"):
+    with pytest.raises(SpecError, match="expected a mapping of settings at the top level"):
         StudySpec.from_yaml(f)
 
 

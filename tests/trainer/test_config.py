@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from trainer.config import ConfigError, TrainConfig, scope_of
+from tests.helpers.cli import REPO
 
 
 def test_defaults_round_trip_through_yaml(tmp_path):
@@ -139,7 +140,7 @@ def test_yaml_is_plain(tmp_path):
 def test_every_shipped_job_config_is_valid():
     from pathlib import Path
 
-    configs = sorted((Path(__file__).resolve().parents[1] / "bench" / "configs").glob("*.yaml"))
+    configs = sorted((REPO / "bench" / "configs").glob("*.yaml"))
     assert configs
     for path in configs:
         cfg = TrainConfig.from_yaml(path)

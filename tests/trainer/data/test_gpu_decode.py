@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.data.common import HW_INSTALL
+from tests.trainer.data.common import HW_INSTALL
 from trainer.config import ConfigError
 from trainer.data.gpu.decode import decode_batch, import_nvimgcodec, make_hw_decoder
 

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from tests.data.common import HW_INSTALL, config, samples_of
+from tests.trainer.data.common import HW_INSTALL, config, samples_of
 from tests.jobutil import kinds, run_job, tiny_config
 from trainer.config import ConfigError
 from trainer.data import build_pipeline

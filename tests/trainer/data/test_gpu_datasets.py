@@ -7,7 +7,7 @@ import pytest
 import torch
 from torchvision.datasets import ImageFolder
 
-from tests.data.common import config, samples_of
+from tests.trainer.data.common import config, samples_of
 from trainer.config import ConfigError, TrainConfig
 from trainer.data.cpu import TensorJPEGDataset, cpu_transforms
 from trainer.data.gpu.datasets import (

@@ -12,7 +12,8 @@ import optuna
 import pytest
 
 from autotune import cli
-from autotune import study as study_mod
+from autotune.study.setup import create_or_load
+from autotune.study.storage import open_storage
 from autotune.objective import Objective
 from autotune.spec import StudySpec
 from tests.helpers.cli import autotune
@@ -28,8 +29,8 @@ def existing(tmp_path_factory):
     """A SQLite storage holding study ``bad`` (made by the tiny spec) with one finished trial, and data folders."""
     d = tmp_path_factory.mktemp("bad-input")
     url = f"sqlite:///{d / 'studies.db'}"
-    storage = study_mod.open_storage(url)
-    study = study_mod.create_or_load(spec=StudySpec.from_yaml(tiny_spec(d, "bad")), study_name="bad",
+    storage = open_storage(url)
+    study = create_or_load(spec=StudySpec.from_yaml(tiny_spec(d, "bad")), study_name="bad",
                                      storage=storage, objective=Objective(), nproc=2, baseline=BASELINE)
     trial = study.ask()
     trial.suggest_categorical("training.batch_size", [4, 8, 16])
@@ -40,7 +41,7 @@ def existing(tmp_path_factory):
 
 
 def snapshot(d: Path, url: str):
-    storage = study_mod.open_storage(url, create=False)
+    storage = open_storage(url, create=False)
     studies = {}
     for s in optuna.get_all_study_names(storage):
         study = optuna.load_study(study_name=s, storage=storage)
@@ -63,10 +64,13 @@ CASES = {
                                  "space.training.batch_size: choice 0: training.batch_size=0: must be >= 1"),
     "baseline-outside-its-knob": ({"baseline.training.batch_size": 12}, [],
                                   "baseline.training.batch_size=12: outside the searched {4, 8, 16}"),
-    "missing-data-folder": ({}, ["--data", "{d}/nope"], "--data {d}/nope: no such folder; run `autotune make-data"),
+    "missing-data-folder": ({}, ["--data", "{d}/nope"],
+                            "--data {d}/nope: no such folder; make one with `autotune make-data {d}/nope --images 1000 "
+                            "--classes 10`, or point --data at an ImageFolder (one sub-folder per class)"),
     "empty-dataset": ({}, ["--data", "{d}/empty"], "--data: data folder {d}/empty: Found no valid file"),
     "less-data-than-a-batch": ({}, ["--data", "{d}/few"],
-                               "3 training images, fewer than one global batch of trial 0 (16 = batch x accum x 2"),
+                               "training.batch_size: every choice is larger than the 1 training images per rank; add "
+                               "images or smaller batch choices"),
     "unreachable-storage": ({}, ["--storage", "postgresql+psycopg://autotune@127.0.0.1:1/studies"],
                             "Connection refused; check that the server runs and is reachable"),
     "study-exists-with-another-spec": ({"space.training.batch_size": {"choices": [8, 16]}}, [],
@@ -99,7 +103,7 @@ def test_bad_input_is_one_line_exit_2_and_the_study_unchanged(case, existing, tm
 
 
 def test_more_ranks_than_visible_gpus_is_refused_before_anything(existing, tmp_path, monkeypatch, capsys):
-    from tests.test_gpu_sampler import fake_pynvml  # the one fake allowed: this machine has no GPU
+    from tests.autotune.test_hw import fake_pynvml  # the one fake allowed: this machine has no GPU
 
     d, url = existing
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(n=2))

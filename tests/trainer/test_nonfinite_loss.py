@@ -88,7 +88,7 @@ def test_a_diverging_trial_is_infeasible_with_a_config_failure(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     (trial,) = optuna.load_study(study_name="diverging",
                                  storage=f"sqlite:///{tmp_path / 'studies' / 'diverging.db'}").get_trials()
-    assert trial.user_attrs["failure_class"] == "config" and trial.user_attrs["constraint"] == 1.0
+    assert trial.user_attrs["failure_class"] == "diverged" and trial.constraints["failed"] == 1.0
     message = trial.user_attrs["failure_message"]
-    assert message.startswith("diverged: loss NaN/inf for the last ") and message.endswith(" steps")
+    assert message.startswith("loss NaN/inf for the last ") and message.endswith(" steps")
     assert int(message.split()[-2]) >= DIVERGED_STEPS

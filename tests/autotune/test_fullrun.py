@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
-from autotune import train as tr
+from autotune import fullrun as tr
+from tests.helpers.cli import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def autotune_env(cwd: Path) -> dict:
@@ -42,10 +42,10 @@ def search_dir(tmp_path_factory) -> Path:
     return d
 
 
-# Validation needs held-out images (the demo's generated set has no val/ folder); progress every half second;
-# 16 steps in all, so half-second windows, or a slow moment of this shared CI machine leaves no window closed.
+# Validation needs held-out images (the demo's generated set has no val/ folder); progress every half second. The
+# demo's own measurement settings: windows run across its short epochs, so a 2-epoch run measures its pace.
 TRAIN_FLAGS = ("--epochs", "2", "--set", "data.val_fraction=0.2", "--set", "training.log_every_s=0.5",
-               "--set", "measure.window_s=0.5", "--no-progress")
+               "--no-progress")
 
 
 def records(out: Path) -> list[dict]:
@@ -81,6 +81,7 @@ def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
     assert "2 gloo rank(s) on the CPU" in out
     assert "epoch 1: val top1" in out and "epoch 2: val top1" in out
     assert "NVML utilization unavailable (no GPU)" in out
+    assert "autotune train: measured: " in out and " imgs/s (median of " in out  # the export measures
     assert f"search (study cpu-demo, trial {exported['trial']}): " in out
     recs = records(a)
     assert [c["epoch"] for c in recs if c["kind"] == "checkpoint"] == [1, 2]
@@ -116,7 +117,7 @@ def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, text
+    assert proc.returncode == 143, text  # 128 + SIGTERM, as a shell reports it
     assert "interrupted: job killed" in text and "--resume" in text
     assert live_pids_mentioning(str(b / "train.yaml")) == []  # torchrun, ranks, loader workers: all gone
     assert [c["epoch"] for c in records(b) if c["kind"] == "checkpoint"] == [1]
@@ -170,13 +171,10 @@ def test_plan_takes_world_and_env_from_the_export(tmp_path):
     assert p.extra_env == {"OMP_NUM_THREADS": "4", "NCCL_ALGO": "Ring"}  # the search host's GPU list is dropped
     assert p.out == (tmp_path / "run").resolve() and p.result_path == p.out / "result.jsonl"
 
-    from autotune.launch import TrialJob, torchrun_argv, trial_env
-
-    env, _ = trial_env(TrialJob(config=p.config, trial_dir=p.out, nproc_per_node=p.nproc, extra_env=p.extra_env),
-                       base={"PATH": "/usr/bin"})
+    env = p.env(base={"PATH": "/usr/bin"})
     assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert env["NVSHMEM_DISABLE_NVLS"] == "1" and env["OMP_NUM_THREADS"] == "4"
-    argv = torchrun_argv(p.nproc, p.torchrun_args, p.config_path, p.result_path)
+    argv = p.argv()
     assert "--standalone" in argv and argv[argv.index("--nproc-per-node") + 1] == "2"
 
 
@@ -189,9 +187,7 @@ def test_plan_multi_node_flags_pass_through_and_world_change_is_noted(tmp_path):
     assert any("not comparable" in n for n in p.notes)
     assert any("rank 0 runs on another node" in n for n in p.notes)
     assert "OMP_NUM_THREADS" not in p.extra_env  # it was per rank for 2 ranks
-    from autotune.launch import torchrun_argv
-
-    assert "--standalone" not in torchrun_argv(p.nproc, p.torchrun_args, p.config_path, p.result_path)
+    assert "--standalone" not in p.argv()
 
 
 def test_plan_refuses_unsafe_env_and_missing_epochs(tmp_path):

@@ -9,7 +9,8 @@ import types
 
 import pytest
 
-from autotune import gpu
+from autotune.hw import nvml as gpu
+from autotune.hw import placement
 from autotune.exceptions import GPUError
 
 
@@ -87,32 +88,32 @@ def nvml(monkeypatch):
 
 def test_cuda_visible_devices_indices_and_uuids_map_to_the_right_nvml_devices(nvml):
     lib = nvml(n=4)
-    visible = gpu.visible_entries(lib.count(), {"CUDA_VISIBLE_DEVICES": "2,GPU-0003,0"})
+    visible = placement.visible_entries(lib.count(), {"CUDA_VISIBLE_DEVICES": "2,GPU-0003,0"})
     assert visible == ["2", "GPU-0003", "0"]
-    chosen = gpu.select(visible, ["1", "2"])  # --gpus indexes into what CUDA sees
+    chosen = placement.select(visible, ["1", "2"])  # --gpus indexes into what CUDA sees
     assert chosen == ["GPU-0003", "0"]
-    assert [g.index for g in gpu.to_nvml(lib, chosen)] == [3, 0]
-    assert [g.uuid for g in gpu.to_nvml(lib, ["2"])] == ["GPU-0002aaaa-1111"]
-    assert gpu.visible_entries(lib.count(), {}) == ["0", "1", "2", "3"]
-    assert gpu.visible_entries(lib.count(), {"CUDA_VISIBLE_DEVICES": "1,-1,2"}) == ["1"]  # CUDA stops at -1
-    assert gpu.visible_entries(lib.count(), {"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert [g.index for g in placement.to_nvml(lib, chosen)] == [3, 0]
+    assert [g.uuid for g in placement.to_nvml(lib, ["2"])] == ["GPU-0002aaaa-1111"]
+    assert placement.visible_entries(lib.count(), {}) == ["0", "1", "2", "3"]
+    assert placement.visible_entries(lib.count(), {"CUDA_VISIBLE_DEVICES": "1,-1,2"}) == ["1"]  # CUDA stops at -1
+    assert placement.visible_entries(lib.count(), {"CUDA_VISIBLE_DEVICES": ""}) == []
 
 
 def test_bad_gpu_selections_name_what_is_there(nvml):
     lib = nvml(n=2)
     with pytest.raises(GPUError, match=r"--gpus 5: 2 GPU\(s\) visible \(indices 0..1\)"):
-        gpu.select(["0", "1"], ["5"])
+        placement.select(["0", "1"], ["5"])
     with pytest.raises(GPUError, match="listed twice"):
-        gpu.select(["0", "1"], ["0", "0"])
+        placement.select(["0", "1"], ["0", "0"])
     with pytest.raises(GPUError, match="no GPU matches that UUID.*GPU-0000aaaa-1111"):
-        gpu.to_nvml(lib, ["GPU-ffff"])
+        placement.to_nvml(lib, ["GPU-ffff"])
     with pytest.raises(GPUError, match="more than one"):
-        gpu.to_nvml(lib, ["GPU-000"])
+        placement.to_nvml(lib, ["GPU-000"])
 
 
 def test_sampler_runs_at_10_hz_on_exactly_the_trials_gpus(nvml):
     lib = nvml(n=4)
-    gpus = gpu.to_nvml(lib, ["1", "3"])
+    gpus = placement.to_nvml(lib, ["1", "3"])
     s = gpu.Sampler(lib, gpus).start()
     time.sleep(1.05)
     samples = s.stop()
@@ -132,7 +133,7 @@ def test_only_samples_inside_windows_count(nvml):
     # Busy (90 %) only while "windows" run; idle (0 %) during the launch/warm-up around them.
     spans = []
     lib = nvml(n=2, util=lambda i, t: 90.0 + i if any(a <= t <= b for a, b in spans) else 0.0)
-    s = gpu.Sampler(lib, gpu.to_nvml(lib, ["0", "1"]), interval=0.02).start()
+    s = gpu.Sampler(lib, placement.to_nvml(lib, ["0", "1"]), interval=0.02).start()
     time.sleep(0.2)
     spans.append((time.time(), time.time() + 0.3))
     time.sleep(0.5)
@@ -154,7 +155,7 @@ def test_only_samples_inside_windows_count(nvml):
 
 def test_unsupported_queries_are_dropped_not_invented(nvml):
     lib = nvml(n=1, unsupported=("power", "clock"))
-    s = gpu.Sampler(lib, gpu.to_nvml(lib, ["0"]))
+    s = gpu.Sampler(lib, placement.to_nvml(lib, ["0"]))
     s.sample_once()
     s.sample_once()
     attrs = gpu.summarize(s.samples, [{"t0": 0, "t1": time.time() + 1}], 1)
@@ -166,18 +167,19 @@ def test_without_nvml_utilization_is_unavailable(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=FakeNVMLError("NVML Shared Library Not Found")))
     lib = gpu.Nvml()
     assert not lib.available and "Not Found" in lib.reason
-    assert gpu.to_nvml(lib, ["0"]) == []
+    assert placement.to_nvml(lib, ["0"]) == []
     s = gpu.Sampler(lib, []).start()
     assert not s.active and s.stop() == []
     attrs = gpu.summarize([], [{"t0": 0.0, "t1": 1.0}], 0)
     assert attrs == {"util_available": False, "util_mean": None, "nvml_samples": 0}
 
 
-def test_real_machine_without_gpu_reports_unavailable():
-    lib = gpu.Nvml()  # this test machine: nvidia-ml-py installed, no driver
+def test_this_machine_without_a_gpu_sees_none_and_says_why_nvml_is_missing():
+    lib = gpu.Nvml()  # the real library on this machine: nvidia-ml-py installed, no driver (CI)
     if lib.available and lib.count():
         pytest.skip("a GPU machine: NVML is available here")
-    assert gpu.summarize([], [{"t0": 0.0, "t1": 1.0}], 0)["util_available"] is False
+    assert placement.gpu_count(lib) == 0
+    assert (lib.reason is not None) == (not lib.available)  # a reason exactly when there is no NVML
 
 
 def test_gpm_sm_activity_where_supported_without_leaking_samples(monkeypatch):
@@ -207,7 +209,7 @@ def test_gpm_sm_activity_where_supported_without_leaking_samples(monkeypatch):
     m.nvmlGpmMetricsGet = metrics_get
     monkeypatch.setitem(sys.modules, "pynvml", m)
     lib = gpu.Nvml()
-    s = gpu.Sampler(lib, gpu.to_nvml(lib, ["0"]))
+    s = gpu.Sampler(lib, placement.to_nvml(lib, ["0"]))
     for _ in range(4):
         s.sample_once()
     s.stop()

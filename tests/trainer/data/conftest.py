@@ -8,7 +8,7 @@ import sys
 import pytest
 from torchvision.io import decode_jpeg, read_file
 
-from tests.data.common import samples_of
+from tests.trainer.data.common import samples_of
 from trainer.datagen import make_image_folder
 
 
