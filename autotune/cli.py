@@ -8,8 +8,8 @@ import importlib
 import pkgutil
 import signal
 import sys
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from autotune.exceptions import AutotuneError, Terminated
 from trainer.config import ConfigError
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(f"autotune: {str(e) or 'interrupted'}", file=sys.stderr)
         return 128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT)
-    except Exception as e:  # noqa: BLE001 - the one place that turns errors into one line
+    except Exception as e:
         if args.debug:
             raise
         if isinstance(e, (AutotuneError, ConfigError)):

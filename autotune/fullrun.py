@@ -122,18 +122,44 @@ def load_config(path: Path) -> tuple[TrainConfig, dict[str, Any]]:
 
 
 def plan(o: TrainOptions, *, nvml: Nvml | None = None) -> TrainPlan:
+    """Everything decided before launch: the config in train mode, the world, the GPUs, the environment."""
     cfg, section = load_config(Path(o.config))
     tr = section.get("torchrun") or {}
     notes: list[str] = []
     searched_nproc = tr.get("nproc_per_node")
-    nproc = o.nproc_per_node or searched_nproc
     export_args = [str(a) for a in tr.get("args") or []]
     torchrun_args = merge_args(export_args, o.torchrun_args)
     torchrun = Torchrun.parse(torchrun_args)
-    nnodes = torchrun.nnodes
+    nproc, entries = _placement(o, o.nproc_per_node or searched_nproc, nvml or Nvml(), notes)
+    searched_world = (searched_nproc or 0) * Torchrun.parse(export_args).nnodes
+    comparable = bool(section.get("measured")) and searched_world == nproc * torchrun.nnodes
+    if section.get("measured") and not comparable:
+        notes.append(f"the search measured a world of {searched_world} rank(s), this run has "
+                     f"{nproc * torchrun.nnodes}: its figures are not comparable (and the learning rate was scaled "
+                     "for the searched global batch)")
+    cfg, out = _train_config(o, cfg)
+    ckpts = sorted(cfg.checkpoint_dir.glob("ckpt-*.pt")) if cfg.checkpoint_dir.is_dir() else []
+    if ckpts and not o.resume:
+        raise TrainError(f"{cfg.checkpoint_dir} holds checkpoints of an earlier run (newest {ckpts[-1].name}): "
+                         "pass --resume to continue it, or --out NEW_DIR for a fresh run")
+    notes += _notes(o, cfg, torchrun, has_checkpoints=bool(ckpts))
+    env = {str(k): str(v) for k, v in (section.get("env") or {}).items()}
+    # The search host's GPU list means nothing here; thread counts are per rank, so only valid at that world size.
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if nproc != searched_nproc:
+        env.pop("OMP_NUM_THREADS", None)
+    problems = nccl_env_problems({k: v for k, v in env.items() if k.startswith("NCCL_")})
+    if problems:
+        raise LaunchError(f"{o.config}: autotune.env: " + "; ".join(problems))
+    return TrainPlan(config=cfg, export=section, out=out, config_path=out / "train.yaml",
+                     result_path=out / "result.jsonl", log_path=out / "train.log", nproc=nproc,
+                     nnodes=torchrun.nnodes, torchrun_args=torchrun_args, gpu_entries=entries or None, extra_env=env,
+                     notes=notes, comparable=comparable)
 
-    # GPUs: this host's, whatever the search host had; CUDA_VISIBLE_DEVICES is pinned to UUIDs like a trial's.
-    nvml = nvml if nvml is not None else Nvml()
+
+def _placement(o: TrainOptions, nproc: int | None, nvml: Nvml, notes: list[str]) -> tuple[int, list[str] | None]:
+    """(ranks per node, this host's GPU entries): this host's GPUs, whatever the search host had;
+    CUDA_VISIBLE_DEVICES pinned to UUIDs as a trial's is."""
     count = gpu_count(nvml)
     visible = visible_entries(count) if count else []  # CUDA_VISIBLE_DEVICES=0 on a CPU host is no GPU
     entries = select(visible, o.gpus) if visible else None
@@ -144,20 +170,18 @@ def plan(o: TrainOptions, *, nvml: Nvml | None = None) -> TrainPlan:
         notes.append(f"{o.config} records no world size (not an export?): {nproc} rank(s) per node")
     if nproc < 1:
         raise TrainError(f"--nproc-per-node {nproc}: must be >= 1")
-    if entries:
-        if nproc > len(entries):
-            raise TrainError(f"{nproc} ranks per node but {len(entries)} GPU(s) selected ({','.join(entries)}); "
-                             "lower --nproc-per-node or select more GPUs with --gpus")
-        entries = entries[:nproc]
-        gpus = to_nvml(nvml, entries)
-        entries = [g.uuid if g.index >= 0 else e for g, e in zip(gpus, entries)] if gpus else entries
+    if not entries:
+        return nproc, entries
+    if nproc > len(entries):
+        raise TrainError(f"{nproc} ranks per node but {len(entries)} GPU(s) selected ({','.join(entries)}); "
+                         "lower --nproc-per-node or select more GPUs with --gpus")
+    entries = entries[:nproc]
+    gpus = to_nvml(nvml, entries)
+    return nproc, [g.uuid if g.index >= 0 else e for g, e in zip(gpus, entries, strict=True)] if gpus else entries
 
-    searched_world = (searched_nproc or 0) * Torchrun.parse(export_args).nnodes
-    comparable = bool(section.get("measured")) and searched_world == nproc * nnodes
-    if section.get("measured") and not comparable:
-        notes.append(f"the search measured a world of {searched_world} rank(s), this run has {nproc * nnodes}: its "
-                     "figures are not comparable (and the learning rate was scaled for the searched global batch)")
 
+def _train_config(o: TrainOptions, cfg: TrainConfig) -> tuple[TrainConfig, Path]:
+    """The config in train mode with the run's epochs, folder and ``--set`` overrides; and the folder."""
     t = cfg.training
     overrides: dict[str, Any] = {"training.mode": "train", "checkpoint.resume": bool(o.resume)}
     if o.epochs is not None:
@@ -169,36 +193,23 @@ def plan(o: TrainOptions, *, nvml: Nvml | None = None) -> TrainPlan:
     out = Path(o.out if o.out is not None else cfg.output_dir).expanduser().resolve()
     overrides["output_dir"] = str(out)
     overrides.update(o.overrides)
-    cfg = cfg.with_overrides(overrides)
+    return cfg.with_overrides(overrides), out
 
-    ckpts = sorted(cfg.checkpoint_dir.glob("ckpt-*.pt")) if cfg.checkpoint_dir.is_dir() else []
-    if ckpts and not o.resume:
-        raise TrainError(f"{cfg.checkpoint_dir} holds checkpoints of an earlier run (newest {ckpts[-1].name}): "
-                         "pass --resume to continue it, or --out NEW_DIR for a fresh run")
-    if nnodes > 1 and torchrun.node_rank != 0:
-        notes.append(f"node rank {torchrun.node_rank}: rank 0 runs on another node, so progress, validation and the figures "
-                     "are shown there; this node shows only its own errors")
-    if nnodes > 1 and o.resume:
+
+def _notes(o: TrainOptions, cfg: TrainConfig, torchrun: Torchrun, *, has_checkpoints: bool) -> list[str]:
+    notes = []
+    if torchrun.nnodes > 1 and torchrun.node_rank != 0:
+        notes.append(f"node rank {torchrun.node_rank}: rank 0 runs on another node, so progress, validation and the "
+                     "figures are shown there; this node shows only its own errors")
+    if torchrun.nnodes > 1 and o.resume:
         notes.append("multi-node --resume: every node reads the checkpoint rank 0 wrote, so --out must be on a file "
                      "system all nodes share")
-    if o.resume and not ckpts:
+    if o.resume and not has_checkpoints:
         notes.append(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from the beginning")
     if cfg.training.validate_every and cfg.data.kind == "imagefolder" and not _has_validation(cfg):
         notes.append("no validation data (no val/ folder next to train/, data.val_fraction 0): no top-1/top-5; "
                      "`--set data.val_fraction=0.05` holds out 5 % of the training images")
-
-    env = {str(k): str(v) for k, v in (section.get("env") or {}).items()}
-    # The search host's GPU list means nothing here; thread counts are per rank, so only valid at that world size.
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    if nproc != searched_nproc:
-        env.pop("OMP_NUM_THREADS", None)
-    problems = nccl_env_problems({k: v for k, v in env.items() if k.startswith("NCCL_")})
-    if problems:
-        raise LaunchError(f"{o.config}: autotune.env: " + "; ".join(problems))
-    return TrainPlan(config=cfg, export=section, out=out, config_path=out / "train.yaml",
-                     result_path=out / "result.jsonl", log_path=out / "train.log", nproc=nproc, nnodes=nnodes,
-                     torchrun_args=torchrun_args, gpu_entries=entries or None, extra_env=env, notes=notes,
-                     comparable=comparable)
+    return notes
 
 
 def _has_validation(cfg) -> bool:
@@ -227,7 +238,7 @@ class TrainResult:
 
     @classmethod
     def of(cls, records: list[dict], **kw) -> TrainResult:
-        by = lambda kind: [r for r in records if r.get("kind") == kind]  # noqa: E731
+        by = lambda kind: [r for r in records if r.get("kind") == kind]
         summaries = by(Kind.SUMMARY)
         return cls(records=records, summary=summaries[-1] if summaries else None, vals=by(Kind.VAL),
                    checkpoints=by(Kind.CHECKPOINT), errors=by(Kind.ERROR), **kw)

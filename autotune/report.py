@@ -198,8 +198,8 @@ def bottleneck_section(rows: list[TrialRow]) -> Section:
 
 
 def history_section(study, rows, names) -> Section:
-    from optuna.visualization import plot_optimization_history
     import plotly.graph_objects as go
+    from optuna.visualization import plot_optimization_history
 
     s = Section(id="history", title="Optimization history (best so far)")
     done = [r for r in rows if r.outcome in ("complete", "infeasible")]
@@ -255,7 +255,7 @@ def importances_section(study, rows, names) -> Section:
             warnings.simplefilter("ignore")  # PED-ANOVA warns on sparse regimes; the caption says they are rough
             fig = plot_param_importances(copy, evaluator=evaluator, target=(lambda t: t.values[0]) if multi else None,
                                          target_name=names[0])
-    except Exception as e:  # noqa: BLE001 - too few trials for the evaluator, degenerate values, ...
+    except Exception as e:
         s.note = f"Importances could not be computed from {len(feasible)} feasible trials ({type(e).__name__}: {e})."
         return s
     fig.update_layout(title=f"Parameter importances for {names[0]} ({how}, {len(feasible)} feasible trials)")
@@ -449,7 +449,7 @@ def build_sections(study) -> tuple[list[TrialRow], list[Section]]:
     for sid, build in zip(SECTIONS, builders, strict=True):
         try:
             sections.append(build())
-        except Exception as e:  # noqa: BLE001 - one broken plot must not cost the user the other six
+        except Exception as e:
             sections.append(Section(id=sid, title=sid, note=f"This section could not be drawn: "
                                                             f"{type(e).__name__}: {e}"))
     return rows, sections
@@ -489,7 +489,7 @@ def write_report(study, out: str | Path, *, storage_url: str | None = None) -> P
 
 
 def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
-    kind, names = objective_label(study)
+    kind, _ = objective_label(study)
     counts = {o: sum(1 for r in rows if r.outcome == o) for o in ("complete", "part", "infeasible", "fail", "pruned",
                                                                    "running")}
     feasible = [r for r in rows if r.outcome == "complete" and r.imgs_per_s is not None]

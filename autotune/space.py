@@ -326,9 +326,16 @@ def effective_knobs(spec: StudySpec) -> dict[str, Knob]:
 
 
 def _declared(spec: StudySpec, path: str, value: Any) -> bool:
-    """Whether ``value`` is one of the spec's own choices for the knob (dropped here for the machine or the data)."""
+    """Whether ``value`` is in the knob as the spec declares it (a choice, or inside a range whose ``auto`` end is
+    this machine's cores): it was left out here for the machine or the data, not by the spec."""
     k = effective_knobs(spec).get(path)
-    return k is not None and k.choices is not None and value in [_norm_choice(c) for c in k.choices]
+    if k is None:
+        return False
+    if k.choices is not None:
+        return value in [_norm_choice(c) for c in k.choices]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or AUTO not in (k.low, k.high):
+        return False
+    return (k.low == AUTO or value >= k.low) and (k.high == AUTO or value <= k.high)
 
 
 def _norm_choice(v: Any) -> Any:
@@ -342,69 +349,7 @@ def knob_problems(spec: StudySpec) -> list[str]:
     if not knobs:
         p.append("space: no knob left to search; add one (or set default_space: true)")
     for path, k in knobs.items():
-        where = f"space.{path}"
-        tp = field_type(path)
-        if tp is None:
-            p.append(f"{where}: no such TrainConfig setting (use a dotted path like training.batch_size)")
-            continue
-        if path == "training.accum_steps" and spec.fixed_global_batch:
-            p.append(f"{where}: derived in fixed_global_batch mode; remove it")
-        has_range = k.low is not None or k.high is not None
-        if k.choices is not None and has_range:
-            p.append(f"{where}: give either choices or low/high, not both")
-            continue
-        if k.choices is None and not has_range:
-            p.append(f"{where}: give choices: [...] or low: and high:")
-            continue
-        if k.choices is not None:
-            if not k.choices:
-                p.append(f"{where}: choices is empty")
-            if len({repr(c) for c in k.choices}) != len(k.choices):
-                p.append(f"{where}: a choice is listed twice")
-            for c in k.choices:
-                if isinstance(c, (list, dict)):
-                    p.append(f"{where}: choice {c!r} is not a plain value")
-                    continue
-                try:
-                    TrainConfig().with_overrides({path: _norm_choice(c)})
-                except ConfigError as e:
-                    p.extend(f"{where}: choice {c!r}: {x}" for x in e.problems)
-        else:
-            kind, _ = _base_kind(tp)
-            if kind is None:
-                p.append(f"{where}: a range needs a numeric setting; use choices")
-                continue
-            if k.low is None or k.high is None:
-                p.append(f"{where}: a range needs both low and high")
-                continue
-            for name, v in (("low", k.low), ("high", k.high)):
-                if v == AUTO:
-                    if path != "loader.num_workers":
-                        p.append(f"{where}.{name}: auto is only defined for loader.num_workers")
-                elif isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
-                    p.append(f"{where}.{name}={v!r}: expected {'an integer' if kind is int else 'a number'}")
-            for name, v in (("low", k.low), ("high", k.high)):
-                if v != AUTO and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    try:
-                        TrainConfig().with_overrides({path: v})
-                    except ConfigError as e:
-                        p.extend(f"{where}.{name}: {x}" for x in e.problems if x.startswith(f"{path}="))
-            nums = [v for v in (k.low, k.high) if v != AUTO]
-            if len(nums) == 2 and all(isinstance(v, (int, float)) for v in nums) and k.low > k.high:
-                p.append(f"{where}: low={k.low} > high={k.high}")
-            if k.log and any(isinstance(v, (int, float)) and v <= 0 for v in nums):
-                p.append(f"{where}: log scale needs low > 0")
-            if k.log and k.step is not None:
-                p.append(f"{where}: log and step cannot be combined")
-        if k.when is not None:
-            try:
-                c = Condition.parse(k.when)
-                if field_type(c.path) is None:
-                    p.append(f"{where}.when: {c.path}: no such TrainConfig setting")
-                elif c.path == path:
-                    p.append(f"{where}.when: a knob cannot depend on itself")
-            except ValueError as e:
-                p.append(f"{where}.when: {e}")
+        p += _knob_problems(spec, path, k)
     for key in spec.baseline:
         if key not in knobs:
             p.append(f"baseline.{key}: not a searched knob (searched: {', '.join(knobs) or 'none'}); "
@@ -416,6 +361,77 @@ def knob_problems(spec: StudySpec) -> list[str]:
                          "name searched knobs only")
     if spec.fixed_global_batch and "training.batch_size" in knobs and knobs["training.batch_size"].choices is None:
         p.append("space.training.batch_size: fixed_global_batch needs batch choices (not a range)")
+    return p
+
+
+def _knob_problems(spec: StudySpec, path: str, k: Knob) -> list[str]:
+    where = f"space.{path}"
+    tp = field_type(path)
+    if tp is None:
+        return [f"{where}: no such TrainConfig setting (use a dotted path like training.batch_size)"]
+    p = []
+    if path == "training.accum_steps" and spec.fixed_global_batch:
+        p.append(f"{where}: derived in fixed_global_batch mode; remove it")
+    has_range = k.low is not None or k.high is not None
+    if k.choices is not None and has_range:
+        return [*p, f"{where}: give either choices or low/high, not both"]
+    if k.choices is None and not has_range:
+        return [*p, f"{where}: give choices: [...] or low: and high:"]
+    p += _choice_problems(where, path, k.choices) if k.choices is not None else _range_problems(where, path, k, tp)
+    if k.when is not None:
+        try:
+            c = Condition.parse(k.when)
+            if field_type(c.path) is None:
+                p.append(f"{where}.when: {c.path}: no such TrainConfig setting")
+            elif c.path == path:
+                p.append(f"{where}.when: a knob cannot depend on itself")
+        except ValueError as e:
+            p.append(f"{where}.when: {e}")
+    return p
+
+
+def _choice_problems(where: str, path: str, choices: list[Any]) -> list[str]:
+    p = []
+    if not choices:
+        p.append(f"{where}: choices is empty")
+    if len({repr(c) for c in choices}) != len(choices):
+        p.append(f"{where}: a choice is listed twice")
+    for c in choices:
+        if isinstance(c, (list, dict)):
+            p.append(f"{where}: choice {c!r} is not a plain value")
+            continue
+        try:
+            TrainConfig().with_overrides({path: _norm_choice(c)})
+        except ConfigError as e:
+            p.extend(f"{where}: choice {c!r}: {x}" for x in e.problems)
+    return p
+
+
+def _range_problems(where: str, path: str, k: Knob, tp) -> list[str]:
+    kind, _ = _base_kind(tp)
+    if kind is None:
+        return [f"{where}: a range needs a numeric setting; use choices"]
+    if k.low is None or k.high is None:
+        return [f"{where}: a range needs both low and high"]
+    p = []
+    for name, v in (("low", k.low), ("high", k.high)):
+        if v == AUTO:
+            if path != "loader.num_workers":
+                p.append(f"{where}.{name}: auto is only defined for loader.num_workers")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+            p.append(f"{where}.{name}={v!r}: expected {'an integer' if kind is int else 'a number'}")
+        else:  # an end the config itself refuses (loader.num_workers: -1) would fail every trial that draws it
+            try:
+                TrainConfig().with_overrides({path: v})
+            except ConfigError as e:
+                p.extend(f"{where}.{name}: {x}" for x in e.problems if x.startswith(f"{path}="))
+    nums = [v for v in (k.low, k.high) if v != AUTO]
+    if len(nums) == 2 and all(isinstance(v, (int, float)) for v in nums) and k.low > k.high:
+        p.append(f"{where}: low={k.low} > high={k.high}")
+    if k.log and any(isinstance(v, (int, float)) and v <= 0 for v in nums):
+        p.append(f"{where}: log scale needs low > 0")
+    if k.log and k.step is not None:
+        p.append(f"{where}: log and step cannot be combined")
     return p
 
 
@@ -435,67 +451,79 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
         if synthetic and path.split(".", 1)[0] in ("data", "loader") and path not in spec.space:
             notes.append(f"{path}: not searched (synthetic data: no input pipeline)")
             continue
+        if cpu_only and path.startswith("nccl."):
+            notes.append(f"{path}: not searched (no GPU: gloo does not read NCCL settings)")
+            continue
         when = Condition.parse(k.when) if k.when else None
         if k.choices is not None:
-            choices = [_norm_choice(c) for c in k.choices]
-            for gpu_decode in ("nvjpeg-gpu", "nvjpeg-hw"):
-                if cpu_only and path == "data.decode" and gpu_decode in choices:
-                    choices.remove(gpu_decode)
-                    notes.append(f"data.decode: {gpu_decode} dropped (no GPU)")
-            if cpu_only and path == "data.decode" and "hybrid" in choices:
-                choices.remove("hybrid")
-                notes.append("data.decode: hybrid dropped (no GPU: both of its shares would decode on the CPU)")
-            if cpu_only and path in ("training.precision",) and "fp16" in choices and len(choices) > 1:
-                choices.remove("fp16")
-                notes.append("training.precision: fp16 dropped (no GPU: CPU autocast is bf16)")
-            if cpu_only and path.startswith("nccl."):
-                notes.append(f"{path}: not searched (no GPU: gloo does not read NCCL settings)")
-                continue
-            if path == "training.batch_size" and max_batch is not None:
-                kept = [b for b in choices if not isinstance(b, int) or b <= max_batch]
-                if len(kept) < len(choices):
-                    dropped = ", ".join(str(b) for b in choices if b not in kept)
-                    notes.append(f"training.batch_size: {dropped} dropped (the data holds {max_batch} training "
-                                 f"images per rank: not one batch)")
-                if not kept:
-                    problems.append(f"training.batch_size: every choice is larger than the {max_batch} training "
-                                    "images per rank; add images or smaller batch choices")
-                choices = kept
-            if path == "training.batch_size" and spec.fixed_global_batch:
-                g = spec.fixed_global_batch
-                kept = [b for b in choices if isinstance(b, int) and g % (b * world_size) == 0]
-                if len(kept) < len(choices):
-                    notes.append(f"training.batch_size: fixed global batch {g} over {world_size} ranks keeps "
-                                 f"{kept or 'nothing'}")
-                if not kept:
-                    problems.append(f"fixed_global_batch={g}: no batch choice divides it over {world_size} ranks; "
-                                    f"use a multiple of {world_size} x a batch choice")
-                choices = kept
-            if not choices:
-                continue
-            if len(choices) == 1:
-                notes.append(f"{path}: one choice left ({_show(choices[0])}), not searched")
+            choices = _machine_choices(path, [_norm_choice(c) for c in k.choices], cpu_only, notes)
+            if path == "training.batch_size":
+                choices = _batch_choices(spec, choices, world_size, max_batch, notes, problems)
+            if choices:
+                if len(choices) == 1:
+                    notes.append(f"{path}: one choice left ({_show(choices[0])}), not searched")
                 params.append(Param(path=path, kind="categorical", choices=tuple(choices), when=when))
-                continue
-            params.append(Param(path=path, kind="categorical", choices=tuple(choices), when=when))
+            continue
+        kind, _ = _base_kind(field_type(path))
+        low = 0 if k.low == AUTO else k.low
+        high = per_rank if k.high == AUTO else k.high
+        if low > high:
+            problems.append(f"space.{path}: low={low} > high={high} on this machine ({cores} cores, "
+                            f"{nproc_per_node} ranks)")
+        elif kind is int:
+            params.append(Param(path=path, kind="int", low=int(low), high=int(high), log=k.log,
+                                step=int(k.step) if k.step else None, when=when))
         else:
-            kind, _ = _base_kind(field_type(path))
-            low = 0 if k.low == AUTO else k.low
-            high = per_rank if k.high == AUTO else k.high
-            if low > high:
-                problems.append(f"space.{path}: low={low} > high={high} on this machine ({cores} cores, "
-                                f"{nproc_per_node} ranks)")
-                continue
-            if kind is int:
-                params.append(Param(path=path, kind="int", low=int(low), high=int(high), log=k.log,
-                                    step=int(k.step) if k.step else None, when=when))
-            else:
-                params.append(Param(path=path, kind="float", low=float(low), high=float(high), log=k.log,
-                                    step=k.step, when=when))
+            params.append(Param(path=path, kind="float", low=float(low), high=float(high), log=k.log,
+                                step=k.step, when=when))
     if problems:
         raise SpecError(problems, spec.source)
     return SearchSpace(params=_order(params, spec.source), fixed_global_batch=spec.fixed_global_batch,
                        world_size=world_size, notes=notes)
+
+
+def _machine_choices(path: str, choices: list[Any], cpu_only: bool, notes: list[str]) -> list[Any]:
+    """The choices this machine can run: without a GPU, no GPU decode and no fp16 (CPU autocast is bf16)."""
+    if not cpu_only:
+        return choices
+    if path == "data.decode":
+        for gpu_decode in ("nvjpeg-gpu", "nvjpeg-hw"):
+            if gpu_decode in choices:
+                choices.remove(gpu_decode)
+                notes.append(f"data.decode: {gpu_decode} dropped (no GPU)")
+        if "hybrid" in choices:
+            choices.remove("hybrid")
+            notes.append("data.decode: hybrid dropped (no GPU: both of its shares would decode on the CPU)")
+    if path == "training.precision" and "fp16" in choices and len(choices) > 1:
+        choices.remove("fp16")
+        notes.append("training.precision: fp16 dropped (no GPU: CPU autocast is bf16)")
+    return choices
+
+
+def _batch_choices(spec: StudySpec, choices: list[Any], world_size: int, max_batch: int | None, notes: list[str],
+                   problems: list[str]) -> list[Any]:
+    """Batch sizes the data can fill (one batch per rank at least), and that divide a fixed global batch."""
+    if max_batch is not None:
+        kept = [b for b in choices if not isinstance(b, int) or b <= max_batch]
+        if len(kept) < len(choices):
+            dropped = ", ".join(str(b) for b in choices if b not in kept)
+            notes.append(f"training.batch_size: {dropped} dropped (the data holds {max_batch} training images per "
+                         "rank: not one batch)")
+        if not kept:
+            problems.append(f"training.batch_size: every choice is larger than the {max_batch} training images per "
+                            "rank; add images or smaller batch choices")
+        choices = kept
+    if spec.fixed_global_batch:
+        g = spec.fixed_global_batch
+        kept = [b for b in choices if isinstance(b, int) and g % (b * world_size) == 0]
+        if len(kept) < len(choices):
+            notes.append(f"training.batch_size: fixed global batch {g} over {world_size} ranks keeps "
+                         f"{kept or 'nothing'}")
+        if not kept:
+            problems.append(f"fixed_global_batch={g}: no batch choice divides it over {world_size} ranks; use a "
+                            f"multiple of {world_size} x a batch choice")
+        choices = kept
+    return choices
 
 
 def _order(params: list[Param], source: str) -> list[Param]:
@@ -508,10 +536,10 @@ def _order(params: list[Param], source: str) -> list[Param]:
         if state.get(p.path) == 2:
             return
         if state.get(p.path) == 1:
-            raise SpecError([f"space: conditions form a cycle: {' -> '.join(chain + [p.path])}"], source)
+            raise SpecError([f"space: conditions form a cycle: {' -> '.join([*chain, p.path])}"], source)
         state[p.path] = 1
         if p.when is not None and p.when.path in by_path:
-            visit(by_path[p.when.path], chain + [p.path])
+            visit(by_path[p.when.path], [*chain, p.path])
         state[p.path] = 2
         out.append(p)
 

@@ -36,6 +36,7 @@ from autotune.exceptions import SpecError
 from autotune.space import Knob, knob_problems
 from trainer.config import ConfigError, TrainConfig, build_dataclass, load_yaml_mapping
 
+
 @dataclass(kw_only=True)
 class DataSource:
     generate: dict[str, Any] | None = None

@@ -32,7 +32,7 @@ if [ -n "${DRY:-}" ]; then  # toy sizes for a CPU smoke run
   images=400
   bench_set=(--set model.name=resnet18 --set data.image_size=32 --set training.batch_size=8
              --set loader.num_workers=1 --set measure.window_s=0.5 --set measure.warmup_min_steps=2)
-  search_set=(--model resnet18 --image-size 32 --trial-timeout 120)
+  search_set=(--model resnet18 --image-size 32 --trial-timeout 120 --nproc-per-node 1)
 fi
 quiet() { grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS\|^  trial .* window\|^  trial .* warm-up\|^  trial .* measuring"; }
 left() { echo $(( t0 + call_s - $(date +%s) )); }
@@ -82,7 +82,7 @@ PY
       python3 -m autotune show --storage "$db" > "$out/search-table.txt"
       tail -4 "$out/search-table.txt"
       cp "$state/resnet50.db" "$out/search.db"
-      tar czf "$out/workers.tgz" -C "$state" --exclude='*.pt' resnet50 2>/dev/null || true
+      (cd "$state" && tar czf "$OLDPWD/$out/workers.tgz" --exclude='*.pt' --exclude='*.db' .) || true
       ;;
     final)
       python3 bench/remeasure.py --storage "$db" --out "$out/final.json" --yaml "$out/best.yaml" --timeout 150

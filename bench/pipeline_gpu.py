@@ -40,19 +40,19 @@ import platform
 import random
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from trainer.config import ConfigError, TrainConfig  # noqa: E402
-from trainer.data.cpu import DeviceNormalize  # noqa: E402
-from trainer.data.gpu.crop import batched_resized_crop, normalize_into, sample_crop_boxes  # noqa: E402
-from trainer.data.gpu.datasets import pack_bytes, unpack_bytes  # noqa: E402
-from trainer.data.gpu.decode import (decode_batch, decode_batch_hw, hw_decode_params, import_nvimgcodec,  # noqa: E402
-                                     make_hw_decoder)
-from trainer.data.gpu.pipeline import BatchedDecodePipeline, GpuDecodePipeline, HybridDecodePipeline  # noqa: E402
+from trainer.config import ConfigError, TrainConfig
+from trainer.data.cpu import DeviceNormalize
+from trainer.data.gpu.crop import batched_resized_crop, normalize_into, sample_crop_boxes
+from trainer.data.gpu.datasets import pack_bytes, unpack_bytes
+from trainer.data.gpu.decode import decode_batch, decode_batch_hw, hw_decode_params, import_nvimgcodec, make_hw_decoder
+from trainer.data.gpu.pipeline import BatchedDecodePipeline, GpuDecodePipeline, HybridDecodePipeline
 
 
 def parse_args(argv=None):
@@ -220,7 +220,7 @@ def correctness(samples, device, size) -> dict:
             blobs.append(torch.frombuffer(bytearray(f.read()), dtype=torch.uint8))
     ours = decode_batch(blobs, device)
     cpu = [decode_image(b, mode=ImageReadMode.RGB) for b in blobs]
-    diff = torch.cat([(o.cpu().float() - c.float()).abs().flatten() for o, c in zip(ours, cpu)])
+    diff = torch.cat([(o.cpu().float() - c.float()).abs().flatten() for o, c in zip(ours, cpu, strict=True)])
     r = {"stage": "checks", "imgs_per_s": 0.0, "ms_per_batch": 0.0, "cpu_load": None,
          "decode_vs_cpu_mean_abs": round(float(diff.mean()), 3), "decode_vs_cpu_p99_abs": float(diff.quantile(0.99))
          if diff.numel() < 2**24 else None}
@@ -231,7 +231,7 @@ def correctness(samples, device, size) -> dict:
         photo.convert(mode).save(buf, fmt, quality=90)
         odd.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
     mixed = decode_batch(odd + blobs[:2], device)
-    for name, img, blob in zip(("gray", "cmyk", "png"), mixed, odd):
+    for name, img, blob in zip(("gray", "cmyk", "png"), mixed, odd, strict=False):  # mixed has 2 more
         ref = decode_image(blob, mode=ImageReadMode.RGB).float()
         r[f"{name}_shape_ok"] = tuple(img.shape) == tuple(ref.shape)
         r[f"{name}_mean_abs"] = round(float((img.cpu().float() - ref).abs().mean()), 3) if r[f"{name}_shape_ok"] \
@@ -241,7 +241,7 @@ def correctness(samples, device, size) -> dict:
                               generator=g)
     flip = torch.rand(len(ours), generator=g) < 0.5
     ref = torch.stack([F.resized_crop(im.cpu().float(), *b.tolist(), [size, size], antialias=True)
-                       for im, b in zip(ours, boxes)])
+                       for im, b in zip(ours, boxes, strict=True)])
     ref = torch.where(flip.view(-1, 1, 1, 1), ref.flip(-1), ref)
     for dt in ([torch.float32] if device.type == "cpu" else [torch.float16, torch.float32]):
         for groups, max_cells in (("", 2**25), (" grouped", 2**18)):
@@ -299,7 +299,7 @@ def hw_checks(blobs, device, count: int = 16) -> dict:
     decoder = make_hw_decoder(device)
     ours = decode_batch_hw(blobs[:count], device, decoder)
     diffs, shapes_ok = [], True
-    for img, blob in zip(ours, blobs[:count]):
+    for img, blob in zip(ours, blobs[:count], strict=True):
         ref = decode_jpeg(blob, mode=ImageReadMode.RGB)
         if tuple(img.shape) != tuple(ref.shape):
             shapes_ok = False
@@ -318,7 +318,7 @@ def hw_checks(blobs, device, count: int = 16) -> dict:
         buf = io.BytesIO()
         photo.convert(mode).save(buf, fmt, quality=90)
         odd.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
-    for name, img, blob in zip(("gray", "cmyk", "png"), decode_batch_hw(odd, device, decoder), odd):
+    for name, img, blob in zip(("gray", "cmyk", "png"), decode_batch_hw(odd, device, decoder), odd, strict=True):
         ref = decode_image(blob, mode=ImageReadMode.RGB)
         ok = tuple(img.shape) == tuple(ref.shape)
         r[f"{name}_shape_ok"] = ok
@@ -388,8 +388,9 @@ def main(argv=None) -> int:
         name = str(dt).replace("torch.float", "fp")
         boxes = sample_crop_boxes(heights, widths, generator=g)
         flip = torch.rand(len(decoded), generator=g) < 0.5
-        record(timed(f"crop {name}", lambda: batched_resized_crop(decoded, boxes, args.size, flip=flip,
-                                                                 channels_last=channels_last, compute_dtype=dt),
+        crop = partial(batched_resized_crop, decoded, boxes, args.size, flip=flip, channels_last=channels_last,
+                       compute_dtype=dt)
+        record(timed(f"crop {name}", crop,
                      images_per_call=args.batch, seconds=args.seconds / 2, device=device, busy=True))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -514,7 +515,7 @@ def epochs(pipe):
 def measure_pipeline(pipe, name, args, device, *, workers) -> dict:
     """Images/s the pipeline hands a consumer that does nothing else; epochs roll over as training's would."""
     n, t0, load, warm = 0, None, None, 3
-    for images, _ in epochs(pipe):
+    for _ in epochs(pipe):
         if t0 is None:
             warm -= 1
             if warm == 0:

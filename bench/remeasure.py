@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune import export  # noqa: E402
-from autotune.study import view  # noqa: E402
-from autotune.study.storage import load, log_root  # noqa: E402
+from autotune import export
+from autotune.study import view
+from autotune.study.storage import load, log_root
 
 CPU_DECODE = ("pil", "torchvision-cpu")
 GPU_DECODE = ("nvjpeg-gpu", "nvjpeg-hw", "hybrid")

@@ -3,7 +3,8 @@
     python3 bench/run.py --data /tmp/jpegs --out results.json seed-default strong-pil strong-synthetic ...
 
 Each run is a fresh `torchrun -m trainer` through autotune.runner (same env, same watchdog as a trial), with the
-NVML sampler of autotune.hw on the run's GPUs and a CPU-load sampler; only samples inside the job's measurement windows count.
+NVML sampler of autotune.hw on the run's GPUs and a CPU-load sampler; only samples inside the job's measurement
+windows count.
 Prints a table last. `bench/configs/*.yaml` hold the configs; PLAN maps run names to a config plus overrides.
 """
 
@@ -21,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.hw import nvml as nvml_gpu  # noqa: E402
-from autotune.hw.placement import to_nvml, visible_entries  # noqa: E402
-from autotune.runner.trial import TrialJob, run_trial  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
+from autotune.hw import nvml as nvml_gpu
+from autotune.hw.placement import to_nvml, visible_entries
+from autotune.runner.trial import TrialJob, run_trial
+from trainer.config import TrainConfig
 
 HERE = Path(__file__).resolve().parent
 LOADER = {"training.mode": "loader"}
@@ -123,8 +124,8 @@ def run_bare(nproc: int, out_dir: Path) -> dict:
     out = out_dir / "bare.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(HERE / "bare_ddp.py"), "--batch", "256", "--precision", "bf16", "--channels-last", "--out", str(out)]
-    env = {**os.environ, **{"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                            "NVSHMEM_DISABLE_NVLS": "1"}}
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                            "NVSHMEM_DISABLE_NVLS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         return {"name": "bare-synthetic", "ok": False, "failure_message": proc.stderr[-2000:]}
@@ -140,7 +141,8 @@ def fmt_loss(x) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="*", help=f"run names: {', '.join(PLAN)}, bare-synthetic")
-    p.add_argument("--config", help="a TrainConfig YAML (e.g. an `autotune export`), run --repeat times in measure mode")
+    p.add_argument("--config",
+                   help="a TrainConfig YAML (e.g. an `autotune export`), run --repeat times in measure mode")
     p.add_argument("--repeat", type=int, default=3, help="how often to run --config (default 3)")
     p.add_argument("--label", help="run name prefix for --config runs (default: the file's stem)")
     p.add_argument("--data", help="JPEG ImageFolder for the imagefolder runs")

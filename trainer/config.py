@@ -83,6 +83,25 @@ class DataConfig:
     hflip: bool = True
     """Random horizontal flip with p=0.5."""
 
+    def problems(self) -> list[str]:
+        p = []
+        if self.kind == "imagefolder" and not self.path:
+            p.append("data.path is required when data.kind is imagefolder (run `autotune make-data DIR` to make one)")
+        if self.image_size < 8:
+            p.append(f"data.image_size={self.image_size}: must be >= 8")
+        if self.num_classes is not None and self.num_classes < 1:
+            p.append(f"data.num_classes={self.num_classes}: must be >= 1")
+        if not 0.0 <= self.hybrid_cpu_fraction <= 1.0:
+            p.append(f"data.hybrid_cpu_fraction={self.hybrid_cpu_fraction}: must be in [0, 1]")
+        if not 0.0 <= self.val_fraction < 1.0:
+            p.append(f"data.val_fraction={self.val_fraction}: must be in [0, 1)")
+        for name, (lo, hi) in (("crop_scale", self.crop_scale), ("crop_ratio", self.crop_ratio)):
+            if not 0 < lo <= hi:
+                p.append(f"data.{name}=({lo}, {hi}): needs 0 < low <= high")
+        if self.crop_scale[1] > 1.0:
+            p.append(f"data.crop_scale high={self.crop_scale[1]}: must be <= 1")
+        return p
+
 
 @dataclass(kw_only=True)
 class LoaderConfig:
@@ -97,6 +116,19 @@ class LoaderConfig:
 
     persistent_workers: bool = False
     """Keep workers alive across epochs; only with ``num_workers > 0``."""
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.num_workers < 0:
+            p.append(f"loader.num_workers={self.num_workers}: must be >= 0")
+        if self.num_workers == 0 and self.prefetch_factor is not None:
+            p.append("loader.prefetch_factor is set but loader.num_workers is 0: "
+                     "remove prefetch_factor or use num_workers >= 1")
+        if self.prefetch_factor is not None and self.prefetch_factor < 1:
+            p.append(f"loader.prefetch_factor={self.prefetch_factor}: must be >= 1")
+        if self.num_workers == 0 and self.persistent_workers:
+            p.append("loader.persistent_workers needs loader.num_workers >= 1: set it to false or add workers")
+        return p
 
 
 @dataclass(kw_only=True)
@@ -143,6 +175,20 @@ class TrainingConfig:
     log_every_s: float = 10.0
     """Train mode: seconds between progress lines on rank 0."""
 
+    def problems(self) -> list[str]:
+        p = []
+        if self.batch_size < 1:
+            p.append(f"training.batch_size={self.batch_size}: must be >= 1")
+        if self.accum_steps < 1:
+            p.append(f"training.accum_steps={self.accum_steps}: must be >= 1")
+        if self.mode == "train" and self.epochs is None and self.steps is None:
+            p.append("training.mode=train needs training.epochs or training.steps")
+        for name in ("epochs", "steps"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                p.append(f"training.{name}={v}: must be >= 1")
+        return p
+
 
 @dataclass(kw_only=True)
 class OptimizerConfig:
@@ -179,6 +225,14 @@ class DDPConfig:
 
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.bucket_cap_mb <= 0:
+            p.append(f"ddp.bucket_cap_mb={self.bucket_cap_mb}: must be > 0")
+        if self.timeout_s <= 0:
+            p.append(f"ddp.timeout_s={self.timeout_s}: must be > 0")
+        return p
 
 
 @dataclass(kw_only=True)
@@ -239,6 +293,17 @@ class MeasureConfig:
 
     spread_target: float = 0.05
     """(max - min) / median of the window throughputs considered steady."""
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.warmup_min_steps < 0:
+            p.append(f"measure.warmup_min_steps={self.warmup_min_steps}: must be >= 0")
+        if self.window_s <= 0:
+            p.append(f"measure.window_s={self.window_s}: must be > 0")
+        if self.windows < 1 or self.max_windows < self.windows:
+            p.append(f"measure.windows={self.windows}, max_windows={self.max_windows}: need 1 <= windows <= "
+                     "max_windows")
+        return p
 
 
 @dataclass(kw_only=True)
@@ -329,45 +394,14 @@ class TrainConfig:
     # ---- validation --------------------------------------------------------------------------------------------
 
     def problems(self) -> list[str]:
-        """Every cross-field problem, each with its fix (types were checked while building)."""
+        """Every cross-field problem, each with its fix (types were checked while building): each section's own,
+        then those across sections."""
         p: list[str] = []
-        t, ld, d, m = self.training, self.loader, self.data, self.measure
-        if t.batch_size < 1:
-            p.append(f"training.batch_size={t.batch_size}: must be >= 1")
-        if t.accum_steps < 1:
-            p.append(f"training.accum_steps={t.accum_steps}: must be >= 1")
-        if ld.num_workers < 0:
-            p.append(f"loader.num_workers={ld.num_workers}: must be >= 0")
-        if ld.num_workers == 0 and ld.prefetch_factor is not None:
-            p.append("loader.prefetch_factor is set but loader.num_workers is 0: "
-                     "remove prefetch_factor or use num_workers >= 1")
-        if ld.prefetch_factor is not None and ld.prefetch_factor < 1:
-            p.append(f"loader.prefetch_factor={ld.prefetch_factor}: must be >= 1")
-        if ld.num_workers == 0 and ld.persistent_workers:
-            p.append("loader.persistent_workers needs loader.num_workers >= 1: set it to false or add workers")
-        if d.kind == "imagefolder" and not d.path:
-            p.append("data.path is required when data.kind is imagefolder (run `autotune make-data DIR` to make one)")
+        for section in (self.loader, self.data, self.training, self.ddp, self.measure):
+            p += section.problems()
+        t, d = self.training, self.data
         if d.kind == "synthetic" and t.mode == "loader":
             p.append("training.mode=loader measures an input pipeline: use data.kind=imagefolder")
-        if d.image_size < 8:
-            p.append(f"data.image_size={d.image_size}: must be >= 8")
-        if d.num_classes is not None and d.num_classes < 1:
-            p.append(f"data.num_classes={d.num_classes}: must be >= 1")
-        if not 0.0 <= d.hybrid_cpu_fraction <= 1.0:
-            p.append(f"data.hybrid_cpu_fraction={d.hybrid_cpu_fraction}: must be in [0, 1]")
-        if not 0.0 <= d.val_fraction < 1.0:
-            p.append(f"data.val_fraction={d.val_fraction}: must be in [0, 1)")
-        for name, (lo, hi) in (("crop_scale", d.crop_scale), ("crop_ratio", d.crop_ratio)):
-            if not 0 < lo <= hi:
-                p.append(f"data.{name}=({lo}, {hi}): needs 0 < low <= high")
-        if d.crop_scale[1] > 1.0:
-            p.append(f"data.crop_scale high={d.crop_scale[1]}: must be <= 1")
-        if t.mode == "train" and t.epochs is None and t.steps is None:
-            p.append("training.mode=train needs training.epochs or training.steps")
-        for name in ("epochs", "steps"):
-            v = getattr(t, name)
-            if v is not None and v < 1:
-                p.append(f"training.{name}={v}: must be >= 1")
         if self.optimizer.lr <= 0:
             p.append(f"optimizer.lr={self.optimizer.lr}: must be > 0")
         if self.ddp.static_graph and t.accum_steps > 1:
@@ -376,16 +410,6 @@ class TrainConfig:
             p.append(f"ddp.static_graph=true with training.accum_steps={t.accum_steps}: DDP's static graph breaks "
                      "under gradient accumulation (no_sync) in this torch; set ddp.static_graph=false or "
                      "training.accum_steps=1")
-        if self.ddp.bucket_cap_mb <= 0:
-            p.append(f"ddp.bucket_cap_mb={self.ddp.bucket_cap_mb}: must be > 0")
-        if self.ddp.timeout_s <= 0:
-            p.append(f"ddp.timeout_s={self.ddp.timeout_s}: must be > 0")
-        if m.warmup_min_steps < 0:
-            p.append(f"measure.warmup_min_steps={m.warmup_min_steps}: must be >= 0")
-        if m.window_s <= 0:
-            p.append(f"measure.window_s={m.window_s}: must be > 0")
-        if m.windows < 1 or m.max_windows < m.windows:
-            p.append(f"measure.windows={m.windows}, max_windows={m.max_windows}: need 1 <= windows <= max_windows")
         if self.checkpoint.keep_last < 1:
             p.append(f"checkpoint.keep_last={self.checkpoint.keep_last}: must be >= 1")
         p.extend(nccl_env_problems(self.nccl.to_env()))
@@ -526,7 +550,7 @@ def coerce_value(tp, value) -> tuple[bool, Any, str]:
     if origin is tuple:
         ok = isinstance(value, (list, tuple)) and len(value) == len(args)
         if ok:
-            items = [coerce_value(a, v) for a, v in zip(args, value)]
+            items = [coerce_value(a, v) for a, v in zip(args, value, strict=True)]
             if all(i[0] for i in items):
                 return True, tuple(i[1] for i in items), f"a list of {len(args)} numbers"
         return False, value, f"a list of {len(args)} numbers"

@@ -66,7 +66,7 @@ class DatagenSpec:
 
     @property
     def val_count(self) -> int:
-        return int(round(self.images * self.val_fraction))
+        return round(self.images * self.val_fraction)
 
     def problems(self) -> list[str]:
         p = []

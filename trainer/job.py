@@ -106,7 +106,7 @@ def run_recorded(writer: ResultWriter, body) -> int:
     try:
         body()
         return 0
-    except BaseException as e:  # noqa: BLE001 - classify, record, exit non-zero
+    except BaseException as e:
         if isinstance(e, SystemExit) and not e.code:
             raise
         record = error_record(e)

@@ -38,7 +38,8 @@ def train_step(model: nn.Module, batches: Iterator, optimizer: torch.optim.Optim
     total = None
     for micro in range(accum_steps):
         images, labels = next(batches)
-        sync_ctx = model.no_sync() if micro < accum_steps - 1 and hasattr(model, "no_sync") else contextlib.nullcontext()
+        final = micro == accum_steps - 1
+        sync_ctx = contextlib.nullcontext() if final or not hasattr(model, "no_sync") else model.no_sync()
         with sync_ctx:
             with autocast_ctx:
                 loss = nn.functional.cross_entropy(model(images), labels) / accum_steps

@@ -13,14 +13,14 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from trainer.config import MeasureConfig
-
 
 # Warm-up steps whose median sizes the first window: few enough to reflect the pace after the prefetch buffer.
 STEP_TIME_STEPS = 5

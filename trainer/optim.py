@@ -47,7 +47,7 @@ def init_momentum_buffers(optimizer: torch.optim.SGD) -> None:
 
 def build_scheduler(cfg: TrainConfig, optimizer, *, total_steps: int, steps_per_epoch: int):
     o = cfg.optimizer
-    warmup = int(round(o.warmup_epochs * steps_per_epoch))
+    warmup = round(o.warmup_epochs * steps_per_epoch)
 
     def factor(step: int) -> float:
         if warmup and step < warmup:

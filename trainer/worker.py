@@ -46,17 +46,17 @@ def serve(first: TrainConfig, first_result: str | None, requests: str | Path, *,
     settings = process_settings(first)
     baseline_threads = set(threading.enumerate())
     env = None
-    for index, (cfg, result, cancel) in enumerate(_trials(first, first_result, Path(requests), cancel)):
+    for index, (cfg, result, cancel_file) in enumerate(_trials(first, first_result, Path(requests), cancel)):
         writer = ResultWriter(result, rank)
 
-        def body(cfg=cfg, index=index, cancel=cancel) -> None:
+        def body(cfg=cfg, index=index, cancel_file=cancel_file, writer=writer) -> None:
             nonlocal env
             if process_settings(cfg) != settings:
                 raise ConfigError([f"this worker runs with {settings}; the trial needs {process_settings(cfg)}: a "
                                    "process-scope setting changed, which takes a new worker"])
             if env is None:
                 env = init_distributed(cfg)
-            run_job(cfg, env, writer, worker_trial=index, cancel=cancel)
+            run_job(cfg, env, writer, worker_trial=index, cancel=cancel_file)
 
         try:
             code = run_recorded(writer, body)

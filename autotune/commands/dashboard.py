@@ -31,8 +31,8 @@ def run(args) -> int:
         import optuna_dashboard
     except ImportError:
         raise DashboardError(INSTALL_HINT) from None
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
     from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
     from autotune.study.storage import display_url, open_storage, resolve_storage
 
@@ -45,7 +45,7 @@ def run(args) -> int:
         daemon_threads = True
 
     class QuietHandler(WSGIRequestHandler):
-        def log_message(self, format, *a):  # noqa: A002 - the dashboard polls every few seconds: no access log
+        def log_message(self, format, *a):
             pass
 
     try:

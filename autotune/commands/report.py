@@ -16,8 +16,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 @command("report", help="write the study as one self-contained HTML page of plots (history, importances, imgs/s "
                         "vs utilization, window spread, failures, Pareto front)", arguments=arguments)
 def run(args) -> int:
-    from autotune.study.storage import display_url, load, resolve_storage
     from autotune.report import trial_rows, write_report
+    from autotune.study.storage import display_url, load, resolve_storage
 
     url = resolve_storage(args.study, args.storage)
     study = load(args.study, url)  # never creates a database: a missing file is an error

@@ -13,6 +13,7 @@ never estimated.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import threading
@@ -63,7 +64,7 @@ class Nvml:
 
             pynvml.nvmlInit()
             self.lib = pynvml
-        except Exception as e:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, driver mismatch, ...
+        except Exception as e:
             self.reason = f"{type(e).__name__}: {e}".strip().rstrip(":")
 
     @property
@@ -79,14 +80,15 @@ class Nvml:
         out = []
         for i in range(self.lib.nvmlDeviceGetCount()):
             h = self.lib.nvmlDeviceGetHandleByIndex(i)
-            out.append(Gpu(index=i, uuid=_text(self.lib.nvmlDeviceGetUUID(h)), name=_text(self.lib.nvmlDeviceGetName(h)),
+            out.append(Gpu(index=i, uuid=_text(self.lib.nvmlDeviceGetUUID(h)),
+                           name=_text(self.lib.nvmlDeviceGetName(h)),
                            handle=h))
         return out
 
     def driver_version(self) -> str | None:
         try:
             return _text(self.lib.nvmlSystemGetDriverVersion()) if self.lib else None
-        except Exception:  # noqa: BLE001
+        except Exception:
             return None
 
 
@@ -115,7 +117,7 @@ class Sampler:
         lib = self.nvml.lib
         try:
             return bool(lib.nvmlGpmQueryDeviceSupport(gpu.handle).isSupportedDevice)
-        except Exception:  # noqa: BLE001 - old driver / bindings without GPM, pre-Hopper GPU
+        except Exception:
             return False
 
     def _query(self, i: int, what: str, fn):
@@ -123,7 +125,7 @@ class Sampler:
             return None
         try:
             return fn()
-        except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends
+        except Exception:
             self._unsupported.add((i, what))
             return None
 
@@ -144,7 +146,7 @@ class Sampler:
             finally:
                 lib.nvmlGpmSampleFree(prev)
             return float(req.metrics[0].value)
-        except Exception:  # noqa: BLE001
+        except Exception:
             self._gpm_ok[i] = False
             return None
 
@@ -152,10 +154,10 @@ class Sampler:
         lib = self.nvml.lib
         for i, g in enumerate(self.gpus):
             h = g.handle
-            util = self._query(i, "util", lambda: float(lib.nvmlDeviceGetUtilizationRates(h).gpu))
-            mem = self._query(i, "mem", lambda: lib.nvmlDeviceGetMemoryInfo(h).used / 2**20)
-            power = self._query(i, "power", lambda: lib.nvmlDeviceGetPowerUsage(h) / 1000.0)
-            clock = self._query(i, "clock", lambda: float(lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM)))
+            util = self._query(i, "util", lambda h=h: float(lib.nvmlDeviceGetUtilizationRates(h).gpu))
+            mem = self._query(i, "mem", lambda h=h: lib.nvmlDeviceGetMemoryInfo(h).used / 2**20)
+            power = self._query(i, "power", lambda h=h: lib.nvmlDeviceGetPowerUsage(h) / 1000.0)
+            clock = self._query(i, "clock", lambda h=h: float(lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM)))
             sm = self._gpm_sm_active(i, g)
             self.samples.append(Sample(t=time.time(), gpu=i, util=util, mem_used_mib=mem, power_w=power,
                                        sm_clock_mhz=clock, sm_active=sm))
@@ -166,7 +168,7 @@ class Sampler:
             self.sample_once()
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - t)))
 
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         if self.active:
             self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
             self._thread.start()
@@ -178,10 +180,8 @@ class Sampler:
             self._thread.join(timeout=5)
         lib = self.nvml.lib
         for s in self._gpm_prev.values():
-            try:
+            with contextlib.suppress(Exception):
                 lib.nvmlGpmSampleFree(s)
-            except Exception:  # noqa: BLE001
-                pass
         self._gpm_prev.clear()
         return self.samples
 

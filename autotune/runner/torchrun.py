@@ -45,7 +45,7 @@ class Torchrun:
             nnodes = int(str(ns.nnodes).split(":")[-1])
         except ValueError:
             raise LaunchError(f"torchrun args: --nnodes {ns.nnodes}: expected N or MIN:MAX") from None
-        given = lambda name: getattr(ns, name) != _parser().get_default(name)  # noqa: E731
+        given = lambda name: getattr(ns, name) != _parser().get_default(name)
         own = nnodes > 1 or given("rdzv_endpoint") or given("master_addr") or bool(ns.standalone)
         return cls(args=args, nnodes=nnodes, rendezvous=own, node_rank=int(ns.node_rank or 0))
 

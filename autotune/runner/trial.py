@@ -126,12 +126,12 @@ class TrialRun:
         setup_s: start → ready (data, model, DDP); first_step_s: ready → the first step done, with its parts
         first_batch_s (loader start-up) and first_compute_s (cuDNN's algorithm search, the first all-reduce);
         warmup_s: start → warm-up done; measure_s: first window start → last window end; wall_s: asked → done."""
-        first = lambda kind: next((r for r in self.records if r.get("kind") == kind), None)  # noqa: E731
+        first = lambda kind: next((r for r in self.records if r.get("kind") == kind), None)
         start, ready, step, warm = first(Kind.START), first(Kind.READY), first(Kind.FIRST_STEP), first(Kind.WARMUP_DONE)
         t = {k: float(r["t"]) if r else None for k, r in (("start", start), ("ready", ready), ("step", step),
                                                           ("warm", warm))}
         win = self.windows
-        span = lambda a, b: round(t[b] - t[a], 3) if t[a] and t[b] else None  # noqa: E731
+        span = lambda a, b: round(t[b] - t[a], 3) if t[a] and t[b] else None
         return {
             "launch_s": round(t["start"] - self.t_launch, 3) if t["start"] else None,
             "setup_s": span("start", "ready"), "first_step_s": span("ready", "step"), "warmup_s": span("start", "warm"),

@@ -131,7 +131,7 @@ def abandon(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> Non
         trial.set_user_attr("failure_message", (str(exc) or "interrupted (Ctrl-C)") if interrupted else
                             f"{type(exc).__name__}: {exc}"[:300])
         study.tell(trial, state=TrialState.FAIL)
-    except Exception:  # noqa: BLE001 - already finished, or the storage is gone: the original error matters more
+    except Exception:
         pass
 
 

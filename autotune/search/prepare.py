@@ -353,7 +353,7 @@ def _factory_problems(name: str, where: str) -> list[str]:
     module, _, fn = name.partition(":")
     try:
         obj = getattr(importlib.import_module(module), fn, None)
-    except Exception as e:  # noqa: BLE001 - ImportError, or the module itself raising
+    except Exception as e:
         return [f"{where}={name!r}: cannot import {module} ({type(e).__name__}: {e}); is it on PYTHONPATH?"]
     return [] if callable(obj) else [f"{where}={name!r}: {module} has no function {fn}"]
 

@@ -7,7 +7,8 @@ import time
 from typing import Any, TextIO
 
 SHORT = {
-    "training.batch_size": "bs", "training.accum_steps": "acc", "training.precision": "", "training.channels_last": "cl",
+    "training.batch_size": "bs", "training.accum_steps": "acc", "training.precision": "",
+    "training.channels_last": "cl",
     "training.compile": "compile", "loader.num_workers": "wk", "loader.prefetch_factor": "pf",
     "loader.pin_memory": "pin", "loader.persistent_workers": "pers", "data.decode": "", "ddp.bucket_cap_mb": "bkt",
     "ddp.gradient_as_bucket_view": "gbv", "ddp.static_graph": "static", "nccl.algo": "algo", "nccl.proto": "proto",
@@ -45,7 +46,7 @@ def fmt_params(params: dict[str, Any], limit: int | None = None) -> str:
 def fmt_duration(s: float | None) -> str:
     if s is None:
         return "?"
-    s = int(round(s))
+    s = round(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 

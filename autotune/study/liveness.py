@@ -71,7 +71,7 @@ class Heartbeat:
         self.last = now
         try:
             self.trial.set_user_attr("heartbeat", time.time())
-        except Exception:  # noqa: BLE001 - the database is briefly away: the trial goes on
+        except Exception:
             self.failures += 1
 
 

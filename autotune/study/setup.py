@@ -66,7 +66,7 @@ def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Obje
         except optuna.exceptions.DuplicatedStudyError:
             study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner)
             created = False
-    except Exception as e:  # noqa: BLE001 - the database went away, or refuses the write
+    except Exception as e:
         raise StorageError(f"study {study_name}: {first_line(e)}; check the storage") from None
     if created:
         _record_setup(study, spec, fp, objective, nproc, attrs, baseline, starts)

@@ -77,7 +77,7 @@ def display_url(url: str) -> str:
         from sqlalchemy.engine import make_url
 
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy can parse: it fails later with its own message
+    except Exception:
         return url
 
 
@@ -117,7 +117,7 @@ def open_storage(url: str, *, create: bool = True):
 
             journal.parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(journal)))
-        except Exception as e:  # noqa: BLE001 - unwritable folder, not a journal file
+        except Exception as e:
             raise StorageError(f"storage {shown}: {first_line(e)}; use a writable path on a file system every "
                                "worker shares") from None
     url = normalize_url(url)
@@ -139,7 +139,7 @@ def open_storage(url: str, *, create: bool = True):
             if db is not None:
                 db.parent.mkdir(parents=True, exist_ok=True)
             return optuna.storages.RDBStorage(url, **kwargs)
-        except Exception as e:  # noqa: BLE001 - bad URL, unreachable server, missing driver, unwritable file
+        except Exception as e:
             # Workers started together on a new database all create Optuna's tables: the losers of that race see
             # a duplicate-key or already-exists error, and find the tables there a moment later.
             attempt += 1
@@ -176,7 +176,7 @@ def load(study_name: str | None, storage_url: str):
     storage = open_storage(storage_url, create=False)
     try:
         names = optuna.study.get_all_study_names(storage)
-    except Exception as e:  # noqa: BLE001 - reachable but not an Optuna database, or gone meanwhile
+    except Exception as e:
         raise StorageError(f"storage {display_url(storage_url)}: {first_line(e)}; is it an autotune/Optuna "
                            "study storage?") from None
     shown = display_url(storage_url)

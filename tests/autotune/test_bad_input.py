@@ -12,10 +12,10 @@ import optuna
 import pytest
 
 from autotune import cli
-from autotune.study.setup import create_or_load
-from autotune.study.storage import open_storage
 from autotune.objective import Objective
 from autotune.spec import StudySpec
+from autotune.study.setup import create_or_load
+from autotune.study.storage import open_storage
 from tests.helpers.cli import autotune
 from tests.helpers.specs import tiny_spec
 from tests.jobutil import make_jpeg_folder

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-from tests.helpers.cli import REPO
 
+from tests.helpers.cli import REPO
 
 
 def env() -> dict:

@@ -20,7 +20,6 @@ from autotune import fullrun as tr
 from tests.helpers.cli import REPO
 
 
-
 def autotune_env(cwd: Path) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
             "AUTOTUNE_CACHE": str(cwd / "cache"), "PYTHONUNBUFFERED": "1"}

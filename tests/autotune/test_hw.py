@@ -9,9 +9,9 @@ import types
 
 import pytest
 
+from autotune.exceptions import GPUError
 from autotune.hw import nvml as gpu
 from autotune.hw import placement
-from autotune.exceptions import GPUError
 
 
 class FakeNVMLError(Exception):
@@ -105,7 +105,7 @@ def test_bad_gpu_selections_name_what_is_there(nvml):
         placement.select(["0", "1"], ["5"])
     with pytest.raises(GPUError, match="listed twice"):
         placement.select(["0", "1"], ["0", "0"])
-    with pytest.raises(GPUError, match="no GPU matches that UUID.*GPU-0000aaaa-1111"):
+    with pytest.raises(GPUError, match=r"no GPU matches that UUID.*GPU-0000aaaa-1111"):
         placement.to_nvml(lib, ["GPU-ffff"])
     with pytest.raises(GPUError, match="more than one"):
         placement.to_nvml(lib, ["GPU-000"])
@@ -193,7 +193,7 @@ def test_gpm_sm_activity_where_supported_without_leaking_samples(monkeypatch):
     def alloc():
         s = object()
         live.add(id(s))
-        m._keep = getattr(m, "_keep", []) + [s]
+        m._keep = [*getattr(m, "_keep", []), s]
         return s
 
     def metrics_get(req):

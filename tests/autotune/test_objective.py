@@ -19,7 +19,7 @@ def test_values_per_objective():
 
 def test_objectives_that_need_nvml_are_refused_without_it():
     Objective(kind="throughput").check(False, "no GPU")
-    with pytest.raises(SpecError, match="pareto needs NVML GPU utilization.*use --objective throughput"):
+    with pytest.raises(SpecError, match=r"pareto needs NVML GPU utilization.*use --objective throughput"):
         Objective(kind="pareto").check(False, "no GPU")
     Objective(kind="weighted", weights={"throughput": 1.0, "util": 0.0, "power": 0.0}).check(False, "no GPU")
 

@@ -18,6 +18,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
+
 from tests.helpers.cli import REPO
 
 DIST = {"training.batch_size": CategoricalDistribution([64, 128, 256]),
@@ -142,7 +143,7 @@ def test_sections_without_data_say_so(tmp_path):
     from autotune.report import render_html
 
     storage = f"sqlite:///{tmp_path / 'cpu.db'}"
-    few = [t for t in TRIALS[:2]]
+    few = list(TRIALS[:2])
     study = make_study(storage, "cpu-study", util=False, trials=few, stages=False)
     page = render_html(study)
     assert 'id="empty-util"' in page and "utilization is recorded as unavailable" in page

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
 from autotune.exceptions import SpecError
 from autotune.spec import StudySpec, builtin_names, find_spec, load_spec
 from tests.helpers.cli import REPO
-
 
 
 @pytest.mark.parametrize("name", ["resnet50", "cpu-demo"])
@@ -37,7 +34,7 @@ def test_specs_are_found_by_name_from_any_directory(tmp_path, monkeypatch):
     own = tmp_path / "studies" / "cpu-demo.yaml"
     own.write_text((REPO / "studies" / "cpu-demo.yaml").read_text().replace("trials: 12", "trials: 2"))
     assert load_spec("cpu-demo").budget.trials == 2  # ./studies wins over the packaged copy
-    with pytest.raises(SpecError, match="no such spec file or built-in spec .*cpu-demo"):
+    with pytest.raises(SpecError, match=r"no such spec file or built-in spec .*cpu-demo"):
         find_spec("nope")
 
 
@@ -94,7 +91,7 @@ def test_yaml_errors_name_the_file_and_line(tmp_path):
 
 
 def test_imagefolder_base_needs_a_path_or_a_generator():
-    with pytest.raises(SpecError, match="data.path is required"):
+    with pytest.raises(SpecError, match=r"data\.path is required"):
         StudySpec.from_dict(_spec(base={"data": {"kind": "imagefolder"}}))
     spec = StudySpec.from_dict(_spec(base={"data": {"kind": "imagefolder"}},
                                      data={"generate": {"images": 100, "classes": 2}}))

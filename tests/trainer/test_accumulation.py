@@ -5,6 +5,7 @@ Two real gloo processes run the job's own `train_step`; a DDP comm hook counts t
 
 import contextlib
 import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -42,11 +43,11 @@ def _worker(rank, store_path, mode, out_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     images, labels = _data(rank, K * MICRO * STEPS)
     if mode == "accum":
-        batches = iter(zip(images.split(MICRO), labels.split(MICRO)))
+        batches = iter(zip(images.split(MICRO), labels.split(MICRO), strict=True))
         for _ in range(STEPS):
             train_step(model, batches, opt, None, accum_steps=K, autocast_ctx=contextlib.nullcontext())
     elif mode == "big":
-        batches = iter(zip(images.split(K * MICRO), labels.split(K * MICRO)))
+        batches = iter(zip(images.split(K * MICRO), labels.split(K * MICRO), strict=True))
         for _ in range(STEPS):
             train_step(model, batches, opt, None, accum_steps=1, autocast_ctx=contextlib.nullcontext())
     else:  # "naive": the seed tutorial's loop, backward outside no_sync on every micro-batch

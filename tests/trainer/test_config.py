@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
-from trainer.config import ConfigError, TrainConfig, scope_of
 from tests.helpers.cli import REPO
+from trainer.config import ConfigError, TrainConfig, scope_of
 
 
 def test_defaults_round_trip_through_yaml(tmp_path):
@@ -29,7 +29,7 @@ def test_a_config_from_before_the_settle_test_was_retired_still_loads():
     with pytest.warns(FutureWarning, match="measure.settle_steps, measure.settle_span_s, measure.settle_tolerance"):
         assert TrainConfig.from_dict(data) == TrainConfig()
     data["measure"]["settle_everything"] = 1  # anything else unknown is still an error
-    with pytest.raises(ConfigError, match="measure.settle_everything: unknown setting"):
+    with pytest.raises(ConfigError, match=r"measure\.settle_everything: unknown setting"):
         TrainConfig.from_dict(data)
 
 
@@ -114,7 +114,7 @@ def test_all_problems_are_reported_at_once():
 
 
 def test_unknown_override_path_is_named():
-    with pytest.raises(ConfigError, match="training.batch: no such setting"):
+    with pytest.raises(ConfigError, match=r"training\.batch: no such setting"):
         TrainConfig().with_overrides({"training.batch": 3})
 
 
@@ -138,7 +138,6 @@ def test_yaml_is_plain(tmp_path):
 
 
 def test_every_shipped_job_config_is_valid():
-    from pathlib import Path
 
     configs = sorted((REPO / "bench" / "configs").glob("*.yaml"))
     assert configs

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from trainer.datagen import MANIFEST, DatagenError, make_image_folder
 from tests.helpers.cli import REPO
+from trainer.datagen import MANIFEST, DatagenError, make_image_folder
 
 
 def jpegs(root: Path) -> dict[str, bytes]:
@@ -40,7 +40,7 @@ def test_imagenet_like_sizes_and_split(made):
     for name in files:
         with Image.open(root / name) as im:
             assert im.format == "JPEG" and im.mode == "RGB"
-            assert 300 <= min(im.size) and max(im.size) <= 500
+            assert min(im.size) >= 300 and max(im.size) <= 500
 
 
 def test_content_is_structured_not_flat_nor_noise(made):

@@ -1,5 +1,6 @@
 """The real job: torchrun with 2 gloo ranks on a generated JPEG folder."""
 
+import itertools
 import math
 import statistics
 
@@ -37,7 +38,7 @@ def test_measure_run_streams_windows_and_counts_every_image(jpegs, tmp_path, dec
     assert summary["loss_finite"] and math.isfinite(summary["loss"])
     # Every window says what the loss was at its start and end (mean over the ranks); the summary, over the windows
     # its figure stands on, so no figure goes without its loss.
-    for before, w in zip(windows, windows[1:]):
+    for before, w in itertools.pairwise(windows):
         assert math.isfinite(w["loss_end"]) and w["loss_start"] == before["loss_end"]
     first, last = windows[summary["windows_used"][0]], windows[summary["windows_used"][-1]]
     assert (summary["loss_start"], summary["loss_end"]) == (first["loss_start"], last["loss_end"])
@@ -94,7 +95,7 @@ def test_validation_counts_each_image_once(jpegs, tmp_path):
 
 def test_bad_config_fails_with_a_config_error_record(tmp_path):
     cfg = tiny_config(**{"data.kind": "imagefolder", "data.path": str(tmp_path / "nope")})
-    code, records, log = run_job(cfg, tmp_path)
+    code, records, _log = run_job(cfg, tmp_path)
     assert code != 0
     errors = kinds(records, "error")
     assert errors and {e["class"] for e in errors} == {"config"}

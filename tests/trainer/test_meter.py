@@ -20,7 +20,7 @@ def drive(meter, step_times, limit=10_000):
 
 
 def make(records, **cfg):
-    base = dict(warmup_min_steps=2, window_s=0.05, windows=3, max_windows=6, spread_target=0.5)
+    base = {"warmup_min_steps": 2, "window_s": 0.05, "windows": 3, "max_windows": 6, "spread_target": 0.5}
     base.update(cfg)
     return ThroughputMeter(MeasureConfig(**base), images_per_step=8, device=torch.device("cpu"),
                            emit=records.append)
@@ -110,7 +110,7 @@ def test_window_re_aim_is_bounded():
     meter = make(records, window_s=0.05, windows=4, max_windows=4, spread_target=10)
     drive(meter, [0.001] * 30 + [0.01] * 1000)
     steps = [w.steps for w in meter.windows]
-    for a, b in zip(steps, steps[1:]):
+    for a, b in itertools.pairwise(steps):
         assert b <= 2 * a and b >= a // 2
 
 

@@ -3,6 +3,7 @@ stopped mid-run."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 
@@ -75,7 +76,8 @@ def test_argv_runs_torchrun_of_this_python_standalone_unless_multi_node(tmp_path
 
 @pytest.mark.parametrize("args, nnodes, own", [
     ([], 1, False), (["--nnodes=2"], 2, True), (["--nnodes", "1:4"], 4, True), (["--master-addr", "node0"], 1, True),
-    (["--master_addr=node0"], 1, True), (["--rdzv_endpoint=h:1", "--nnodes=2"], 2, True), (["--max-restarts=1"], 1, False),
+    (["--master_addr=node0"], 1, True), (["--rdzv_endpoint=h:1", "--nnodes=2"], 2, True),
+    (["--max-restarts=1"], 1, False),
 ])
 def test_torchrun_arguments_are_read_by_torchruns_own_parser(args, nnodes, own):
     """Every spelling torchrun takes means what torchrun takes it to mean (dashes or underscores, = or a space);
@@ -135,7 +137,7 @@ def test_a_real_job_is_streamed_live_and_stopped_with_its_whole_process_tree(tmp
     run = run_trial(TrialJob(config=cfg, trial_dir=tmp_path / "t", nproc_per_node=2, timeout_s=60), on_record,
                     on_poll=lambda: polls.append(time.monotonic()))
     assert run.stopped == "pruned" and run.failure_class is None
-    assert len(polls) > 10 and max(b - a for a, b in zip(polls, polls[1:])) < 2  # the heartbeat's chance, often
+    assert len(polls) > 10 and max(b - a for a, b in itertools.pairwise(polls)) < 2  # the heartbeat's chance, often
     kinds = [k for k, _ in arrivals]
     assert kinds[:4] == ["start", "ready", "first_step", "warmup_done"] and kinds.count("window") == 2
     assert "summary" not in kinds
@@ -144,7 +146,7 @@ def test_a_real_job_is_streamed_live_and_stopped_with_its_whole_process_tree(tmp
     t = run.timing()
     w = run.windows  # the meter sizes windows in steps aimed at window_s: their wall span is what was measured
     assert 0 < t["launch_s"] < t["wall_s"] and 0 < t["measure_s"] == pytest.approx(w[-1]["t1"] - w[0]["t0"], abs=1e-3)
-    assert 0 < t["setup_s"] and 0 < t["first_step_s"] and t["setup_s"] + t["first_step_s"] <= t["warmup_s"]
+    assert t["setup_s"] > 0 and t["first_step_s"] > 0 and t["setup_s"] + t["first_step_s"] <= t["warmup_s"]
     assert (tmp_path / "t" / "log.txt").read_text().startswith("$ " + sys.executable)
     assert TrainConfig.from_yaml(tmp_path / "t" / "config.yaml") == cfg
 

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from autotune.runner.process import processes_in
-from trainer.config import TrainConfig
 from tests.helpers.cli import REPO
+from trainer.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 S = optuna.trial.TrialState
@@ -147,7 +147,8 @@ def test_failures_are_recorded_with_their_class_and_the_search_goes_on(tmp_path)
     m = "tests.helpers.models:"
     for name, bs, persistent in [("explode", 8, False), ("hang", 8, False), ("memory_limited", 32, False),
                                  ("memory_limited", 64, False), ("tiny", 8, True)]:
-        study.enqueue_trial({"model.name": m + name, "training.batch_size": bs, "loader.persistent_workers": persistent})
+        study.enqueue_trial({"model.name": m + name, "training.batch_size": bs,
+                             "loader.persistent_workers": persistent})
     r = autotune("search", "--spec", str(spec), "--trials", "5", cwd=tmp_path)  # resumes the same study
     out = r.stdout + r.stderr
     assert r.returncode == 0, out

@@ -11,12 +11,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.study import setup as study_setup
-from autotune.study import storage as study_mod
-from autotune.study.setup import create_or_load
 from autotune.exceptions import StorageError
 from autotune.objective import Objective
 from autotune.spec import StudySpec
+from autotune.study import setup as study_setup
+from autotune.study import storage as study_mod
+from autotune.study.setup import create_or_load
 from tests.helpers.cli import autotune, start_autotune
 from tests.helpers.specs import tiny_spec
 
@@ -38,7 +38,7 @@ def _assert_consistent(trials, pids: list[int], per_worker: int) -> None:
     assert len(trials) == n and sorted(t.number for t in trials) == list(range(n))
     assert all(t.state == S.COMPLETE and t.user_attrs["imgs_per_s"] > 0 for t in trials), \
         [(t.number, t.state.name, t.user_attrs.get("failure_message")) for t in trials]
-    assert Counter(t.user_attrs["owner_pid"] for t in trials) == {pid: per_worker for pid in pids}
+    assert Counter(t.user_attrs["owner_pid"] for t in trials) == dict.fromkeys(pids, per_worker)
     assert [t.number for t in trials if t.user_attrs.get("stage") == "baseline"] == [0]
     assert trials[0].params == {"training.batch_size": 8, "ddp.bucket_cap_mb": 25.0}
     for t in trials:

@@ -51,7 +51,7 @@ def running(tmp_path):
 
 
 def test_owner_on_this_machine_alive_dead_or_pid_reused(running):
-    study, _, make = running
+    _study, _, make = running
     me = study_mod.owner()
     assert me["owner_pid"] == os.getpid() and me["owner_start"] and me["owner_boot"] and me["owner_pidns"]
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -69,7 +69,7 @@ def test_owner_on_this_machine_alive_dead_or_pid_reused(running):
 
 
 def test_owner_on_another_machine_is_judged_by_its_heartbeat(running):
-    study, _, make = running
+    _study, _, make = running
     other = {**study_mod.owner(), "owner_host": "node-7", "owner_pid": 1}  # PID 1 there says nothing here
     assert study_mod.stale_reason(make(**other, heartbeat=time.time() - 30)) is None
     reason = study_mod.stale_reason(make(**other, heartbeat=time.time() - 600))

@@ -114,7 +114,7 @@ def decode_batch_hw(blobs: Sequence[torch.Tensor], device: torch.device | str, d
         if len(decoded) != len(streams):  # nvImageCodec before 0.9 dropped failed images instead of returning None
             raise RuntimeError(f"nvImageCodec returned {len(decoded)} images for {len(streams)} files: "
                                f"install the tested version with {NVJPEG_HW_INSTALL}")
-        for i, image in zip(positions, decoded):
+        for i, image in zip(positions, decoded, strict=True):
             if image is None:  # not a JPEG, or one neither the engines nor the CUDA decoder accept
                 failed.append(i)
             else:
@@ -126,6 +126,6 @@ def decode_batch_hw(blobs: Sequence[torch.Tensor], device: torch.device | str, d
                            f"{NVJPEG_HW_INSTALL}")
     if failed:
         failed.sort()
-        for i, image in zip(failed, decode_batch([blobs[i] for i in failed], device)):
+        for i, image in zip(failed, decode_batch([blobs[i] for i in failed], device), strict=True):
             out[i] = image
     return out

@@ -225,7 +225,7 @@ class _Producer:
                     if not self._put((images, labels, ready)):
                         return
             self._put(None)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+        except BaseException as e:
             self._put(e)
 
     def _put(self, item) -> bool:
