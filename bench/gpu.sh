@@ -9,7 +9,7 @@
 #   search=N       N trials of the resnet50 study on the generated JPEGs (resumes it; starts no trial after the call's
 #                  deadline, CALL_S seconds after the script began, minus a margin for the trial in flight)
 #   final          the search's best exported and re-measured in a fresh process, two more trials re-measured (the
-#                  best with a CPU decode, the best with a GPU decode), and HAND rows measured again by bench/run.py
+#                  best with a CPU decode, the best with a GPU decode), and HAND rows (bench/run.py) if named
 #   RUN            any bench/run.py row by name
 #
 # Everything comes back in at most 8 files under $OUT: call.log (all output), compare.json, final.json, best.yaml,
@@ -25,14 +25,15 @@ data=${DATA:-/tmp/jpegs}; state=/tmp/state; db="sqlite:///$state/resnet50.db"
 call_s=${CALL_S:-570}
 rows=${ROWS:-synthetic-fp16 strong-synthetic strong-nvjpeg-fp16 strong-nvjpeg-bf16 strong-hybrid-fp16-25}
 old_rows=${OLD_ROWS:-synthetic-fp16 strong-synthetic strong-nvjpeg-bf16}
-hand=${HAND:-strong-nvjpeg-fp16 strong-hybrid-fp16-25}
+hand=${HAND:-}
 images=${IMAGES:-32000}
-bench_set=(); search_set=()
+# The studies' head: 100 classes, as the generated data has (the bench configs' default is ImageNet's 1000).
+bench_set=(--set data.num_classes=100); search_set=(--trial-timeout "${TRIAL_TIMEOUT:-90}")
 if [ -n "${DRY:-}" ]; then  # toy sizes for a CPU smoke run
   images=400
-  bench_set=(--set model.name=resnet18 --set data.image_size=32 --set training.batch_size=8
+  bench_set+=(--set model.name=resnet18 --set data.image_size=32 --set training.batch_size=8
              --set loader.num_workers=1 --set measure.window_s=0.5 --set measure.warmup_min_steps=2)
-  search_set=(--model resnet18 --image-size 32 --trial-timeout 120 --nproc-per-node 1)
+  search_set=(--model resnet18 --image-size 32 --trial-timeout 120 --nproc-per-node 1)  # one rank: 2 cores
 fi
 quiet() { grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS\|^  trial .* window\|^  trial .* warm-up\|^  trial .* measuring"; }
 left() { echo $(( t0 + call_s - $(date +%s) )); }
@@ -86,17 +87,10 @@ PY
       ;;
     final)
       python3 bench/remeasure.py --storage "$db" --out "$out/final.json" --yaml "$out/best.yaml" --timeout 150
-      python3 bench/run.py --data "$data" --out "$out/hand.json" --trials-dir /tmp/bench-hand --timeout 150 \
-        --set data.num_classes=100 "${bench_set[@]}" $hand 2>&1 | quiet
-      python3 - "$out" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-final = json.loads((out / "final.json").read_text())
-final["hand"] = json.loads((out / "hand.json").read_text())
-(out / "final.json").write_text(json.dumps(final, indent=1, default=str))
-(out / "hand.json").unlink()
-PY
+      if [ -n "$hand" ]; then
+        python3 bench/run.py --data "$data" --out "$out/hand.json" --trials-dir /tmp/bench-hand --timeout 150 \
+          "${bench_set[@]}" $hand 2>&1 | quiet
+      fi
       ;;
     *)
       python3 bench/run.py --data "$data" --out "$out/runs.json" --trials-dir /tmp/bench-runs --timeout 150 \
