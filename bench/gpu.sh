@@ -18,7 +18,7 @@
 # DRY=1: the same stages on a machine without GPUs at toy sizes (ResNet-18, 32 px): checks the plumbing only.
 set -uo pipefail
 t0=$(date +%s)
-out=${OUT:-bench/out}; mkdir -p "$out"
+out=$(realpath -m "${OUT:-bench/out}"); mkdir -p "$out"
 exec > >(tee -a "$out/call.log") 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 data=${DATA:-/tmp/jpegs}; state=/tmp/state; db="sqlite:///$state/resnet50.db"
@@ -28,7 +28,7 @@ old_rows=${OLD_ROWS:-synthetic-fp16 strong-synthetic strong-nvjpeg-bf16}
 hand=${HAND:-}
 images=${IMAGES:-32000}
 # The studies' head: 100 classes, as the generated data has (the bench configs' default is ImageNet's 1000).
-bench_set=(--set data.num_classes=100); search_set=(--trial-timeout "${TRIAL_TIMEOUT:-90}")
+bench_set=(--set data.num_classes=100 --set measure.window_s=2.0); search_set=(--trial-timeout "${TRIAL_TIMEOUT:-90}")
 if [ -n "${DRY:-}" ]; then  # toy sizes for a CPU smoke run
   images=400
   bench_set+=(--set model.name=resnet18 --set data.image_size=32 --set training.batch_size=8
@@ -42,6 +42,9 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, \
 'gpus', torch.cuda.device_count(), 'cpus', __import__('os').cpu_count())"
 git log -1 --format='tree: %h %s' 2>/dev/null || true
+# A study carried from an earlier call (a machine that was given back in between) continues here.
+mkdir -p "$state"
+[ -f "$state/resnet50.db" ] || [ ! -f bench/state/resnet50.db ] || cp bench/state/resnet50.db "$state/"
 # ImageNet-like JPEGs in 100 class folders, made once per machine.
 python3 -m autotune make-data "$data" --images "$images" --classes 100 --no-progress 2>&1 | tail -1
 
@@ -71,8 +74,6 @@ PY
       ;;
     search=*)
       n=${stage#search=}
-      mkdir -p "$state"
-      [ -f "$state/resnet50.db" ] || [ ! -f bench/state/resnet50.db ] || cp bench/state/resnet50.db "$state/"
       budget=$(( $(left) - 60 ))  # the trial in flight when it runs out still ends inside the call
       if [ "$budget" -gt 30 ]; then
         python3 -m autotune search --spec resnet50 --data "$data" --storage "$db" --trials "$n" --timeout "$budget" \
@@ -83,7 +84,7 @@ PY
       python3 -m autotune show --storage "$db" > "$out/search-table.txt"
       tail -4 "$out/search-table.txt"
       cp "$state/resnet50.db" "$out/search.db"
-      (cd "$state" && tar czf "$OLDPWD/$out/workers.tgz" --exclude='*.pt' --exclude='*.db' .) || true
+      tar czf "$out/workers.tgz" -C "$state" --exclude='*.pt' --exclude='*.db' . || true
       ;;
     final)
       python3 bench/remeasure.py --storage "$db" --out "$out/final.json" --yaml "$out/best.yaml" --timeout 150

@@ -420,10 +420,15 @@ def build_ddp_model(cfg: TrainConfig, env: Dist, classes: int):
 
 
 def prefetched_batches(cfg: TrainConfig) -> int:
-    """Batches the loader workers hold ready before the first step (plus one decoded ahead on the GPU path)."""
+    """Batches ready before the first step whose work is already done: decoded by the loader workers, or decoded
+    one ahead on the device. The workers of ``nvjpeg-gpu``/``nvjpeg-hw`` only read bytes: a buffer of bytes still
+    has its decode ahead of it, so it does not make a step faster and is not discarded (draining a deep one cost a
+    trial 10 s)."""
     if cfg.data.kind == "synthetic" or cfg.loader.num_workers == 0:
         return 0
     ahead = 1 if cfg.data.decode in GPU_DECODE_PATHS else 0
+    if cfg.data.decode in ("nvjpeg-gpu", "nvjpeg-hw"):
+        return ahead
     return cfg.loader.num_workers * (cfg.loader.prefetch_factor or 2) + ahead
 
 

@@ -39,6 +39,9 @@ CUDNN_KEEP = 0.99
 REACH = 0.90
 """Candidates and refinement cover what is within this share of the best bound / the best trial."""
 
+SUPPLY_MAX_WINDOWS = 5
+"""Windows of a supply measurement at most (a loader alone delivers in bursts: its windows rarely agree)."""
+
 IDENTITY = ("data.decode", "data.hybrid_cpu_fraction", "training.precision", "training.channels_last")
 """What the refine stage holds of a good end-to-end trial: its pipeline, precision and layout."""
 
@@ -188,9 +191,11 @@ class StagePlanner:
         layout = chosen.get("training.channels_last", get_path(self.base, "training.channels_last"))
         workers = max(self.choices("loader.num_workers"))
         for decode in self._measured_decodes():
+            # A supply ranks pipelines against the ceiling: five bursty windows say enough, eight cost a minute.
             overrides = {"training.mode": "loader", "data.decode": decode, "training.batch_size": batch,
                          "training.channels_last": layout, "loader.num_workers": workers,
-                         "loader.persistent_workers": False, "loader.prefetch_factor": None}
+                         "loader.persistent_workers": False, "loader.prefetch_factor": None,
+                         "measure.max_windows": min(SUPPLY_MAX_WINDOWS, self.plan.probe.measure.max_windows)}
             if decode == "hybrid":  # measured directly only when its two ends are not
                 for f in self.choices("data.hybrid_cpu_fraction"):
                     self._enqueue("supply", overrides={**overrides, "data.hybrid_cpu_fraction": f})

@@ -6,7 +6,7 @@ import time
 import torch
 
 from trainer.config import MeasureConfig
-from trainer.meter import ThroughputMeter, Window
+from trainer.meter import STEP_TIME_STEPS, ThroughputMeter, Window
 
 
 def drive(meter, step_times, limit=10_000):
@@ -37,8 +37,9 @@ def test_the_prefetched_steps_are_discarded_and_then_windows_start():
     meter = make(records, warmup_min_steps=0)
     meter.prefetched_steps = 12
     drive(meter, [0.002])
-    assert meter.warmup_steps == 12 and not meter.warmup_capped
-    assert records[0]["kind"] == "warmup_done" and records[0]["steps"] == 12
+    # The buffer, then the steps whose pace sizes the first window (buffered steps come at once: no pace).
+    assert meter.warmup_steps == 12 + STEP_TIME_STEPS and not meter.warmup_capped
+    assert records[0]["kind"] == "warmup_done" and records[0]["steps"] == 12 + STEP_TIME_STEPS
 
 
 def test_the_first_step_is_always_discarded():
@@ -166,3 +167,14 @@ def test_a_pause_inside_a_window_is_left_out_of_its_seconds_and_the_window_goes_
     window = next(r for r in records if r["kind"] == "window")
     assert pauses >= 3 and window["paused_s"] >= 0.05 * pauses  # every pause inside the window was counted ...
     assert w.seconds < 0.05 * pauses  # ... and left out: the window holds the steps' own time, not the pauses'
+
+
+def test_the_first_window_is_sized_on_steps_after_the_buffer():
+    """A loader-bound run: buffered steps come at once, then each takes its real time. Sized on the buffered ones,
+    the first window was 10x too long."""
+    records = []
+    meter = make(records, warmup_min_steps=0, window_s=0.1)
+    meter.prefetched_steps = 8
+    drive(meter, [0.0] * 8 + [0.02] * 1000, limit=8 + STEP_TIME_STEPS)
+    assert meter.state == "measure" and meter.step_time_s >= 0.015
+    assert meter.steps_per_window <= 7  # 0.1 s of 0.02 s steps (and never the 0 s of a buffered one)
