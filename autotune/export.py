@@ -34,6 +34,7 @@ from autotune.study import view
 from autotune.study.storage import study_record
 from autotune.study.view import TrialView
 from trainer.config import TrainConfig
+from trainer.protocol import nonfinite_reason
 
 PICKS = ("best", "fastest", "util", "balanced")
 
@@ -185,7 +186,7 @@ def remeasure(study, trial: TrialView, data: dict[str, Any], folder: Path, *, ti
     run = run_trial(job)
     s = run.summary or {}
     if not run.ok or s.get("loss_finite") is False or s.get("imgs_per_s") is None:
-        why = run.failure_message or "its loss did not stay finite"
+        why = run.failure_message or nonfinite_reason(s)
         data["autotune"]["measured"]["remeasured"] = {"failed": str(run.failure_class or "diverged"), "why": why}
         return f"re-measure FAILED in a fresh process ({run.failure_class or 'diverged'}: {why}); log {run.log_path}"
     ips, searched = float(s["imgs_per_s"]), float(trial.imgs_per_s)

@@ -26,6 +26,7 @@ from autotune.hw import nvml as nvml_gpu
 from autotune.hw.placement import to_nvml, visible_entries
 from autotune.runner.trial import TrialJob, run_trial
 from trainer.config import TrainConfig
+from trainer.protocol import nonfinite_reason
 
 HERE = Path(__file__).resolve().parent
 LOADER = {"training.mode": "loader"}
@@ -107,7 +108,7 @@ def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: flo
     failure, message = run.failure_class, run.failure_message
     if failure is None and summary.get("loss_finite") is False:
         # A run that does not learn is not fast: its imgs/s is kept in the raw JSON, never shown as a figure.
-        failure, message = "diverged", f"loss NaN/inf for the last {summary.get('loss_nonfinite_run')} steps"
+        failure, message = "diverged", nonfinite_reason(summary)
     return {
         "name": name, "ok": failure is None and run.ok, "failure": failure, "failure_message": message,
         "loss_start": summary.get("loss_start"), "loss_end": summary.get("loss_end"),

@@ -40,6 +40,10 @@ class Window:
     loss_end: float | None = None
     """Mean loss over the ranks of the window's last step."""
 
+    loss_nonfinite: int = 0
+    """Steps of the window whose loss was NaN or inf on some rank. The loss is computed before the GradScaler
+    scales anything, so a healthy fp16 run has none: a non-finite loss is a forward pass that overflowed."""
+
     @property
     def imgs_per_s(self) -> float:
         return self.images / self.seconds if self.seconds > 0 else 0.0
@@ -83,6 +87,7 @@ class ThroughputMeter:
     _win_paused: float = 0.0
     _loss: torch.Tensor | None = None
     _loss_at_open: torch.Tensor | None = None
+    _win_nonfinite: torch.Tensor | None = None
 
     @property
     def min_steps(self) -> int:
@@ -104,6 +109,9 @@ class ThroughputMeter:
         if self.state == "warmup":
             self._warmup_step()
         elif self.state == "measure":
+            if loss is not None:  # counted on the device (no sync), read at the window's end
+                bad = (~torch.isfinite(loss.detach())).any().to(torch.int32)
+                self._win_nonfinite = bad if self._win_nonfinite is None else self._win_nonfinite + bad
             self._win_steps += 1
             if self._win_steps >= self.steps_per_window:
                 self._close_window()
@@ -157,6 +165,7 @@ class ThroughputMeter:
         self._loss_at_open = self._loss.detach().clone() if self._loss is not None else None
         sync(self.device)
         self._win_t0_wall, self._win_t0, self._win_steps, self._win_paused = time.time(), time.perf_counter(), 0, 0.0
+        self._win_nonfinite = None
 
     def _close_window(self) -> None:
         sync(self.device)
@@ -167,16 +176,19 @@ class ThroughputMeter:
         slowest, neg_t0, t1, stop = _allreduce([seconds, -self._win_t0_wall, t1_wall, stop], dist.ReduceOp.MAX,
                                                self.device)
         losses = [float(x.float().item()) if x is not None else 0.0 for x in (self._loss_at_open, self._loss)]
+        bad = float(self._win_nonfinite.item()) if self._win_nonfinite is not None else 0.0
         images, *loss_sums = _allreduce([float(self._win_steps * self.images_per_step), *losses], dist.ReduceOp.SUM,
                                         self.device)
+        (bad,) = _allreduce([bad], dist.ReduceOp.MAX, self.device)  # the worst rank's count
         start, end = ((x / _world() for x in loss_sums) if self._loss is not None else (None, None))
         w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=int(images),
-                   seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end)
+                   seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end,
+                   loss_nonfinite=int(bad))
         self.windows.append(w)
         self.emit({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
                    "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3),
                    "loss_start": _round(w.loss_start), "loss_end": _round(w.loss_end),
-                   "paused_s": round(self._win_paused, 6)})
+                   "loss_nonfinite": w.loss_nonfinite, "paused_s": round(self._win_paused, 6)})
         # Re-aim the next window at window_s from what this one really took (every rank computes the same number),
         # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
         aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))
@@ -238,6 +250,7 @@ class ThroughputMeter:
             # The loss over the windows the figure stands on: a figure is only worth something if the run learns.
             "loss_start": _round(used[0].loss_start) if used else None,
             "loss_end": _round(used[-1].loss_end) if used else None,
+            "loss_nonfinite_in_windows": sum(w.loss_nonfinite for w in used),
         }
 
 

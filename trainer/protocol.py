@@ -72,6 +72,14 @@ ROOT_CAUSE_ORDER = (Failure.OOM, Failure.CONFIG, Failure.DIVERGED, Failure.LOADE
 ``oom`` record outranks the ``nccl`` records that follow it."""
 
 
+def nonfinite_reason(summary: dict[str, Any]) -> str:
+    """Why a summary's ``loss_finite`` is False, in words."""
+    inside = summary.get("loss_nonfinite_in_windows") or 0
+    if inside:
+        return f"loss NaN/inf in {inside} step(s) of the measured windows"
+    return f"loss NaN/inf for the last {summary.get('loss_nonfinite_run')} steps (diverged)"
+
+
 def root_cause_rank(cls: str | None) -> int:
     """Position of a failure class in ``ROOT_CAUSE_ORDER`` (an unknown class counts as ``crash``)."""
     try:

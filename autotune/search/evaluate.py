@@ -18,7 +18,7 @@ from autotune.space import predicted_oom
 from autotune.study.liveness import Heartbeat, owner
 from autotune.study.view import MEASUREMENT_STAGES, TrialView
 from trainer.config import ConfigError, TrainConfig
-from trainer.protocol import Failure, Kind
+from trainer.protocol import Failure, Kind, nonfinite_reason
 
 
 @dataclass(kw_only=True)
@@ -104,8 +104,7 @@ class Evaluator:
             ev.attrs.update(summarize(samples, run.steady_windows, len(plan.gpus)))
         summary = run.summary or {}
         if ev.failure is None and not ev.pruned and summary.get("loss_finite") is False:
-            ev.failure = Failure.DIVERGED
-            ev.message = f"loss NaN/inf for the last {summary.get('loss_nonfinite_run')} steps"
+            ev.failure, ev.message = Failure.DIVERGED, nonfinite_reason(summary)
         if ev.failure is None and not ev.pruned and summary.get("imgs_per_s") is None:
             ev.failure, ev.message = Failure.CRASH, "the job reported no throughput"
 

@@ -178,3 +178,17 @@ def test_the_first_window_is_sized_on_steps_after_the_buffer():
     drive(meter, [0.0] * 8 + [0.02] * 1000, limit=8 + STEP_TIME_STEPS)
     assert meter.state == "measure" and meter.step_time_s >= 0.015
     assert meter.steps_per_window <= 7  # 0.1 s of 0.02 s steps (and never the 0 s of a buffered one)
+
+
+def test_a_non_finite_loss_inside_a_window_is_counted_and_voids_the_figure():
+    records = []
+    meter = make(records, warmup_min_steps=1, window_s=0.02, windows=2, max_windows=2, spread_target=10.0)
+    losses = [1.0, 1.0, float("nan"), 1.0, float("inf")] + [1.0] * 100
+    for x in losses:
+        if meter.done:
+            break
+        time.sleep(0.005)
+        meter.step(torch.tensor(x))
+    windows = [r for r in records if r["kind"] == "window"]
+    assert sum(w["loss_nonfinite"] for w in windows) == 2  # the first step (warm-up) is not in any window
+    assert meter.summary()["loss_nonfinite_in_windows"] == sum(w.loss_nonfinite for w in meter.steady())
