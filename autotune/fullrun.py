@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from autotune.exceptions import AutotuneError, LaunchError, Terminated
 from autotune.hw.nvml import Nvml, Sampler, summarize
-from autotune.hw.placement import gpu_count, select, to_nvml, visible_entries
+from autotune.hw.placement import gpu_count, place, to_nvml, visible_entries
 from autotune.runner.process import LineReader, ProcessTree
 from autotune.runner.torchrun import Torchrun, merge_args, run_env, trainer_args
 from autotune.runner.trial import TrialRun, follow, steady_windows
@@ -162,20 +162,11 @@ def _placement(o: TrainOptions, nproc: int | None, nvml: Nvml, notes: list[str])
     CUDA_VISIBLE_DEVICES pinned to UUIDs as a trial's is."""
     count = gpu_count(nvml)
     visible = visible_entries(count) if count else []  # CUDA_VISIBLE_DEVICES=0 on a CPU host is no GPU
-    entries = select(visible, o.gpus) if visible else None
-    if o.gpus and not visible:
-        raise TrainError(f"--gpus {','.join(o.gpus)}: no GPU visible on this machine")
     if nproc is None:
-        nproc = len(entries) if entries else 2
-        notes.append(f"{o.config} records no world size (not an export?): {nproc} rank(s) per node")
-    if nproc < 1:
-        raise TrainError(f"--nproc-per-node {nproc}: must be >= 1")
+        notes.append(f"{o.config} records no world size (not an export?): every GPU selected, or 2 gloo ranks")
+    nproc, entries = place(visible, o.gpus, nproc)
     if not entries:
         return nproc, entries
-    if nproc > len(entries):
-        raise TrainError(f"{nproc} ranks per node but {len(entries)} GPU(s) selected ({','.join(entries)}); "
-                         "lower --nproc-per-node or select more GPUs with --gpus")
-    entries = entries[:nproc]
     gpus = to_nvml(nvml, entries)
     return nproc, [g.uuid if g.index >= 0 else e for g, e in zip(gpus, entries, strict=True)] if gpus else entries
 

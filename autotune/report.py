@@ -27,6 +27,7 @@ from typing import Any
 
 from autotune.overview import fmt_loss, headline
 from autotune.study import view
+from autotune.study.view import finite
 
 PRECISION_COLORS = {"fp32": "#1f77b4", "bf16": "#d62728", "fp16": "#2ca02c"}
 DECODE_SYMBOLS = {"pil": "circle", "torchvision-cpu": "square", "nvjpeg-gpu": "diamond", "nvjpeg-hw": "star",
@@ -82,7 +83,7 @@ def trial_rows(study) -> list[TrialRow]:
         a = v.attrs
         rows.append(TrialRow(
             number=v.number, outcome=outcome, stage=v.stage, imgs_per_s=v.imgs_per_s,
-            windows=[float(x) for x in a.get("imgs_per_s_windows") or [] if _num(x) is not None],
+            windows=[x for x in map(finite, a.get("imgs_per_s_windows") or []) if x is not None],
             spread=v.spread, util=v.util, settled=a.get("settled"),
             # The trial's config says what ran, searched or not (a knob the spec fixed, a stage's setting).
             precision=str(v.setting("training.precision", "?")), decode=str(v.setting("data.decode", "?")),
@@ -92,22 +93,6 @@ def trial_rows(study) -> list[TrialRow]:
             baseline=v.baseline, params=dict(v.params), loss=fmt_loss(a),
         ))
     return rows
-
-
-def _num(x) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _get(d: dict, dotted: str, default=None):
-    for part in dotted.split("."):
-        if not isinstance(d, dict) or part not in d:
-            return default
-        d = d[part]
-    return d
 
 
 # ---- the study copy Optuna's plots are drawn from -----------------------------------------------------------------

@@ -83,6 +83,24 @@ def to_nvml(nvml: Nvml, entries: list[str]) -> list[Gpu]:
 
 
 
+def place(visible: list[str], selection: list[str] | None, nproc: int | None) -> tuple[int, list[str] | None]:
+    """(ranks per node, the run's ``CUDA_VISIBLE_DEVICES`` entries or None without GPUs): ``--gpus`` picked from
+    what is visible, ``nproc`` of them (default: all of them; 2 gloo ranks on a machine without GPUs)."""
+    if selection and not visible:
+        raise GPUError(f"--gpus {','.join(selection)}: no GPU visible on this machine (CUDA_VISIBLE_DEVICES="
+                       f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); drop --gpus to run on the CPU")
+    entries = select(visible, selection)
+    nproc = nproc if nproc is not None else (len(entries) if entries else 2)
+    if nproc < 1:
+        raise GPUError(f"--nproc-per-node {nproc}: must be >= 1")
+    if not entries:
+        return nproc, None
+    if nproc > len(entries):
+        raise GPUError(f"--nproc-per-node {nproc}: only {len(entries)} GPU(s) selected ({','.join(entries)}); lower "
+                       "it or select more with --gpus")
+    return nproc, entries[:nproc]
+
+
 def gpu_count(nvml: Nvml) -> int:
     """GPUs on this host, without importing torch when there is clearly none (keeps a CPU start fast); NVML when it
     is there, else CUDA (a container without the NVML library)."""

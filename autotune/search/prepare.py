@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.exceptions import AutotuneError, DataError, GPUError, LaunchError, SpecError
+from autotune.exceptions import AutotuneError, DataError, SpecError
 from autotune.hw.nvml import Gpu, Nvml
-from autotune.hw.placement import gpu_count, parse_gpu_list, select, to_nvml, visible_entries
+from autotune.hw.placement import gpu_count, parse_gpu_list, place, to_nvml, visible_entries
 from autotune.objective import Objective
 from autotune.runner.torchrun import Torchrun
 from autotune.space import SearchSpace, get_path, resolve
@@ -193,19 +193,9 @@ def study_name(spec: StudySpec, o: SearchOptions) -> str:
 
 def placement(o: SearchOptions, spec: StudySpec, visible: list[str]) -> tuple[list[str] | None, int]:
     """(the trials' GPU entries or None without GPUs, ranks per node)."""
-    if o.gpus and not visible:
-        raise GPUError(f"--gpus {o.gpus}: no GPU visible on this machine (CUDA_VISIBLE_DEVICES="
-                       f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); drop --gpus to search on the CPU")
-    entries = select(visible, parse_gpu_list(o.gpus))
-    nproc = o.nproc if o.nproc is not None else spec.world.nproc_per_node or (len(entries) if entries else 2)
-    if nproc < 1:
-        raise LaunchError(f"--nproc-per-node {nproc}: must be >= 1")
-    if not entries:
-        return None, nproc
-    if nproc > len(entries):
-        raise GPUError(f"--nproc-per-node {nproc}: only {len(entries)} GPU(s) selected ({','.join(entries)}); lower "
-                       "it or select more with --gpus")
-    return entries[:nproc], nproc
+    nproc, entries = place(visible, parse_gpu_list(o.gpus), o.nproc if o.nproc is not None
+                           else spec.world.nproc_per_node)
+    return entries, nproc
 
 
 # ---- data ---------------------------------------------------------------------------------------------------------

@@ -53,7 +53,8 @@ class TrialView:
         stage = a.get("stage") or ("baseline" if a.get("baseline") else "start" if a.get("start") is not None
                                    else "retry" if a.get("retry_of") is not None else "search")
         return cls(number=t.number, state=t.state, stage=stage, outcome=_outcome(t, stage),
-                   imgs_per_s=_num(a.get("imgs_per_s")), util=_num(a.get("util_mean")), spread=_num(a.get("spread")),
+                   imgs_per_s=finite(a.get("imgs_per_s")), util=finite(a.get("util_mean")),
+                   spread=finite(a.get("spread")),
                    value=t.values[0] if t.values else None, failure_class=a.get("failure_class"),
                    failure_message=a.get("failure_message"), params=dict(t.params), attrs=dict(a),
                    config=t.system_attrs.get(CONFIG_KEY) or a.get("config") or {})
@@ -98,7 +99,8 @@ def _caused_by_config(cls: str) -> bool:
         return False
 
 
-def _num(x) -> float | None:
+def finite(x) -> float | None:
+    """``x`` as a float when it is a finite number, else None (attrs hold what JSON held: NaN, strings, null)."""
     try:
         v = float(x)
     except (TypeError, ValueError):

@@ -161,10 +161,17 @@ def test_a_base_value_outside_the_space_is_moved_in_with_a_note_but_a_written_ba
     assert params["loader.num_workers"] == 1
     assert any(n.startswith("baseline: loader.num_workers=1 (the base's 4 is not searched on this machine")
                for n in space.notes)
+    # A value the spec's own baseline names inside the spec's range, beyond this machine's cores (its auto end):
+    # moved in too, with a note; outside the range the spec declares: an error naming the fix.
     written = _spec(base=spec.base, baseline={"loader.num_workers": 4})
-    with pytest.raises(SpecError, match=r"baseline.loader.num_workers=4: outside the searched \[0 .. 1\]"):
-        resolve(written, world_size=2, nproc_per_node=2, cpu_only=True, cores=2).baseline_params(
-            written, written.base_config().to_dict())
+    moved = resolve(written, world_size=2, nproc_per_node=2, cpu_only=True, cores=2)
+    assert moved.baseline_params(written, written.base_config().to_dict())["loader.num_workers"] == 1
+    assert any("the spec's baseline 4 is not searched on this machine" in n for n in moved.notes)
+    fixed = _spec(base=spec.base, baseline={"loader.num_workers": 4},
+                  space={"loader.num_workers": {"low": 0, "high": 2}})
+    with pytest.raises(SpecError, match=r"baseline.loader.num_workers=4: outside the searched \[0 .. 2\]"):
+        resolve(fixed, world_size=2, nproc_per_node=2, cpu_only=True, cores=2).baseline_params(
+            fixed, fixed.base_config().to_dict())
 
 
 def test_the_space_fits_the_data_and_synthetic_data_has_no_pipeline_knobs():
