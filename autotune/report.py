@@ -342,20 +342,23 @@ def spread_section(rows) -> Section:
         for r in rs:
             med = statistics.median(r.windows)
             for i, w in enumerate(r.windows):
-                xs.append(f"#{r.number}")
+                xs.append(f"#{r.number}{'!' if r.settled is False else ''}")
                 ys.append(100.0 * (w / med - 1.0) if med > 0 else 0.0)
+                unsettled = "; its windows never agreed" if r.settled is False else ""
                 hover.append(f"trial {r.number}, window {i}: {w:,.1f} imgs/s (median {med:,.1f}, spread "
-                             f"{(r.spread if r.spread is not None else 0):.1%}; loss {r.loss})")
+                             f"{(r.spread if r.spread is not None else 0):.1%}; loss {r.loss}{unsettled})")
         fig.add_trace(go.Box(x=xs, y=ys, name=outcome, boxpoints="all", jitter=0.3, pointpos=0, hovertext=hover,
                              hoverinfo="text", marker={"color": FAILURE_COLORS.get(outcome, "#1f77b4")}))
     worst = max((r for r in measured if r.spread is not None), key=lambda r: r.spread, default=None)
     fig.update_layout(title="Each timed window's imgs/s relative to its trial's median (the trial's value)",
                       xaxis_title="trial", yaxis_title="window vs trial median (%)", yaxis_ticksuffix=" %",
-                      xaxis={"categoryorder": "array", "categoryarray": [f"#{r.number}" for r in measured]})
+                      xaxis={"categoryorder": "array",
+                             "categoryarray": [f"#{r.number}{'!' if r.settled is False else ''}" for r in measured]})
     s.figure = fig
     s.caption = ("A trial's value is the median of its windows; spread = (max - min) / median, the height of its "
                  "box. A tall box means an unsteady measurement (the job measures more windows while the spread "
-                 "exceeds its target)." + (f" Largest spread: trial {worst.number}, {worst.spread:.1%}." if worst
+                 "exceeds its target; a trial marked ! never got windows that agreed, and its figure is the median of "
+                 "its latest ones)." + (f" Largest spread: trial {worst.number}, {worst.spread:.1%}." if worst
                                            else ""))
     return s
 

@@ -92,8 +92,8 @@ class ThroughputMeter:
     @property
     def min_steps(self) -> int:
         """Steps discarded at least: the warm-up minimum, and the prefetch buffer plus the steps whose pace sizes
-        the first window. Sized on buffered steps, which a loader serves at once, the first window of a
-        loader-bound run was aimed at 200 steps instead of 16 and lasted half a minute on 2xH200."""
+        the first window. A loader serves buffered steps at once: a first window sized on them would be aimed at
+        ten times the steps a loader-bound run makes in ``window_s``."""
         buffered = self.prefetched_steps + STEP_TIME_STEPS if self.prefetched_steps else 0
         return max(self.cfg.warmup_min_steps, buffered)
 

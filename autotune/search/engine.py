@@ -83,14 +83,14 @@ class Engine:
     def run(self, pool: WorkerPool) -> None:
         evaluate = Evaluator(self.plan, self.study, pool, self.progress, self.logs)
         t_start = time.monotonic()
-        for _ in range(self.plan.trials):
+        for done in range(self.plan.trials):
             if self.plan.timeout_s is not None and time.monotonic() - t_start > self.plan.timeout_s:
                 self.say(f"autotune: time budget of {self.plan.timeout_s:.0f} s spent; stopping")
                 break
             # Another worker may have died since: its trial's parameters are then the next to run (enqueued first).
             for line in reclaim_stale(self.study, self.storage, stale_after_s=self.stale_after):
                 self.progress.say(f"autotune: {line}")
-            self.stages.enqueue_next()
+            self.stages.enqueue_next(left=self.plan.trials - done)
             trial = self.study.ask()
             try:
                 self.one(trial, evaluate)

@@ -39,6 +39,9 @@ CUDNN_KEEP = 0.99
 REACH = 0.90
 """Candidates and refinement cover what is within this share of the best bound / the best trial."""
 
+END_TO_END_RESERVE = 2
+"""End-to-end trials a search's budget keeps for after the measurements of parts (or all it has, if fewer)."""
+
 SUPPLY_MAX_WINDOWS = 5
 """Windows of a supply measurement at most (a loader alone delivers in bursts: its windows rarely agree)."""
 
@@ -61,12 +64,15 @@ class StagePlanner:
         self.space = plan.space.by_path()
         self.base = plan.probe.to_dict()
         self.on_gpu = bool(plan.entries)
+        self.left: int | None = None
 
-    def enqueue_next(self) -> str | None:
+    def enqueue_next(self, left: int | None = None) -> str | None:
         """Enqueue the next stage trial(s) unless one is already waiting; returns the stage enqueued (None: the
-        sampler draws the next trial freely)."""
+        sampler draws the next trial freely). ``left``: trials this search still runs, this one included: a
+        measurement of a part is started only while it leaves room for end-to-end trials."""
         if not self.plan.spec.stages.enabled:
             return None
+        self.left = left
         trials = self.study.get_trials(deepcopy=False)
         if any(t.state == TrialState.WAITING for t in trials):
             return None
@@ -90,6 +96,11 @@ class StagePlanner:
         """Settings the stages decided for every later trial (cuDNN's algorithm search)."""
         return dict(self.study.user_attrs.get("decided") or {})
 
+    def affords(self, n: int) -> bool:
+        """Whether ``n`` more measurements of parts leave room for end-to-end trials in this search's budget: a
+        small budget spent on measurements alone would end where it began, at the baseline."""
+        return self.left is None or self.left - n >= min(END_TO_END_RESERVE, self.plan.spec.stages.candidates)
+
     def _enqueue(self, stage_name: str, *, params: dict[str, Any] | None = None,
                  overrides: dict[str, Any] | None = None) -> None:
         attrs: dict[str, Any] = {"stage": stage_name}
@@ -106,6 +117,8 @@ class StagePlanner:
         grid = [(p, cl) for p in self.choices("training.precision") for cl in self.choices("training.channels_last")]
         top = max(self.choices("training.batch_size"))
         if not mine:
+            if not self.affords(len(grid) + self.on_gpu):
+                return None  # too few trials left for the grid: the sampler alone, from the baseline
             first = self._ceiling_overrides(*grid[0], top)
             if self.on_gpu:  # the cuDNN decision: the same measurement with and without the algorithm search
                 self._enqueue("ceiling", overrides={**first, "training.cudnn_benchmark": True})
@@ -157,7 +170,7 @@ class StagePlanner:
         lower = [b for b in self.choices("training.batch_size") if b <= smallest.setting("training.batch_size") // 2]
         tried = {v.setting("training.batch_size") for v in vs if v.stage == "ceiling"
                  and (v.setting("training.precision"), v.setting("training.channels_last")) == (p, cl)}
-        if not lower or max(lower) in tried:
+        if not lower or max(lower) in tried or not self.affords(1):
             return None
         self._enqueue("ceiling", overrides=self._ceiling_overrides(p, cl, max(lower)))
         return "ceiling"
@@ -184,13 +197,15 @@ class StagePlanner:
         mine = [v for v in vs if v.stage == "supply"]
         if any(v.outcome in ("running", "waiting") for v in mine):
             return "supply"
-        if mine:
+        decodes = self._measured_decodes()
+        n = sum(len(self.choices("data.hybrid_cpu_fraction")) if d == "hybrid" else 1 for d in decodes)
+        if mine or not self.affords(n):
             return None
         chosen = self.ceiling_choice(vs) or {}
         batch = chosen.get("training.batch_size", get_path(self.base, "training.batch_size"))
         layout = chosen.get("training.channels_last", get_path(self.base, "training.channels_last"))
         workers = max(self.choices("loader.num_workers"))
-        for decode in self._measured_decodes():
+        for decode in decodes:
             # A supply ranks pipelines against the ceiling: five bursty windows say enough, eight cost a minute.
             overrides = {"training.mode": "loader", "data.decode": decode, "training.batch_size": batch,
                          "training.channels_last": layout, "loader.num_workers": workers,
