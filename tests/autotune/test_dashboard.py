@@ -4,7 +4,6 @@ the package is missing."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -16,12 +15,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.helpers.cli import REPO
+from tests.helpers.cli import cli_env
 
-
-def env() -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-            "PYTHONUNBUFFERED": "1"}
+UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
@@ -32,7 +28,8 @@ def test_dashboard_serves_the_study_on_loopback_and_stops(tmp_path, stop):
     study.optimize(lambda t: t.suggest_int("training.batch_size", 8, 64), n_trials=3)
 
     proc = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--storage", storage, "--port", "0"],
-                            cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=cli_env(tmp_path, UNBUFFERED), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # printed once the socket is bound
         m = re.search(r"http://127\.0\.0\.1:(\d+)/dashboard", line)
@@ -74,8 +71,8 @@ def test_missing_package_gives_the_install_hint(tmp_path):
     # `sys.modules[name] = None` is how Python itself spells "this module cannot be imported".
     code = ("import sys; sys.modules['optuna_dashboard'] = None; from autotune.cli import main; "
             "sys.exit(main(['dashboard', '--storage', 'sqlite:///x.db']))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env(), capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=cli_env(tmp_path, UNBUFFERED),
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert r.stderr.strip() == ("autotune dashboard: error: optuna-dashboard is not installed: "
                                 "pip install 'ddp-autotune[dashboard]'")
@@ -85,6 +82,6 @@ def test_missing_package_gives_the_install_hint(tmp_path):
 def test_missing_database_is_one_line_and_not_created(tmp_path):
     pytest.importorskip("optuna_dashboard", reason="the `dashboard` extra (pip install 'ddp-autotune[dashboard]')")
     r = subprocess.run([sys.executable, "-m", "autotune", "dashboard", "--storage", "sqlite:///nope.db"],
-                       cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60)
+                       cwd=tmp_path, env=cli_env(tmp_path, UNBUFFERED), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such database" in r.stderr
     assert not (tmp_path / "nope.db").exists()

@@ -17,26 +17,18 @@ import torch
 import yaml
 
 from autotune import fullrun as tr
-from tests.helpers.cli import REPO
+from tests.helpers.cli import autotune, cli_env
 
-
-def autotune_env(cwd: Path) -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-            "AUTOTUNE_CACHE": str(cwd / "cache"), "PYTHONUNBUFFERED": "1"}
-
-
-def autotune(*args, cwd: Path, timeout: int = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, env=autotune_env(cwd),
-                          capture_output=True, text=True, timeout=timeout)
+UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture(scope="module")
 def search_dir(tmp_path_factory) -> Path:
     """A real 2-trial CPU-demo study (baseline + one sampled trial), and its export."""
     d = tmp_path_factory.mktemp("cpu-demo-search")
-    r = autotune("search", "--spec", "cpu-demo", "--trials", "2", cwd=d)
+    r = autotune("search", "--spec", "cpu-demo", "--trials", "2", cwd=d, env=UNBUFFERED)
     assert r.returncode == 0, r.stdout + r.stderr
-    r = autotune("export", "best.yaml", "--study", "cpu-demo", cwd=d)
+    r = autotune("export", "best.yaml", "--study", "cpu-demo", cwd=d, env=UNBUFFERED)
     assert r.returncode == 0, r.stdout + r.stderr
     return d
 
@@ -74,7 +66,7 @@ def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
 
     # Uninterrupted: 2 epochs, validation after each, a checkpoint after each, the verdict against the search.
     a = tmp_path / "a"
-    r = autotune("train", "--config", str(best), "--out", str(a), *TRAIN_FLAGS, cwd=tmp_path)
+    r = autotune("train", "--config", str(best), "--out", str(a), *TRAIN_FLAGS, cwd=tmp_path, env=UNBUFFERED)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "2 gloo rank(s) on the CPU" in out
@@ -101,7 +93,7 @@ def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
     # Interrupted: SIGTERM to `autotune train` once epoch 1's checkpoint is written kills the whole job.
     b = tmp_path / "b"
     proc = subprocess.Popen([sys.executable, "-m", "autotune", "train", "--config", str(best), "--out", str(b),
-                             *TRAIN_FLAGS], cwd=tmp_path, env=autotune_env(tmp_path), stdout=subprocess.PIPE,
+                             *TRAIN_FLAGS], cwd=tmp_path, env=cli_env(tmp_path, UNBUFFERED), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
@@ -122,10 +114,11 @@ def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
     assert [c["epoch"] for c in records(b) if c["kind"] == "checkpoint"] == [1]
 
     # Without --resume the earlier run's checkpoints are not silently mixed with a new run's.
-    r = autotune("train", "--config", str(best), "--out", str(b), *TRAIN_FLAGS, cwd=tmp_path)
+    r = autotune("train", "--config", str(best), "--out", str(b), *TRAIN_FLAGS, cwd=tmp_path, env=UNBUFFERED)
     assert r.returncode == 2 and "pass --resume" in r.stderr, r.stdout + r.stderr
 
-    r = autotune("train", "--config", str(best), "--out", str(b), "--resume", *TRAIN_FLAGS, cwd=tmp_path)
+    r = autotune("train", "--config", str(best), "--out", str(b), "--resume", *TRAIN_FLAGS, cwd=tmp_path,
+                 env=UNBUFFERED)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "resumed from" in out and "(epoch 1," in out
@@ -140,7 +133,7 @@ def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
 
 @pytest.mark.slow
 def test_report_of_the_real_search(search_dir, tmp_path):
-    r = autotune("report", "--study", "cpu-demo", "--out", str(tmp_path / "r.html"), cwd=search_dir)
+    r = autotune("report", "--study", "cpu-demo", "--out", str(tmp_path / "r.html"), cwd=search_dir, env=UNBUFFERED)
     assert r.returncode == 0, r.stdout + r.stderr
     page = (tmp_path / "r.html").read_text()
     for div in ("plot-history", "plot-spread"):

@@ -6,11 +6,9 @@ search's report is checked in test_train_cmd.py, which already runs one).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from tests.helpers.cli import REPO
+from tests.helpers.cli import autotune
 
 DIST = {"training.batch_size": CategoricalDistribution([64, 128, 256]),
         "training.precision": CategoricalDistribution(["fp32", "bf16", "fp16"]),
@@ -94,9 +92,7 @@ def unescaped(page: str) -> str:
 
 
 def report(tmp_path: Path, *args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    return subprocess.run([sys.executable, "-m", "autotune", "report", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return autotune("report", *args, cwd=tmp_path, timeout=120)
 
 
 def test_report_has_every_section_and_is_self_contained(tmp_path):

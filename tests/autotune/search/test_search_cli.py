@@ -4,7 +4,6 @@ raises, one that hangs, one that runs out of memory), resume, and the stock Optu
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -17,18 +16,11 @@ import pytest
 import yaml
 
 from autotune.runner.process import processes_in
-from tests.helpers.cli import REPO
+from tests.helpers.cli import autotune, cli_env
 from trainer.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 S = optuna.trial.TrialState
-
-
-def autotune(*args, cwd: Path, timeout: int = 400, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-           "AUTOTUNE_CACHE": str(cwd / "cache"), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_config(tmp_path):
@@ -218,9 +210,8 @@ def test_ctrl_c_or_sigterm_kills_the_running_trial_and_records_it(tmp_path, sig,
     spec = tmp_path / "failures.yaml"
     spec.write_text(FAILURE_SPEC.replace('baseline: {model.name: "tests.helpers.models:tiny"',
                                          'baseline: {model.name: "tests.helpers.models:hang"'))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "autotune", "search", "--spec", str(spec)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "search", "--spec", str(spec)], cwd=tmp_path,
+                            env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = tmp_path / "studies" / "failures" / "trial-0" / "result.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (log.exists() and "start" in log.read_text()):
