@@ -5,7 +5,9 @@ under torchrun. With ``--serve`` the process stays up after the run and runs the
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 
 import yaml
@@ -41,6 +43,9 @@ def load_config(args: argparse.Namespace) -> TrainConfig:
 def main(argv=None) -> int:
     # Under torchrun: die with the agent even when it is SIGKILLed (it cannot clean up its ranks then).
     die_with_parent()
+    # A rank stopped from outside (a peer failed, the tuner's hang deadline) prints every thread's stack on its way
+    # out: where a rank waits is what a hang's report needs, and only the stopped rank knows it.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     args = parse_args(argv)
     try:
         cfg = load_config(args)

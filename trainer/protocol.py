@@ -18,8 +18,16 @@ import traceback
 from typing import Any, TypedDict
 
 
-class Kind(str, enum.Enum):
-    """``record["kind"]``. A ``str`` enum: it compares equal to, and serializes as, its plain string."""
+class _StrEnum(str, enum.Enum):
+    """A ``str`` enum that compares equal to, formats as and serializes as its plain string (``enum.StrEnum`` needs
+    Python 3.11)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Kind(_StrEnum):
+    """``record["kind"]``."""
 
     START = "start"
     READY = "ready"
@@ -34,11 +42,8 @@ class Kind(str, enum.Enum):
     CHECKPOINT = "checkpoint"
     RESUME = "resume"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Failure(str, enum.Enum):
+class Failure(_StrEnum):
     """Why a run ended without a result. Recorded on the trial; each class says whether the config caused it (the
     sampler must learn that combination fails) or the environment did (it says nothing about the config)."""
 
@@ -53,9 +58,6 @@ class Failure(str, enum.Enum):
     STALE = "stale"
     SEARCH = "search"
     """The search itself failed around the trial (a bug, the storage gone): nothing is known about the config."""
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def caused_by_config(self) -> bool:

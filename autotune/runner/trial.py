@@ -208,7 +208,7 @@ def classify(run: TrialRun) -> tuple[Failure | None, str | None]:
     if run.stopped == "hang":
         last = "a window" if run.windows else "the first window"
         return Failure.HANG, (f"no measurement window for {round(run.t_end - run.t_launch)} s (trial timeout); "
-                              f"waiting for {last}; process tree killed")
+                              f"waiting for {last}; process tree killed, each rank's stack is in the log")
     if run.stopped == "interrupted":
         return Failure.INTERRUPTED, "interrupted (Ctrl-C)"
     if run.summary is not None and run.returncode in (0, None):

@@ -4,6 +4,7 @@ raises, one that hangs, one that runs out of memory), resume, and the stock Optu
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -161,6 +162,10 @@ def test_failures_are_recorded_with_their_class_and_the_search_goes_on(tmp_path)
     assert hang.state == S.FAIL and hang.user_attrs["failure_class"] == "hang"
     assert 20 <= hang.user_attrs["wall_s"] < 45
     assert processes_in(set(hang.user_attrs["pgids"])) == [] and "leftover_pids" not in hang.user_attrs
+    # Where it hung: every rank, stopped, printed its stack (the failure message points there).
+    assert "stack is in the log" in hang.user_attrs["failure_message"]
+    stacks = Path(hang.user_attrs["log_path"]).read_text()
+    assert re.search(r'tests/helpers/models\.py", line \d+ in forward', stacks), stacks[-3000:]
 
     oom = by[3]
     assert oom.state == S.COMPLETE and oom.user_attrs["failure_class"] == "oom"
