@@ -13,6 +13,9 @@ in-band (the job stops at its next window's end) and the worker lives on.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,7 +83,10 @@ class WorkerPool:
     """At most one live worker at a time (a search runs one trial at a time on its GPUs)."""
 
     def __init__(self, root: Path):
-        self.root = Path(root)
+        # A folder of the pool's own: search workers sharing a study share its logs folder, and a worker runs every
+        # request appended to its requests file (two pools on one file ran each other's trials).
+        Path(root).mkdir(parents=True, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix=f"{socket.gethostname()}-{os.getpid()}-", dir=root))
         self.worker: Worker | None = None
         self.launched = 0
 

@@ -115,3 +115,15 @@ def test_a_process_scope_change_or_a_fresh_request_starts_a_new_worker(jpegs, tm
         d = pool.run(job(config(jpegs, tmp_path, **{"ddp.timeout_s": 45.0}), tmp_path / "d"), fresh=True)
     assert [r.worker for r in (a, b, c, d)] == ["worker-1", "worker-2", "worker-2", "worker-3"]
     assert all(r.ok for r in (a, b, c, d))
+
+
+def test_pools_sharing_a_logs_folder_run_only_their_own_trials(jpegs, tmp_path, repo_on_pythonpath):
+    # Two search workers on one study share its logs folder: each pool's worker must see only its own requests.
+    with WorkerPool(tmp_path / "workers") as a, WorkerPool(tmp_path / "workers") as b:
+        a.run(job(config(jpegs, tmp_path), tmp_path / "a1"))
+        b.run(job(config(jpegs, tmp_path), tmp_path / "b1"))
+        second = a.run(job(config(jpegs, tmp_path), tmp_path / "a2"))
+    assert second.ok and second.worker == "worker-1"
+    assert len(second.of_kind("start")) == 1  # one job ran it
+    starts = [line for line in (tmp_path / "a2" / "result.jsonl").read_text().splitlines() if '"start"' in line]
+    assert len(starts) == 1, starts
