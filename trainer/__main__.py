@@ -40,12 +40,26 @@ def load_config(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
+def stacks_on_sigterm() -> None:
+    """A rank stopped from outside (a peer failed, the tuner's hang deadline) prints every thread's stack on its way
+    out: where a rank waits is what a hang's report needs, and only the stopped rank knows it.
+
+    Into a file of the rank's own when the launcher names a folder (``TRAINER_STACKS_DIR``): ranks stopped at the
+    same moment, writing into one stream, interleave their stacks fragment by fragment. Forked children (DataLoader
+    workers, which get the same signal) print nothing: their stacks would interleave with the rank's."""
+    out = sys.stderr
+    folder = os.environ.get("TRAINER_STACKS_DIR")
+    if folder and os.path.isdir(folder):
+        name = f"rank{os.environ.get('RANK', '0')}-pid{os.getpid()}.txt"
+        out = open(os.path.join(folder, name), "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
+    faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
+    os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))
+
+
 def main(argv=None) -> int:
     # Under torchrun: die with the agent even when it is SIGKILLed (it cannot clean up its ranks then).
     die_with_parent()
-    # A rank stopped from outside (a peer failed, the tuner's hang deadline) prints every thread's stack on its way
-    # out: where a rank waits is what a hang's report needs, and only the stopped rank knows it.
-    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    stacks_on_sigterm()
     args = parse_args(argv)
     try:
         cfg = load_config(args)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,15 +28,25 @@ KILL_GRACE_S = 5.0
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
+STACKS_ENV = "TRAINER_STACKS_DIR"
+"""The folder where each rank of the job writes its threads' stacks when it is stopped (``trainer.__main__``)."""
+
 
 class ProcessTree:
-    """``argv`` running in a new session, its output to ``log``; dies with this process."""
+    """``argv`` running in a new session, its output to ``log``; dies with this process.
+
+    Ranks stopped by a signal print their threads' stacks into files of their own, appended to ``log`` once the tree
+    is gone: ranks stopped together, writing into one log, would interleave their stacks fragment by fragment."""
 
     def __init__(self, argv: list[str], *, env: dict[str, str], log: BinaryIO):
-        self.argv = argv
+        self.argv, self.log = argv, log
+        name = getattr(log, "name", None)  # beside the log: a launcher killed outright leaves its folder there
+        folder = Path(name).parent if isinstance(name, str) else None
+        self.stacks = Path(tempfile.mkdtemp(prefix=".stacks-", dir=folder))
         self.t_launch = time.time()
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=True, preexec_fn=die_with_parent_preexec())
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**env, STACKS_ENV: str(self.stacks)}, start_new_session=True,
+                                     preexec_fn=die_with_parent_preexec())
         self.groups: set[int] = {self.proc.pid}
 
     @property
@@ -56,11 +68,32 @@ class ProcessTree:
         """The tree after its command exited by itself: a rank that exited can leave loader workers behind; they
         belong to the run too. Returns processes still alive afterwards (should be none)."""
         self.proc.wait()
-        return self.kill() if processes_in(self.groups) else []
+        if processes_in(self.groups):
+            return self.kill()
+        self._append_stacks()
+        return []
 
     def kill(self, grace: float = KILL_GRACE_S) -> list[int]:
         """SIGTERM every group of the tree, SIGKILL what is left after ``grace``; returns processes still alive."""
-        return kill_tree(self.proc, self.groups, grace)
+        left = kill_tree(self.proc, self.groups, grace)
+        self._append_stacks()
+        return left
+
+    def _append_stacks(self) -> None:
+        """The stacks of the ranks that were stopped by a signal (by this launcher, or by torchrun when a peer
+        failed), rank by rank, at the end of the log."""
+        if not self.stacks.is_dir():
+            return
+        files = sorted(self.stacks.glob("rank*.txt"), key=lambda f: (len(f.name), f.name))
+        with contextlib.suppress(ValueError, OSError):  # a log closed by its owner gets nothing
+            for f in files:
+                text = f.read_bytes()
+                if text.strip():
+                    rank, _, pid = f.stem.partition("-pid")
+                    self.log.write(f"---- {rank.replace('rank', 'rank ')} (pid {pid}) was stopped; its threads "
+                                   f"were here ----\n".encode() + text)
+            self.log.flush()
+        shutil.rmtree(self.stacks, ignore_errors=True)
 
 
 class LineReader:

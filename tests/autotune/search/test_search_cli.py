@@ -162,10 +162,15 @@ def test_failures_are_recorded_with_their_class_and_the_search_goes_on(tmp_path)
     assert hang.state == S.FAIL and hang.user_attrs["failure_class"] == "hang"
     assert 20 <= hang.user_attrs["wall_s"] < 45
     assert processes_in(set(hang.user_attrs["pgids"])) == [] and "leftover_pids" not in hang.user_attrs
-    # Where it hung: every rank, stopped, printed its stack (the failure message points there).
+    # Where it hung: every rank, stopped, printed its stack (the failure message points there), one rank after the
+    # other (two ranks stopped at once into one log interleave fragment by fragment), and no loader worker's.
     assert "stack is in the log" in hang.user_attrs["failure_message"]
-    stacks = Path(hang.user_attrs["log_path"]).read_text()
-    assert re.search(r'tests/helpers/models\.py", line \d+ in forward', stacks), stacks[-3000:]
+    log = Path(hang.user_attrs["log_path"]).read_text()
+    blocks = re.split(r"^---- (rank \d+) \(pid \d+\) was stopped; its threads were here ----$", log, flags=re.M)
+    assert sorted(blocks[1::2]) == ["rank 0", "rank 1"], log[-3000:]
+    for stack in blocks[2::2]:
+        assert re.search(r'^  File "[^"]*tests/helpers/models\.py", line \d+ in forward$', stack, re.M), stack
+    assert not list(Path(hang.user_attrs["log_path"]).parent.glob(".stacks-*"))
 
     oom = by[3]
     assert oom.state == S.COMPLETE and oom.user_attrs["failure_class"] == "oom"
