@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A test run started in the background of a script (`cmd &`) inherits SIGINT ignored, and so would every process the
+# tests start: the Ctrl-C tests would send a signal nobody hears. A handled signal is reset to its default on exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

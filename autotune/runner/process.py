@@ -175,12 +175,20 @@ def processes_in(groups: set[int]) -> list[int]:
 
 
 def kill_tree(proc: subprocess.Popen, groups: set[int], grace: float = KILL_GRACE_S) -> list[int]:
-    """SIGTERM every group of the trial, SIGKILL what is left after ``grace``; returns processes still alive."""
+    """SIGTERM the launched command (torchrun, which passes it on to its ranks and waits for them), then every group
+    still alive; SIGKILL what is left after ``grace``. Returns processes still alive.
+
+    A rank gets one SIGTERM, not one from here and one from torchrun: the second, arriving while the first's handler
+    prints the rank's stacks, ends the rank half-way through them."""
     if proc.poll() is None:
         groups |= groups_of_tree(proc.pid)
     groups.discard(os.getpgrp())
-    _signal_groups(groups, signal.SIGTERM)
     end = time.monotonic() + grace
+    _signal_groups({proc.pid} & groups, signal.SIGTERM)  # started in a session of its own: its group is its pid
+    while proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.05)
+    _signal_groups(groups, signal.SIGTERM)  # what outlived it: loader workers, a rank it gave up on
+    end = max(end, time.monotonic() + 1.0)
     while time.monotonic() < end:
         if proc.poll() is not None and not processes_in(groups):
             break
