@@ -1,6 +1,7 @@
-"""A study in words: the three numbers a user wants first — what the GPUs can do (the ceiling), what each input
-pipeline can feed (its supply), how close the tuned configuration gets — then every trial as a table, where a trial's
-time goes, and what pruning saved. ``autotune show`` prints it; the report and the search's last line use its parts.
+"""A study in words: the three numbers a user wants first — what the GPUs (or CPU ranks) can do (the ceiling), what
+each input pipeline can feed (its supply), how close the tuned configuration gets — then every trial as a table, where
+a trial's time goes, and what pruning saved. ``autotune show`` prints it; the report and the search's last line use
+its parts.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ def fmt_loss(attrs: dict) -> str:
     return f"{start:.3g}->{end:.3g}" if start is not None else f"{end:.3g}"
 
 
-def headline(trials: list[TrialView]) -> list[str]:
+def headline(trials: list[TrialView], devices: str = "GPUs") -> list[str]:
     """Ceiling, supplies, and the tuned configuration against both (lines; fewer when a stage has not run)."""
     lines = []
     top = view.ceiling(trials)
     if top is not None:
-        lines.append(f"what the GPUs can do (ceiling, the model on synthetic data): {fmt_ips(top.imgs_per_s)} imgs/s "
-                     f"— {top.setting('training.precision')}, "
+        lines.append(f"what the {devices} can do (ceiling, the model on synthetic data): "
+                     f"{fmt_ips(top.imgs_per_s)} imgs/s — {top.setting('training.precision')}, "
                      f"{'channels_last' if top.setting('training.channels_last') else 'NCHW'}, batch "
                      f"{top.setting('training.batch_size')} (trial {top.number})")
     feeds = view.supplies(trials)
@@ -74,7 +75,8 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
     if any(v.attrs.get("settled") is False for v in trials):
         notes.append("! the trial's windows never agreed within the spread target: its figure is the median of its "
                       "latest windows, and less certain")
-    return "\n".join([summary, *headline(trials), *lines, *notes, *trial_time(trials), *pruning(trials)])
+    return "\n".join([summary, *headline(trials, view.devices(study)), *lines, *notes, *trial_time(trials),
+                      *pruning(trials)])
 
 
 LABELS = {"measured": "measured end to end", "part": "stage measurements", "infeasible": "infeasible",

@@ -485,7 +485,7 @@ def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
     base = next((r for r in feasible if r.baseline), None)
     fp = study.user_attrs.get("fingerprint") or {}
     items = [(line.split(" (", 1)[0].split(":", 1)[0], line.split(": ", 1)[-1] if ": " in line else line)
-             for line in headline(view.views(study))]
+             for line in headline(view.views(study), view.devices(study))]
     items += [("study", study.study_name), ("storage", storage_url or ""), ("objective", kind),
               ("trials", ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "none")]
     if best is not None:

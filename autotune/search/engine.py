@@ -153,6 +153,7 @@ def best_line(study: optuna.Study) -> str:
         return "autotune: no trial has completed yet; see the trial logs"
     gain = f", {best.imgs_per_s / base.imgs_per_s:.2f}x the baseline (trial 0: {base.imgs_per_s:,.1f})" if base else ""
     top = view.ceiling(trials)
-    share = f", {best.imgs_per_s / top.imgs_per_s:.0%} of the GPUs' ceiling ({top.imgs_per_s:,.0f})" if top else ""
+    share = (f", {best.imgs_per_s / top.imgs_per_s:.0%} of the {view.devices(study)}' ceiling "
+             f"({top.imgs_per_s:,.0f})") if top else ""
     return (f"autotune: fastest: trial {best.number} at {best.imgs_per_s:,.1f} imgs/s{gain}{share}. `autotune show` "
             f"lists the trials; `autotune export best.yaml --study {study.study_name}` writes its config")

@@ -131,8 +131,14 @@ def stage(trials: list[TrialView], name: str) -> list[TrialView]:
     return [v for v in trials if v.stage == name and v.outcome == "part" and v.imgs_per_s is not None]
 
 
+def devices(study) -> str:
+    """What the ranks run on, as the study's lines name it: "GPUs", or "CPU ranks" (gloo on a GPU-less machine)."""
+    fp = study.user_attrs.get("fingerprint")
+    return "GPUs" if not isinstance(fp, dict) or fp.get("gpu_count") else "CPU ranks"
+
+
 def ceiling(trials: list[TrialView]) -> TrialView | None:
-    """The fastest measurement of the model alone: what the GPUs can do."""
+    """The fastest measurement of the model alone: what the devices can do."""
     return max(stage(trials, "ceiling"), key=lambda v: v.imgs_per_s, default=None)
 
 

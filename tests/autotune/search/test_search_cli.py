@@ -81,7 +81,7 @@ def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_co
     r = autotune("show", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "study cpu-demo: 12 trials" in r.stdout
-    assert "what the GPUs can do (ceiling" in r.stdout and "what each input pipeline can feed" in r.stdout
+    assert "what the CPU ranks can do (ceiling" in r.stdout and "what each input pipeline can feed" in r.stdout
     assert "of the ceiling" in r.stdout and "median trial (" in r.stdout and ", windows " in r.stdout
 
     r = autotune("export", "best.yaml", cwd=tmp_path)
