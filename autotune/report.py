@@ -324,6 +324,11 @@ def util_section(rows) -> Section:
     return s
 
 
+def _label(r: TrialRow) -> str:
+    """A trial on the spread plot's axis; ``!`` marks one whose windows never agreed."""
+    return f"#{r.number}{'!' if r.settled is False else ''}"
+
+
 def spread_section(rows) -> Section:
     import plotly.graph_objects as go
 
@@ -342,7 +347,7 @@ def spread_section(rows) -> Section:
         for r in rs:
             med = statistics.median(r.windows)
             for i, w in enumerate(r.windows):
-                xs.append(f"#{r.number}{'!' if r.settled is False else ''}")
+                xs.append(_label(r))
                 ys.append(100.0 * (w / med - 1.0) if med > 0 else 0.0)
                 unsettled = "; its windows never agreed" if r.settled is False else ""
                 hover.append(f"trial {r.number}, window {i}: {w:,.1f} imgs/s (median {med:,.1f}, spread "
@@ -353,7 +358,7 @@ def spread_section(rows) -> Section:
     fig.update_layout(title="Each timed window's imgs/s relative to its trial's median (the trial's value)",
                       xaxis_title="trial", yaxis_title="window vs trial median (%)", yaxis_ticksuffix=" %",
                       xaxis={"categoryorder": "array",
-                             "categoryarray": [f"#{r.number}{'!' if r.settled is False else ''}" for r in measured]})
+                             "categoryarray": [_label(r) for r in measured]})
     s.figure = fig
     s.caption = ("A trial's value is the median of its windows; spread = (max - min) / median, the height of its "
                  "box. A tall box means an unsteady measurement (the job measures more windows while the spread "

@@ -173,13 +173,13 @@ class ThroughputMeter:
         t1_wall = time.time()
         # Slowest rank's duration; earliest start and latest end, so the tuner clips GPU samples to the true span.
         stop = float(bool(self.stop_requested and self.stop_requested()))
-        slowest, neg_t0, t1, stop = _allreduce([seconds, -self._win_t0_wall, t1_wall, stop], dist.ReduceOp.MAX,
-                                               self.device)
-        losses = [float(x.float().item()) if x is not None else 0.0 for x in (self._loss_at_open, self._loss)]
         bad = float(self._win_nonfinite.item()) if self._win_nonfinite is not None else 0.0
+        # Non-finite steps: the worst rank's count, in the same collective as the slowest rank's duration.
+        slowest, neg_t0, t1, stop, bad = _allreduce([seconds, -self._win_t0_wall, t1_wall, stop, bad],
+                                                    dist.ReduceOp.MAX, self.device)
+        losses = [float(x.float().item()) if x is not None else 0.0 for x in (self._loss_at_open, self._loss)]
         images, *loss_sums = _allreduce([float(self._win_steps * self.images_per_step), *losses], dist.ReduceOp.SUM,
                                         self.device)
-        (bad,) = _allreduce([bad], dist.ReduceOp.MAX, self.device)  # the worst rank's count
         start, end = ((x / _world() for x in loss_sums) if self._loss is not None else (None, None))
         w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=int(images),
                    seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autotune.exceptions import GPUError
+from autotune.exceptions import GPUError, LaunchError
 from autotune.hw.nvml import Gpu, Nvml
 
 
@@ -92,7 +92,7 @@ def place(visible: list[str], selection: list[str] | None, nproc: int | None) ->
     entries = select(visible, selection)
     nproc = nproc if nproc is not None else (len(entries) if entries else 2)
     if nproc < 1:
-        raise GPUError(f"--nproc-per-node {nproc}: must be >= 1")
+        raise LaunchError(f"--nproc-per-node {nproc}: must be >= 1")
     if not entries:
         return nproc, None
     if nproc > len(entries):
