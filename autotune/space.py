@@ -23,11 +23,11 @@ import yaml
 
 from autotune.exceptions import SpecError
 from trainer.config import ConfigError, TrainConfig
+from trainer.knobs import AUTO, KNOBS, MEMORY_SETTINGS
 
 if TYPE_CHECKING:
     from autotune.spec import StudySpec
 
-AUTO = "auto"
 DEFAULT_CHOICE = "default"
 """In ``choices``, ``default`` means ``null``: leave the setting to the library (e.g. NCCL picks its algorithm)."""
 
@@ -56,37 +56,21 @@ class Knob:
     suggested when it holds (evaluated on the trial's config so far: searched values, else the base)."""
 
 
-BATCH_CHOICES = [32, 48, 64, 96, 128, 192, 256, 384, 512]
-"""Powers of two and 1.5x between them: enough resolution near the memory limit without a continuous range."""
+def _default_space() -> dict[str, Knob]:
+    return {k.path: Knob(choices=list(k.choices) if k.choices is not None else None, low=k.low, high=k.high,
+                         log=k.log, when=k.when)
+            for k in KNOBS.values() if k.default_space}
 
-DEFAULT_SPACE: dict[str, Knob] = {
-    "training.batch_size": Knob(choices=BATCH_CHOICES),
-    "training.accum_steps": Knob(choices=[1, 2, 4]),
-    "training.precision": Knob(choices=["fp32", "bf16", "fp16"]),
-    "training.channels_last": Knob(choices=[False, True]),
-    "loader.num_workers": Knob(low=0, high=AUTO),
-    "loader.prefetch_factor": Knob(low=1, high=8, when="loader.num_workers > 0"),
-    "loader.pin_memory": Knob(choices=[True, False]),
-    "loader.persistent_workers": Knob(choices=[False, True], when="loader.num_workers > 0"),
-    "data.decode": Knob(choices=["pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid"]),
-    # Three points span the trade: the ends (0 and 1) are nvjpeg-gpu and torchvision-cpu, already choices above.
-    "data.hybrid_cpu_fraction": Knob(choices=[0.25, 0.5, 0.75], when="data.decode == hybrid"),
-    "ddp.bucket_cap_mb": Knob(low=5.0, high=200.0, log=True),
-    "ddp.gradient_as_bucket_view": Knob(choices=[False, True]),
-    # DDP's static graph breaks under no_sync() (pytorch/pytorch#187732): only searched without accumulation.
-    "ddp.static_graph": Knob(choices=[False, True], when="training.accum_steps == 1"),
-}
-"""The image-model defaults. Not in it: ``training.compile`` (a cold compile costs about a minute per trial; a spec
-adds ``training.compile: [false, true]`` when that is worth it), and NCCL's algorithm, protocol, CTA and buffer
-variables: NCCL documents them as debugging variables, no measurement here has shown them to matter, and each
-change of them takes a new process (``trainer.config.scope_of``). A spec adds them, e.g.
-``nccl.algo: [default, Ring, Tree]``."""
 
-MEMORY_KEYS = ("model.name", "model.kwargs", "data.image_size", "data.decode", "training.precision",
-               "training.channels_last", "training.compile", "training.compile_mode", "ddp.gradient_as_bucket_view",
-               "ddp.static_graph")
+DEFAULT_SPACE: dict[str, Knob] = _default_space()
+"""The image-model defaults: the knobs of ``trainer.knobs.KNOBS`` marked ``default_space``. Not in it:
+``training.compile`` (a cold compile costs about a minute per trial), cuDNN's algorithm search (the ceiling stage
+decides it), and NCCL's variables (debugging variables that no measurement here has shown to matter; each change
+takes a new process). A spec adds any of them, e.g. ``nccl.algo: [default, Ring, Tree]``."""
+
+MEMORY_KEYS = MEMORY_SETTINGS
 """Settings that change a micro-batch's device memory enough that an OOM at batch B says nothing about batch B'
-under different values. (``ddp.bucket_cap_mb`` moves memory by at most a few buckets: not included.)"""
+under different values (``ddp.bucket_cap_mb`` moves memory by at most a few buckets: not included)."""
 
 _OPS = {"==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le, ">": operator.gt,
         "<": operator.lt, "in": lambda a, b: a in b}

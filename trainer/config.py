@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+# What a change of a setting takes lives with the knobs; re-exported: the worker asks the config's module.
+from trainer.knobs import Scope as Scope
+from trainer.knobs import scope_of as scope_of
 from trainer.protocol import Failure, nccl_env_problems
-
-Scope = Literal["process", "model", "pipeline"]
-"""What changing a setting takes (``scope_of``): a new process, or a rebuild inside a live one."""
 
 
 class ConfigError(ValueError):
@@ -423,22 +423,6 @@ class TrainConfig:
 def _setting_of(problem: str) -> str:
     """The dotted setting a problem line starts with (``training.batch_size=-1: ...`` -> ``training.batch_size``)."""
     return problem.split("=", 1)[0].split(":", 1)[0].split(" ", 1)[0]
-
-
-_PROCESS_SETTINGS = frozenset({"ddp.backend", "ddp.timeout_s"})
-
-
-def scope_of(path: str) -> Scope:
-    """What a change of the dotted setting ``path`` needs. ``process``: a new process (NCCL reads its variables when
-    its communicators are made, the process group's backend and timeout are fixed at start); ``pipeline``: the input
-    pipeline rebuilt (loader workers, decode threads); ``model``: everything else, rebuilt in place (model, DDP
-    wrapper, optimizer, precision, layout, batch, measurement)."""
-    section = path.split(".", 1)[0]
-    if section == "nccl" or path in _PROCESS_SETTINGS:
-        return "process"
-    if section in ("data", "loader"):
-        return "pipeline"
-    return "model"
 
 
 def process_settings(cfg: TrainConfig) -> dict[str, Any]:

@@ -6,16 +6,11 @@ import sys
 import time
 from typing import Any, TextIO
 
-SHORT = {
-    "training.batch_size": "bs", "training.accum_steps": "acc", "training.precision": "",
-    "training.channels_last": "cl",
-    "training.compile": "compile", "loader.num_workers": "wk", "loader.prefetch_factor": "pf",
-    "loader.pin_memory": "pin", "loader.persistent_workers": "pers", "data.decode": "", "ddp.bucket_cap_mb": "bkt",
-    "ddp.gradient_as_bucket_view": "gbv", "ddp.static_graph": "static", "nccl.algo": "algo", "nccl.proto": "proto",
-    "nccl.min_ctas": "minc", "nccl.max_ctas": "maxc", "nccl.buffsize": "buf", "training.mode": "",
-    "data.hybrid_cpu_fraction": "cpu_share", "training.cudnn_benchmark": "cudnn_search",
-}
-"""Short labels; an empty label shows the value alone (``bf16``, ``nvjpeg-gpu`` speak for themselves)."""
+from trainer.knobs import KNOBS
+
+SHORT = {**{k.path: k.label for k in KNOBS.values()}, "training.mode": ""}
+"""Short labels (the knobs' own, ``trainer.knobs``); an empty label shows the value alone (``bf16``, ``nvjpeg-gpu``
+speak for themselves)."""
 
 
 def fmt_value(v: Any) -> str:
