@@ -45,8 +45,9 @@ class ModelConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    kind: Literal["synthetic", "imagefolder"] = "synthetic"
-    """``synthetic``: random tensors made once on the device (the compute ceiling); ``imagefolder``: JPEG files."""
+    kind: Literal["synthetic", "imagefolder", "script"] = "synthetic"
+    """``synthetic``: random tensors made once on the device (the compute ceiling; for a user's script, its first
+    batch replayed on the device); ``imagefolder``: JPEG files; ``script``: whatever the user's script reads."""
 
     path: str | None = None
     """ImageFolder root (class sub-folders). If it holds ``train/`` (and ``val/``), those are used."""
@@ -323,6 +324,43 @@ class CheckpointConfig:
 
 
 @dataclass(kw_only=True)
+class ScriptConfig:
+    """The user's own training script as the job (``autotune search --script``): it imports ``trainer.runtime``,
+    which hands it the run's settings (those it applies) and measures the steps it reports. The ``model`` and most
+    of the ``data`` and ``training`` sections then mean nothing: the script builds its own."""
+
+    path: str | None = None
+    """A script file, run as ``torchrun ... PATH ARGS``: a fresh process per trial."""
+
+    entry: str | None = None
+    """``package.module:function``, called with no arguments: trial after trial in one live worker."""
+
+    args: list[str] = field(default_factory=list)
+    """The script's command-line arguments (``sys.argv[1:]`` while an entry function runs)."""
+
+    applies: list[str] = field(default_factory=list)
+    """The settings the script applies, by their runtime names (``trainer.knobs``), found by its first run; a run
+    hands it these and no others, so everything else keeps the script's own defaults."""
+
+    def problems(self) -> list[str]:
+        from trainer.knobs import BY_RUNTIME_NAME
+
+        p = []
+        if self.path and self.entry:
+            p.append("script: set script.path or script.entry, not both")
+        if self.entry is not None and ":" not in self.entry:
+            p.append(f"script.entry={self.entry!r}: write package.module:function")
+        unknown = [a for a in self.applies if a not in BY_RUNTIME_NAME]
+        if unknown:
+            p.append(f"script.applies: unknown {', '.join(unknown)}{did_you_mean(unknown[0], BY_RUNTIME_NAME)}")
+        return p
+
+    @property
+    def given(self) -> bool:
+        return bool(self.path or self.entry)
+
+
+@dataclass(kw_only=True)
 class TrainConfig:
     name: str = "run"
     output_dir: str = "runs/run"
@@ -337,6 +375,7 @@ class TrainConfig:
     nccl: NcclConfig = field(default_factory=NcclConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    script: ScriptConfig = field(default_factory=ScriptConfig)
 
     # ---- (de)serialization -------------------------------------------------------------------------------------
 
@@ -397,11 +436,15 @@ class TrainConfig:
         """Every cross-field problem, each with its fix (types were checked while building): each section's own,
         then those across sections."""
         p: list[str] = []
-        for section in (self.loader, self.data, self.training, self.ddp, self.measure):
+        for section in (self.loader, self.data, self.training, self.ddp, self.measure, self.script):
             p += section.problems()
         t, d = self.training, self.data
         if d.kind == "synthetic" and t.mode == "loader":
             p.append("training.mode=loader measures an input pipeline: use data.kind=imagefolder")
+        if (d.kind == "script") != self.script.given and not (self.script.given and d.kind == "synthetic"):
+            p.append("data.kind=script goes with script.path or script.entry (the user's script reads its own data)"
+                     if d.kind == "script" else
+                     f"script.{'path' if self.script.path else 'entry'} is set: use data.kind=script (or synthetic)")
         if self.optimizer.lr <= 0:
             p.append(f"optimizer.lr={self.optimizer.lr}: must be > 0")
         if self.ddp.static_graph and t.accum_steps > 1:
@@ -427,7 +470,8 @@ def _setting_of(problem: str) -> str:
 
 def process_settings(cfg: TrainConfig) -> dict[str, Any]:
     """The settings of ``cfg`` a live process cannot change: two configs with equal values can share a process."""
-    return {"nccl_env": cfg.nccl.to_env(), "ddp.backend": cfg.ddp.backend, "ddp.timeout_s": cfg.ddp.timeout_s}
+    return {"nccl_env": cfg.nccl.to_env(), "ddp.backend": cfg.ddp.backend, "ddp.timeout_s": cfg.ddp.timeout_s,
+            "script": [cfg.script.path, cfg.script.entry, list(cfg.script.args)]}
 
 
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:

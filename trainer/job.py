@@ -359,28 +359,12 @@ class Job:
     def finish(self, *, nonfinite: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """The summary record. ``nonfinite``: the (run, total) counters of count_nonfinite; None (loader mode, no
         loss) judges the final ``loss`` value alone, as one step."""
-        cfg, env, meter = self.cfg, self.env, self.meter
-        if cfg.training.mode == "measure" and not meter.windows:
+        t = self.cfg.training
+        if t.mode == "measure" and not self.meter.windows:
             raise RuntimeError("the run ended before one measurement window closed: raise training.steps or add data")
-        loss_value = float(self.loss.float().item()) if self.loss.numel() else float("nan")
-        peaks = [None] * env.world_size
-        dist.all_gather_object(peaks, peak_memory_bytes(env.device))
-        steps_run = self.steps_run
-        if nonfinite is None:
-            zero = torch.zeros((), dtype=torch.int64, device=env.device)
-            nonfinite, steps_run = count_nonfinite(torch.tensor(loss_value, device=env.device), zero, zero), 1
-        counts = torch.stack(list(nonfinite)).to(torch.int64)
-        dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the worst rank decides, as for every other verdict
-        run, total = (int(v) for v in counts.tolist())
-        t, measured = cfg.training, meter.summary()
-        # A figure is a training figure only if the loss stayed finite where it was measured, and at the end.
-        finite = not loss_diverged(run, steps_run) and not measured["loss_nonfinite_in_windows"]
-        self.writer.write({"kind": Kind.SUMMARY, "t": time.time(), "mode": t.mode, "world_size": env.world_size,
-                           **measured, "steps": self.step, "epochs": self.epoch, "loss": loss_value,
-                           "loss_finite": finite, "loss_nonfinite_steps": total,
-                           "loss_nonfinite_run": run, "peak_mem_bytes": peaks,
-                           "peak_mem_kind": "cuda_max_allocated" if env.device.type == "cuda" else "host_max_rss",
-                           "global_batch": t.batch_size * t.accum_steps * env.world_size, "versions": versions()})
+        self.writer.write(summary_record(self.meter, self.env, mode=t.mode, loss=self.loss, nonfinite=nonfinite,
+                                         steps_run=self.steps_run, steps=self.step, epochs=self.epoch,
+                                         global_batch=t.batch_size * t.accum_steps * self.env.world_size))
 
     def close(self) -> None:
         """Release everything this run built: loader workers and decode threads joined, model, optimizer and
@@ -441,6 +425,32 @@ def count_nonfinite(loss: torch.Tensor, run: torch.Tensor, total: torch.Tensor) 
     waits for the GPU; a per-step sync would stall the launch queue every step and cost the throughput we measure."""
     bad = (~torch.isfinite(loss)).all().to(run.dtype)
     return (run + 1) * bad, total + bad
+
+
+def summary_record(meter: ThroughputMeter, env: Dist, *, mode: str, loss: torch.Tensor,
+                   nonfinite: tuple[torch.Tensor, torch.Tensor] | None, steps_run: int, steps: int, epochs: int,
+                   global_batch: int | None, unit: str = "images") -> dict[str, Any]:
+    """A run's summary record, for the built-in job and a user's script alike (``trainer.runtime``): the meter's
+    figures, the loss verdict, peak memory per rank. Collective: every rank calls it (the worst rank's loss counts).
+    ``nonfinite``: the (run, total) counters of count_nonfinite; None (loader mode, no loss) judges ``loss`` alone,
+    as one step."""
+    loss_value = float(loss.float().item()) if loss.numel() else float("nan")
+    peaks = [None] * env.world_size
+    dist.all_gather_object(peaks, peak_memory_bytes(env.device))
+    if nonfinite is None:
+        zero = torch.zeros((), dtype=torch.int64, device=env.device)
+        nonfinite, steps_run = count_nonfinite(torch.tensor(loss_value, device=env.device), zero, zero), 1
+    counts = torch.stack(list(nonfinite)).to(torch.int64)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the worst rank decides, as for every other verdict
+    run, total = (int(v) for v in counts.tolist())
+    measured = meter.summary()
+    # A figure is a training figure only if the loss stayed finite where it was measured, and at the end.
+    finite = not loss_diverged(run, steps_run) and not measured["loss_nonfinite_in_windows"]
+    return {"kind": Kind.SUMMARY, "t": time.time(), "mode": mode, "world_size": env.world_size, "unit": unit,
+            **measured, "steps": steps, "epochs": epochs, "loss": loss_value, "loss_finite": finite,
+            "loss_nonfinite_steps": total, "loss_nonfinite_run": run, "peak_mem_bytes": peaks,
+            "peak_mem_kind": "cuda_max_allocated" if env.device.type == "cuda" else "host_max_rss",
+            "global_batch": global_batch, "versions": versions()}
 
 
 def loss_diverged(run: int, steps_run: int) -> bool:

@@ -123,11 +123,12 @@ _PROCESS_SETTINGS = frozenset({"ddp.backend", "ddp.timeout_s"})
 
 def scope_of(path: str) -> Scope:
     """What a change of the dotted setting ``path`` needs (see ``Scope``): the knob's own scope, else by section
-    (``nccl`` and the process group's backend and timeout: a new process; ``data``/``loader``: the pipeline)."""
+    (``nccl``, the user's ``script`` and the process group's backend and timeout: a new process; ``data``/``loader``:
+    the pipeline)."""
     if path in KNOBS:
         return KNOBS[path].scope
     section = path.split(".", 1)[0]
-    if section == "nccl" or path in _PROCESS_SETTINGS:
+    if section in ("nccl", "script") or path in _PROCESS_SETTINGS:
         return "process"
     if section in ("data", "loader"):
         return "pipeline"

@@ -53,7 +53,8 @@ class Window:
 class ThroughputMeter:
     cfg: MeasureConfig
     images_per_step: int
-    """Images this rank consumes per ``step()`` call (batch x accumulation)."""
+    """Images (the job's unit: images, tokens, samples) this rank consumes per ``step()`` call (batch x
+    accumulation), unless a step says how many it consumed (a user's script may vary them)."""
 
     device: torch.device
     emit: Callable[[dict[str, Any]], None]
@@ -82,6 +83,7 @@ class ThroughputMeter:
     _t_start: float = field(default_factory=time.perf_counter)
     _t_last: float = field(default_factory=time.perf_counter)
     _win_steps: int = 0
+    _win_images: int = 0
     _win_t0_wall: float = 0.0
     _win_t0: float = 0.0
     _win_paused: float = 0.0
@@ -101,9 +103,10 @@ class ThroughputMeter:
     def done(self) -> bool:
         return self.state == "done"
 
-    def step(self, loss: torch.Tensor | None = None) -> None:
+    def step(self, loss: torch.Tensor | None = None, images: int | None = None) -> None:
         """Call after every optimizer step (every batch in loader mode) with the step's loss (a device tensor; read
-        only at window boundaries, where the device is synchronized anyway)."""
+        only at window boundaries, where the device is synchronized anyway) and, when it is not ``images_per_step``,
+        how many images (samples, tokens) this rank consumed in it."""
         if loss is not None:
             self._loss = loss
         if self.state == "warmup":
@@ -113,6 +116,7 @@ class ThroughputMeter:
                 bad = (~torch.isfinite(loss.detach())).any().to(torch.int32)
                 self._win_nonfinite = bad if self._win_nonfinite is None else self._win_nonfinite + bad
             self._win_steps += 1
+            self._win_images += self.images_per_step if images is None else int(images)
             if self._win_steps >= self.steps_per_window:
                 self._close_window()
 
@@ -165,6 +169,7 @@ class ThroughputMeter:
         self._loss_at_open = self._loss.detach().clone() if self._loss is not None else None
         sync(self.device)
         self._win_t0_wall, self._win_t0, self._win_steps, self._win_paused = time.time(), time.perf_counter(), 0, 0.0
+        self._win_images = 0
         self._win_nonfinite = None
 
     def _close_window(self) -> None:
@@ -178,8 +183,7 @@ class ThroughputMeter:
         slowest, neg_t0, t1, stop, bad = _allreduce([seconds, -self._win_t0_wall, t1_wall, stop, bad],
                                                     dist.ReduceOp.MAX, self.device)
         losses = [float(x.float().item()) if x is not None else 0.0 for x in (self._loss_at_open, self._loss)]
-        images, *loss_sums = _allreduce([float(self._win_steps * self.images_per_step), *losses], dist.ReduceOp.SUM,
-                                        self.device)
+        images, *loss_sums = _allreduce([float(self._win_images), *losses], dist.ReduceOp.SUM, self.device)
         start, end = ((x / _world() for x in loss_sums) if self._loss is not None else (None, None))
         w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=int(images),
                    seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end,
