@@ -35,6 +35,7 @@ from autotune.study.storage import study_record
 from autotune.study.view import TrialView
 from trainer.config import TrainConfig
 from trainer.protocol import nonfinite_reason
+from trainer.runtime._request import ENV_CONFIG
 
 PICKS = ("best", "fastest", "util", "balanced")
 
@@ -119,8 +120,12 @@ def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
     data = cfg.to_dict()
     nproc = int(study.user_attrs.get("nproc_per_node") or 1)
     torchrun = Torchrun.parse(list(study.user_attrs.get("torchrun_args") or []))
-    lr_record, warn = scale_lr(data, reference_batch=study.user_attrs.get("reference_global_batch"),
-                               world=nproc * torchrun.nnodes)
+    if cfg.script.given:  # the script owns its optimizer: its learning rate is its own to scale
+        lr_record, warn = None, script_batch_note(cfg, reference=study.user_attrs.get("reference_global_batch"),
+                                                  world=nproc * torchrun.nnodes)
+    else:
+        lr_record, warn = scale_lr(data, reference_batch=study.user_attrs.get("reference_global_batch"),
+                                   world=nproc * torchrun.nnodes)
     if warn:
         warnings.append(warn)
     TrainConfig.from_dict(data)  # still valid after scaling
@@ -139,12 +144,29 @@ def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
         "study": study.study_name, "trial": trial.number, "params": dict(trial.params),
         "objective": study.user_attrs.get("objective"),
         "torchrun": {"nproc_per_node": nproc, "args": list(torchrun.args),
-                     "command": torchrun.command(nproc, "<this file>")},
+                     "command": run_command(cfg, torchrun, nproc, "<this file>")},
         "env": dict(a.get("env") or {}), "fingerprint": fingerprint, "measured": measured,
     }
     if lr_record:
         data["autotune"]["lr_scaling"] = lr_record
     return data, warnings
+
+
+def run_command(cfg: TrainConfig, torchrun: Torchrun, nproc: int, config: str) -> str:
+    """The command that runs the exported config by hand: the built-in job (and a user's training function, which
+    the trainer calls) reads it as its config; a user's script runs as itself, its runtime reading the file from
+    ``AUTOTUNE_CONFIG``."""
+    if cfg.script.path:
+        return f"{ENV_CONFIG}={config} " + torchrun.command(nproc, [cfg.script.path, *cfg.script.args])
+    return torchrun.command(nproc, ["-m", "trainer", "--config", config])
+
+
+def script_batch_note(cfg: TrainConfig, *, reference: int | None, world: int) -> str | None:
+    g = cfg.training.batch_size * cfg.training.accum_steps * world
+    if "batch_size" not in cfg.script.applies or not reference or reference == g:
+        return None
+    return (f"global batch {g} differs from the script's own {reference}: the script's learning rate is not "
+            f"scaled (it owns its optimizer); the usual rule scales it by {g / reference:g}")
 
 
 def write(data: dict[str, Any], path: str | Path) -> Path:

@@ -27,7 +27,7 @@ from autotune.exceptions import AutotuneError, LaunchError, Terminated
 from autotune.hw.nvml import Nvml, Sampler, summarize
 from autotune.hw.placement import gpu_count, place, to_nvml, visible_entries
 from autotune.runner.process import LineReader, ProcessTree
-from autotune.runner.torchrun import Torchrun, merge_args, run_env, trainer_args
+from autotune.runner.torchrun import Torchrun, merge_args, program, run_env
 from autotune.runner.trial import TrialRun, follow, steady_windows
 from autotune.search.progress import fmt_duration
 from trainer.config import TrainConfig, load_yaml_mapping
@@ -101,12 +101,16 @@ class TrainPlan:
     """Whether the search's figures were measured at this world size (otherwise no comparison is made)."""
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """The run's environment: the export's variables, threads per rank, the GPUs, the safety variables."""
-        return run_env(nccl=self.config.nccl.to_env(), nproc=self.nproc, gpus=self.gpu_entries, extra=self.extra_env,
-                       base=base)[0]
+        """The run's environment: the export's variables, threads per rank, the GPUs, the safety variables (and, for
+        a user's script, where its run's request is)."""
+        return {**run_env(nccl=self.config.nccl.to_env(), nproc=self.nproc, gpus=self.gpu_entries,
+                          extra=self.extra_env, base=base)[0], **self._program()[1]}
 
     def argv(self) -> list[str]:
-        return Torchrun.parse(self.torchrun_args).argv(self.nproc, trainer_args(self.config_path, self.result_path))
+        return Torchrun.parse(self.torchrun_args).argv(self.nproc, self._program()[0])
+
+    def _program(self) -> tuple[list[str], dict[str, str]]:
+        return program(self.config, self.config_path, self.result_path)
 
 
 # ---- planning ------------------------------------------------------------------------------------------------------

@@ -138,6 +138,14 @@ def run_job(cfg: TrainConfig, env: Dist, writer: ResultWriter, *, worker_trial: 
     """The ``start`` record, then one Job from build to close. The run ends early, at a window's end, once the file
     ``cancel`` exists."""
     writer.write(start_record(env, worker_trial))
+    if cfg.script.given:  # a user's training function (a script file runs under torchrun itself, not here)
+        if cfg.script.path:
+            raise ConfigError([f"script.path={cfg.script.path}: a script file runs as `torchrun ... "
+                               f"{cfg.script.path}`, not through `python -m trainer`; use script.entry for a function"])
+        from trainer.runtime.entry import run_entry
+
+        run_entry(cfg, env, writer, cancel=cancel, worker_trial=worker_trial)
+        return
     job = Job(cfg, env, writer, cancel=cancel)
     try:
         job.run()
@@ -435,13 +443,18 @@ def summary_record(meter: ThroughputMeter, env: Dist, *, mode: str, loss: torch.
     ``nonfinite``: the (run, total) counters of count_nonfinite; None (loader mode, no loss) judges ``loss`` alone,
     as one step."""
     loss_value = float(loss.float().item()) if loss.numel() else float("nan")
-    peaks = [None] * env.world_size
-    dist.all_gather_object(peaks, peak_memory_bytes(env.device))
+    # A user's script may end its process group before the summary of a full run is written (at exit): then this
+    # rank's own figures, which for the windows are everyone's already (each window is all-reduced as it closes).
+    group = dist.is_initialized()
+    peaks = [None] * env.world_size if group else [peak_memory_bytes(env.device)]
+    if group:
+        dist.all_gather_object(peaks, peak_memory_bytes(env.device))
     if nonfinite is None:
         zero = torch.zeros((), dtype=torch.int64, device=env.device)
         nonfinite, steps_run = count_nonfinite(torch.tensor(loss_value, device=env.device), zero, zero), 1
     counts = torch.stack(list(nonfinite)).to(torch.int64)
-    dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the worst rank decides, as for every other verdict
+    if group:
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the worst rank decides, as for every other verdict
     run, total = (int(v) for v in counts.tolist())
     measured = meter.summary()
     # A figure is a training figure only if the loss stayed finite where it was measured, and at the end.

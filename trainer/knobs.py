@@ -54,51 +54,57 @@ class KnobDef:
     """Part of the built-in image-model space (``autotune.space.DEFAULT_SPACE``); otherwise a spec adds it."""
 
     runtime: str | None = None
-    """The name a user's script reads it by (``trainer.runtime.Settings``); ``None``: the built-in job only, or (NCCL)
-    set by the launcher for any job."""
+    """The name a user's script reads it by (``trainer.runtime``); ``None``: set by the launcher for any job
+    (NCCL's variables)."""
+
+    runtime_default: Any = None
+    """What a script gets that neither names the knob nor is given a value by the run: the library's own default
+    (DataLoader's, DDP's, torch's), so a helper changes nothing the script did not ask for."""
 
     doc: str = ""
 
 
 _KNOBS = (
-    KnobDef(path="training.batch_size", label="bs", scope="model", choices=BATCH_CHOICES, runtime="batch_size",
-            doc="per-rank micro-batch"),
-    KnobDef(path="training.accum_steps", label="acc", scope="model", choices=(1, 2, 4), runtime="accum_steps",
+    KnobDef(path="training.batch_size", label="bs", scope="model", choices=BATCH_CHOICES,
+            runtime="batch_size", runtime_default=1, doc="per-rank micro-batch"),
+    KnobDef(path="training.accum_steps", label="acc", scope="model", choices=(1, 2, 4),
+            runtime="accum_steps", runtime_default=1,
             doc="micro-batches per optimizer step; the non-final ones run inside DDP's no_sync()"),
     KnobDef(path="training.precision", label="", scope="model", memory=True, choices=("fp32", "bf16", "fp16"),
-            runtime="precision", doc="autocast dtype; fp16 adds a GradScaler"),
+            runtime="precision", runtime_default="fp32", doc="autocast dtype; fp16 adds a GradScaler"),
     KnobDef(path="training.channels_last", label="cl", scope="model", memory=True, choices=(False, True),
-            runtime="channels_last", doc="NHWC memory format for model and inputs"),
+            runtime="channels_last", runtime_default=False, doc="NHWC memory format for model and inputs"),
     KnobDef(path="training.compile", label="compile", scope="model", memory=True, choices=(False, True),
-            default_space=False, runtime="compile",
+            default_space=False, runtime="compile", runtime_default=False,
             doc="torch.compile; a cold compile costs about a minute, so a spec adds it for long searches"),
     KnobDef(path="training.compile_mode", label="mode", scope="model", memory=True, default_space=False,
             runtime="compile_mode", doc="torch.compile mode (reduce-overhead: CUDA graphs)"),
     KnobDef(path="training.cudnn_benchmark", label="cudnn_search", scope="model", choices=(True, False),
             default_space=False, runtime="cudnn_benchmark",
             doc="cuDNN's per-shape algorithm search; the ceiling stage decides it by measurement"),
-    KnobDef(path="loader.num_workers", label="wk", scope="pipeline", low=0, high=AUTO, runtime="num_workers",
-            doc="DataLoader worker processes per rank"),
+    KnobDef(path="loader.num_workers", label="wk", scope="pipeline", low=0, high=AUTO,
+            runtime="num_workers", runtime_default=0, doc="DataLoader worker processes per rank"),
     KnobDef(path="loader.prefetch_factor", label="pf", scope="pipeline", low=1, high=8,
             when="loader.num_workers > 0", runtime="prefetch_factor", doc="batches in flight per worker"),
-    KnobDef(path="loader.pin_memory", label="pin", scope="pipeline", choices=(True, False), runtime="pin_memory",
-            doc="page-locked host batches"),
+    KnobDef(path="loader.pin_memory", label="pin", scope="pipeline", choices=(True, False),
+            runtime="pin_memory", runtime_default=False, doc="page-locked host batches"),
     KnobDef(path="loader.persistent_workers", label="pers", scope="pipeline", choices=(False, True),
-            when="loader.num_workers > 0", runtime="persistent_workers", doc="workers kept across epochs"),
+            when="loader.num_workers > 0", runtime="persistent_workers", runtime_default=False,
+            doc="workers kept across epochs"),
     KnobDef(path="data.decode", label="", scope="pipeline", memory=True,
-            choices=("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid"), runtime="decode",
-            doc="the input pipeline (an ImageFolder read through trainer.data)"),
+            choices=("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid"), runtime="decode", runtime_default="pil",
+            doc="the input pipeline of an ImageFolder read through trainer.data"),
     # Three points span the trade: the ends (0 and 1) are nvjpeg-gpu and torchvision-cpu, already decode choices.
     KnobDef(path="data.hybrid_cpu_fraction", label="cpu_share", scope="pipeline", choices=(0.25, 0.5, 0.75),
-            when="data.decode == hybrid", runtime="hybrid_cpu_fraction",
+            when="data.decode == hybrid", runtime="hybrid_cpu_fraction", runtime_default=0.5,
             doc="hybrid decode: the share of each batch the loader workers decode"),
     KnobDef(path="ddp.bucket_cap_mb", label="bkt", scope="model", low=5.0, high=200.0, log=True,
-            runtime="bucket_cap_mb", doc="DDP gradient bucket size"),
+            runtime="bucket_cap_mb", runtime_default=25.0, doc="DDP gradient bucket size"),
     KnobDef(path="ddp.gradient_as_bucket_view", label="gbv", scope="model", memory=True, choices=(False, True),
-            runtime="gradient_as_bucket_view", doc="gradients alias the all-reduce buckets"),
+            runtime="gradient_as_bucket_view", runtime_default=False, doc="gradients alias the all-reduce buckets"),
     # DDP's static graph breaks under no_sync() (pytorch/pytorch#187732): only searched without accumulation.
     KnobDef(path="ddp.static_graph", label="static", scope="model", memory=True, choices=(False, True),
-            when="training.accum_steps == 1", runtime="static_graph", doc="DDP static graph"),
+            when="training.accum_steps == 1", runtime="static_graph", runtime_default=False, doc="DDP static graph"),
     # NCCL's algorithm, protocol, CTA and buffer variables: NCCL documents them as debugging variables, no
     # measurement here has shown them to matter, and each change takes a new process: a spec adds them.
     KnobDef(path="nccl.algo", label="algo", scope="process", choices=(None, "Ring", "Tree"), default_space=False),

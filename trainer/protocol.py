@@ -41,6 +41,8 @@ class Kind(_StrEnum):
     VAL = "val"
     CHECKPOINT = "checkpoint"
     RESUME = "resume"
+    SETTINGS = "settings"
+    """A user's script's settings as its first step ran them (``trainer.runtime``): what it applies, its unit."""
 
 
 class Failure(_StrEnum):
@@ -171,7 +173,7 @@ class ResultWriter:
     """
 
     def __init__(self, path: str | None, rank: int):
-        self.rank = rank
+        self.rank, self.path = rank, path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if path else None
 
     def write(self, record: dict[str, Any], *, any_rank: bool = False) -> None:

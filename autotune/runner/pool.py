@@ -22,7 +22,7 @@ from pathlib import Path
 
 from autotune.runner.process import LineReader, ProcessTree
 from autotune.runner.torchrun import Torchrun, trainer_args
-from autotune.runner.trial import TrialJob, TrialRun, end, follow, prepare
+from autotune.runner.trial import TrialJob, TrialRun, end, follow, prepare, run_trial
 from trainer.protocol import Kind
 
 STOP_GRACE_S = 20.0
@@ -93,7 +93,11 @@ class WorkerPool:
     def run(self, job: TrialJob, *, fresh: bool = False, on_record: Callable[[dict], bool | None] | None = None,
             on_poll: Callable[[], None] | None = None) -> TrialRun:
         """Run ``job`` on the live worker, or on a new one when ``fresh``, when there is none or when its process
-        scope differs. A worker that turns out to have exited before starting the trial is replaced, once."""
+        scope differs. A worker that turns out to have exited before starting the trial is replaced, once. A user's
+        script file cannot serve trials: it runs in a process of its own, always."""
+        if job.config.script.path:
+            self.close()
+            return run_trial(job, on_record=on_record, on_poll=on_poll)
         run, reused = self._run_once(job, fresh=fresh, on_record=on_record, on_poll=on_poll)
         if reused and not run.of_kind(Kind.START) and not run.stopped:
             run, _ = self._run_once(job, fresh=True, on_record=on_record, on_poll=on_poll)

@@ -1,5 +1,6 @@
 """torchrun command lines and environments: every run the tuner starts (trial, worker, full run, re-measure) is
-``python -m torch.distributed.run ... -m trainer``, built here.
+``python -m torch.distributed.run ... -m trainer`` (the built-in job, or a user's training function) or ``... SCRIPT
+ARGS`` (a user's script file), built here.
 
 Extra torchrun arguments from a spec or an export are read with torchrun's own parser, so ``--nnodes=2``,
 ``--nnodes 1:4``, ``--master_addr`` and ``--master-addr`` all mean what torchrun takes them to mean.
@@ -9,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from autotune.exceptions import LaunchError
+from trainer.config import TrainConfig
 from trainer.protocol import SAFETY_ENV, nccl_env_problems
+from trainer.runtime._request import ENV_REQUEST, Request
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,15 +53,16 @@ class Torchrun:
         own = nnodes > 1 or given("rdzv_endpoint") or given("master_addr") or bool(ns.standalone)
         return cls(args=args, nnodes=nnodes, rendezvous=own, node_rank=int(ns.node_rank or 0))
 
-    def argv(self, nproc: int, trainer_args: list[str]) -> list[str]:
+    def argv(self, nproc: int, program: list[str]) -> list[str]:
+        """torchrun running ``program`` (``trainer_args``: the built-in job; ``script_args``: a user's script)."""
         # sys.executable: the run uses the same environment (venv) as the tuner.
         return [sys.executable, "-m", "torch.distributed.run", *([] if self.rendezvous else ["--standalone"]),
-                "--nproc-per-node", str(nproc), *self.args, "-m", "trainer", *trainer_args]
+                "--nproc-per-node", str(nproc), *self.args, *program]
 
-    def command(self, nproc: int, config: str) -> str:
+    def command(self, nproc: int, program: list[str]) -> str:
         """The command a user would type (``torchrun`` instead of the interpreter path)."""
         return " ".join(["torchrun", *([] if self.rendezvous else ["--standalone"]), "--nproc-per-node", str(nproc),
-                         *self.args, "-m", "trainer", "--config", config])
+                         *self.args, *(shlex.quote(w) for w in program)])
 
 
 def _parse(args: tuple[str, ...]):
@@ -120,7 +125,22 @@ def run_env(*, nccl: dict[str, str], nproc: int, gpus: list[str] | None, extra: 
     return {**base, **ours}, ours
 
 
-def trainer_args(config: Path, result: Path, *, cancel: Path | None = None, serve: Path | None = None) -> list[str]:
-    """``python -m trainer``'s arguments: the config, its result stream, the run's cancel file, a worker's requests."""
-    return ["--config", str(config), "--result", str(result), *(["--cancel", str(cancel)] if cancel else []),
-            *(["--serve", str(serve)] if serve else [])]
+def trainer_args(config: Path, result: Path | None = None, *, cancel: Path | None = None,
+                 serve: Path | None = None) -> list[str]:
+    """``-m trainer`` and its arguments: the config, its result stream, the run's cancel file, a worker's requests
+    (a user's training function, ``script.entry``, runs through the trainer too)."""
+    return ["-m", "trainer", "--config", str(config), *(["--result", str(result)] if result else []),
+            *(["--cancel", str(cancel)] if cancel else []), *(["--serve", str(serve)] if serve else [])]
+
+
+def program(cfg: TrainConfig, config: Path, result: Path | None, *,
+            cancel: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """(what torchrun runs for ``cfg``, the variables it needs): the built-in job or a user's training function
+    through ``-m trainer``; a user's script file as itself, with its arguments and its run's request in a file
+    beside the config (``trainer.runtime``: it reads ``AUTOTUNE_RUNTIME``)."""
+    if not cfg.script.path:
+        return trainer_args(config, result, cancel=cancel), {}
+    request = Path(config).with_name("request.json")
+    request.write_text(Request.from_config(cfg, result=str(result) if result else None,
+                                           cancel=str(cancel) if cancel else None).to_json())
+    return [cfg.script.path, *cfg.script.args], {ENV_REQUEST: str(request.resolve())}

@@ -16,12 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from autotune.runner.process import LineReader, ProcessTree, log_tail
-from autotune.runner.torchrun import Torchrun, run_env, trainer_args
+from autotune.runner.torchrun import Torchrun, program, run_env
 from trainer.config import TrainConfig, process_settings
 from trainer.protocol import Failure, Kind, root_cause_rank
 
 POLL_S = 0.1
 _FAILURE_NAMES = frozenset(f.value for f in Failure)
+
+SCRIPT_EXIT_GRACE_S = 20.0
+"""A user's script told its trial is measured gets this long to end by itself (it may save a checkpoint, or run
+validation) before it is stopped; its figures stand either way."""
 
 ERROR_GRACE_S = 30.0
 """After a rank reported an error, the others get this long to exit before the tree is killed."""
@@ -77,7 +81,8 @@ class TrialRun:
     failure_class: Failure | None = None
     failure_message: str | None = None
     stopped: str | None = None
-    """Why the launcher ended the run: ``hang``, ``pruned``, ``interrupted``, ``error`` (peers did not exit)."""
+    """Why the launcher ended the run: ``hang``, ``pruned``, ``interrupted``, ``error`` (peers did not exit),
+    ``measured`` (a user's script that went on after its summary)."""
 
     leftover_pids: list[int] = field(default_factory=list)
     """Processes of the run still alive after the kill (should always be empty)."""
@@ -199,7 +204,7 @@ def classify(run: TrialRun) -> tuple[Failure | None, str | None]:
     """(failure class, one-line message) of a finished run; (None, None) for a success or a pruned run."""
     considered = run.records if run.n_before_stop is None else run.records[:run.n_before_stop]
     errors = [r for r in considered if r.get("kind") == Kind.ERROR]
-    if run.stopped == "pruned":
+    if run.stopped in ("pruned", "measured"):
         return None, None
     if errors:
         first = min(errors, key=lambda r: (root_cause_rank(r.get("class")), float(r.get("t", 0))))
@@ -244,8 +249,11 @@ def run_trial(job: TrialJob, on_record: Callable[[dict], bool | None] | None = N
     returning True stops the run (recorded as ``pruned``). KeyboardInterrupt kills the run, then propagates."""
     run = prepare(job)
     env, run.env = job.env()
-    run.argv = Torchrun.parse(job.torchrun_args).argv(job.nproc_per_node,
-                                                      trainer_args(run.config_path, run.result_path))
+    words, extra = program(job.config, run.config_path, run.result_path)
+    env.update(extra)
+    run.env.update(extra)
+    run.argv = Torchrun.parse(job.torchrun_args).argv(job.nproc_per_node, words)
+    script = bool(job.config.script.path)
     with open(run.log_path, "wb") as log:
         log.write(("$ " + " ".join(run.argv) + "\n").encode())
         log.flush()
@@ -253,7 +261,11 @@ def run_trial(job: TrialJob, on_record: Callable[[dict], bool | None] | None = N
         run.t_launch = tree.t_launch
         reader = LineReader(run.result_path)
         try:
-            follow(tree, reader, run, timeout_s=job.timeout_s, on_record=on_record, on_poll=on_poll)
+            # A user's script is done with the trial once it has written its summary, whatever it does after.
+            follow(tree, reader, run, timeout_s=job.timeout_s, on_record=on_record, on_poll=on_poll,
+                   complete=(lambda rec: rec.get("kind") == Kind.SUMMARY) if script else None)
+            if script and run.summary is not None and not linger(tree, SCRIPT_EXIT_GRACE_S):
+                run.stopped, run.n_before_stop = "measured", len(run.records)
         except KeyboardInterrupt:
             run.stopped, run.n_before_stop = "interrupted", len(run.records)
             raise
@@ -262,6 +274,15 @@ def run_trial(job: TrialJob, on_record: Callable[[dict], bool | None] | None = N
             run.leftover_pids = tree.finish() if ended_by_itself else tree.kill()
             end(run, tree, reader)
     return run
+
+
+def linger(tree: ProcessTree, grace_s: float) -> bool:
+    """Wait up to ``grace_s`` for the tree to exit by itself; whether it did."""
+    deadline = time.monotonic() + grace_s
+    while tree.poll() is None and time.monotonic() < deadline:
+        tree.scan()
+        time.sleep(POLL_S)
+    return tree.poll() is not None
 
 
 def end(run: TrialRun, tree: ProcessTree, reader: LineReader, *, alive: bool = False) -> None:

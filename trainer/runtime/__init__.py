@@ -1,0 +1,46 @@
+"""The runtime a user's own training script imports to be tuned by ``autotune search --script``.
+
+A script opts into what it wants tuned; everything else stays its own. About a dozen lines::
+
+    from trainer import runtime
+
+    run = runtime.setup(unit="images", precision="fp16")     # the script's defaults; a trial's values in a search
+    loader = run.loader(dataset, batch_size=64, num_workers=4, sampler=sampler, drop_last=True)
+    model = run.model(resnet50())                             # device, channels_last, DDP, torch.compile
+    for epoch in run.epochs(90):
+        sampler.set_epoch(epoch)
+        for images, labels in loader:                         # on the run's device
+            with run.step(optimizer):                         # autocast, no_sync, GradScaler, optimizer step
+                loss = criterion(model(images), labels)
+                run.backward(loss)
+            if run.report(len(images), loss):                 # the measurement: True when the trial is measured
+                break
+
+Under plain ``torchrun`` (no search) every value is the script's default and nothing is measured. Under
+``autotune search`` the run hands the script each trial's settings and measures the steps it reports with the
+built-in job's meter; under ``autotune train --config best.yaml`` (or ``AUTOTUNE_CONFIG=best.yaml torchrun ...``)
+the exported ones. Importing this module loads torch, not the tuner (no Optuna, SQLAlchemy or plotly).
+
+The settings a script can take, by name: ``batch_size``, ``accum_steps``, ``precision``, ``channels_last``,
+``compile``, ``compile_mode``, ``cudnn_benchmark``, ``num_workers``, ``prefetch_factor``, ``pin_memory``,
+``persistent_workers``, ``decode``, ``hybrid_cpu_fraction``, ``bucket_cap_mb``, ``gradient_as_bucket_view``,
+``static_graph`` (``trainer.knobs``); NCCL's variables are set by the launcher before the process group exists.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+__all__ = ["Run", "ScriptError", "TrialDone", "setup"]
+
+if TYPE_CHECKING:
+    from trainer.runtime._run import Run, ScriptError, TrialDone, setup
+
+
+def __getattr__(name: str):
+    # Loaded on first use: the tuner reads this package's request format (``_request``) without importing torch.
+    if name in __all__:
+        from trainer.runtime import _run
+
+        return getattr(_run, name)
+    raise AttributeError(f"module 'trainer.runtime' has no attribute {name!r}")

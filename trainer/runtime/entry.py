@@ -1,0 +1,80 @@
+"""A user's training function as the job: ``script.entry = package.module:function``, called with no arguments,
+trial after trial in one live worker (``trainer.worker``) or once in a fresh process (``python -m trainer``).
+
+The function calls ``trainer.runtime.setup()`` as a script does; here that finds the worker's request, record
+stream and process group (``_request.activate``) instead of the environment's. The process group belongs to the
+worker: ``setup()`` starts none and the run's ``close()`` ends none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from trainer.config import ConfigError, TrainConfig
+from trainer.runtime import _request
+from trainer.runtime._run import ScriptError, TrialDone
+
+
+def load_entry(entry: str) -> Callable[[], Any]:
+    """The entry function, checked: importable, callable, and callable with no arguments. An exception the module
+    raises while it is imported propagates as it is (its traceback is the script's own)."""
+    module_name, _, name = entry.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise ConfigError([f"script.entry={entry!r}: cannot import {module_name} ({e}); is it on PYTHONPATH "
+                               "(or run autotune from the folder that holds it)?"]) from None
+        raise
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigError([f"script.entry={entry!r}: {module_name} has no function {name}"])
+    problems = signature_problems(entry, fn)
+    if problems:
+        raise ConfigError(problems)
+    return fn
+
+
+def signature_problems(entry: str, fn: Callable) -> list[str]:
+    """An entry is called with no arguments: every parameter it declares needs a default."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    required = [p.name for p in params if p.default is inspect.Parameter.empty
+                and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    if required:
+        return [f"script.entry={entry!r}: {fn.__name__}() requires {', '.join(required)}, but an entry is called "
+                "with no arguments: give them defaults (a script's arguments arrive in sys.argv)"]
+    return []
+
+
+def run_entry(cfg: TrainConfig, env, writer, *, cancel: str | None = None, worker_trial: int | None = None) -> None:
+    """Run the entry function once as this config's run; raises what makes the run no trial (ScriptError: it
+    never reported, ended too early), so the caller records it."""
+    fn = load_entry(cfg.script.entry)
+    request = _request.Request.from_config(cfg, result=writer.path, cancel=cancel)
+    _request.activate(_request.Active(request=request, writer=writer, env=env, worker_trial=worker_trial))
+    argv, sys.argv = sys.argv, [cfg.script.entry, *cfg.script.args]
+    try:
+        with contextlib.suppress(TrialDone):  # the trial was measured and the function went on: it ends here
+            fn()
+        run = _request.last_run()
+        if run is None:
+            raise ScriptError([f"script.entry={cfg.script.entry!r}: the function returned without calling "
+                               "trainer.runtime.setup(): call it first thing, and run.report(samples, loss) after "
+                               "each step"])
+        problem = run.ended()
+        if problem is not None:
+            raise ScriptError([problem])
+    finally:
+        sys.argv = argv
+        run = _request.last_run()
+        if run is not None:
+            run.close()
+        _request.activate(None)
