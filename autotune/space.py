@@ -420,11 +420,13 @@ def _range_problems(where: str, path: str, k: Knob, tp) -> list[str]:
 
 
 def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: bool,
-            cores: int | None = None, max_batch: int | None = None, synthetic: bool = False) -> SearchSpace:
+            cores: int | None = None, max_batch: int | None = None, synthetic: bool = False,
+            applies: set[str] | None = None) -> SearchSpace:
     """The spec's space for this machine and data: ``auto`` bounds filled in, GPU-only choices dropped on a CPU
     machine, batch sizes the data cannot fill dropped (``max_batch``: training images per rank), fixed-global-batch
     filtering, knobs ordered so conditions read already-suggested values. On ``synthetic`` data there is no input
-    pipeline: the default space's pipeline knobs are not searched (a spec that names one keeps it)."""
+    pipeline: the default space's pipeline knobs are not searched (a spec that names one keeps it). ``applies``: a
+    user's script's settings (``trainer.knobs`` runtime names): only those knobs are searched."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     per_rank = max(1, cores // max(1, nproc_per_node))
@@ -432,6 +434,8 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
     notes: list[str] = []
     params: list[Param] = []
     for path, k in effective_knobs(spec).items():
+        if applies is not None and path in KNOBS and KNOBS[path].runtime not in applies:
+            continue  # a knob the script does not apply: trials would measure the same thing under other names
         if synthetic and path.split(".", 1)[0] in ("data", "loader") and path not in spec.space:
             notes.append(f"{path}: not searched (synthetic data: no input pipeline)")
             continue

@@ -30,6 +30,12 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", choices=["throughput", "pareto", "weighted"], help="default: the spec's")
     p.add_argument("--seed", type=int, help="sampler seed (default: the spec's); it makes a new study reproducible — "
                    "a resuming or joining worker derives a seed of its own from it, so it does not repeat draws")
+    p.add_argument("--script", help="tune your own training script instead of the built-in job: train.py (a fresh "
+                                    "torchrun per trial) or train.py:main / package.module:main (a function, trial "
+                                    "after trial in one live worker); it imports trainer.runtime. Its own "
+                                    "arguments go after `--`")
+    p.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS",
+                   help="after `--`: the script's own command-line arguments")
     p.add_argument("--stale-after", type=float, help="a RUNNING trial of a search on another machine whose heartbeat "
                                                      "is older than this many seconds is stale: marked FAIL and run "
                                                      "again (default 180)")
@@ -42,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     options = SearchOptions(spec=args.spec, model=args.model, data=args.data, image_size=args.image_size,
                             trials=args.trials, timeout_s=args.timeout, trial_timeout_s=args.trial_timeout,
                             storage=args.storage, study=args.study, nproc=args.nproc_per_node, gpus=args.gpus,
-                            objective=args.objective, seed=args.seed, stale_after_s=args.stale_after)
+                            objective=args.objective, seed=args.seed, stale_after_s=args.stale_after,
+                            script=args.script, script_args=list(args.script_args))
     # SIGTERM (a scheduler, `kill`) and SIGHUP (the terminal closed) end the search like Ctrl-C: the running trial's
     # processes are killed and the trial is recorded, instead of leaving it RUNNING for the next search to reclaim.
     old = ({s: signal.signal(s, _terminated) for s in (signal.SIGTERM, signal.SIGHUP)}

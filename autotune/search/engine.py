@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 
 from autotune.hw.nvml import fingerprint
 from autotune.runner.pool import WorkerPool
+from autotune.search import script
 from autotune.search.evaluate import Evaluator
 from autotune.search.prepare import Plan, SearchOptions, describe_model, generate_data, prepare, summarize_data
 from autotune.search.progress import Progress
@@ -35,11 +36,14 @@ def search(o: SearchOptions, say=print) -> optuna.Study:
     if plan.base is None:  # made after the storage is known to work: generating can take minutes
         plan.base = generate_data(plan.spec, say)
         plan.probe, plan.data = plan.base, summarize_data(plan.base)
+    attrs = {"fingerprint": fingerprint(plan.nvml, plan.gpus), "torchrun_args": list(plan.torchrun.args)}
+    if plan.is_script:  # what the script applies decides the space: known from its first run, before any study
+        found = script.known(storage, plan.name) or script.probe(plan, log_root(plan.storage_url, plan.name), say)
+        script.apply(plan, found)
+        attrs.update({script.PROBE_KEY: found.record(), "unit": found.unit})
+    attrs["reference_global_batch"] = reference_batch(plan)
     study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
-                           nproc=plan.nproc, seed=o.seed, baseline=plan.baseline, starts=plan.starts,
-                           attrs={"fingerprint": fingerprint(plan.nvml, plan.gpus),
-                                  "torchrun_args": list(plan.torchrun.args),
-                                  "reference_global_batch": reference_batch(plan)})
+                           nproc=plan.nproc, seed=o.seed, baseline=plan.baseline, starts=plan.starts, attrs=attrs)
     engine = Engine(plan, study, storage, say)
     engine.introduce()
     with WorkerPool(engine.logs / "workers") as pool:

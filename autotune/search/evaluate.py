@@ -89,14 +89,17 @@ class Evaluator:
                        gpus=[g.uuid for g in plan.gpus] if plan.gpus else plan.entries,
                        torchrun_args=list(plan.torchrun.args), timeout_s=plan.trial_timeout_s)
         watch = Watch(trial, ev.stage, self.progress, report=not plan.objective.multi)
-        sampler = Sampler(plan.nvml, plan.gpus).start()
         ev.launched = True
-        try:
-            # The baseline is measured in a process of its own, as a user's job would be.
-            run = self.pool.run(job, fresh=ev.stage == "baseline", on_record=watch.on_record,
-                                on_poll=lambda: (heartbeat.beat(), watch.tick()))
-        finally:
-            samples = sampler.stop()
+        if ev.stage in plan.preloaded:  # already run before the study existed (a user's script's first run)
+            run, samples = plan.preloaded.pop(ev.stage)
+        else:
+            sampler = Sampler(plan.nvml, plan.gpus).start()
+            try:
+                # The baseline is measured in a process of its own, as a user's job would be.
+                run = self.pool.run(job, fresh=ev.stage == "baseline", on_record=watch.on_record,
+                                    on_poll=lambda: (heartbeat.beat(), watch.tick()))
+            finally:
+                samples = sampler.stop()
         ev.pruned = run.stopped == "pruned"
         ev.failure, ev.message = run.failure_class, run.failure_message
         ev.attrs.update(run_attrs(run))

@@ -53,6 +53,12 @@ class SearchOptions:
     objective: str | None = None
     seed: int | None = None
     stale_after_s: float | None = None
+    script: str | None = None
+    """Tune this training script instead of the built-in job: ``train.py`` (a fresh torchrun per trial) or
+    ``train.py:main`` / ``package.module:main`` (a function, trial after trial in one live worker)."""
+
+    script_args: list[str] = field(default_factory=list)
+    """The script's own command-line arguments."""
 
 
 @dataclass(kw_only=True)
@@ -103,6 +109,12 @@ class Plan:
     timeout_s: float | None
     trial_timeout_s: float
     notes: list[str] = field(default_factory=list)
+    script: Any = None
+    """For a user's script: what its first run found (``autotune.search.script.Probe``); None for the built-in job
+    (and for a script until then)."""
+
+    preloaded: dict[str, Any] = field(default_factory=dict)
+    """Runs already made for a stage's first trial, by stage (a script's probe is its baseline): (run, samples)."""
 
     @property
     def world(self) -> int:
@@ -112,12 +124,36 @@ class Plan:
     def util_available(self) -> bool:
         return self.util_reason is None
 
+    @property
+    def is_script(self) -> bool:
+        return self.probe.script.given
+
+    @property
+    def measures_ceiling(self) -> bool:
+        """The model can be measured alone: the built-in job on any data; a script whose loader goes through the
+        runtime (its first batch replayed on the device)."""
+        return not self.is_script or bool(self.script and self.script.loader)
+
+    @property
+    def measures_supply(self) -> bool:
+        """The input pipeline can be measured alone: the built-in job on image files; a script whose loader goes
+        through the runtime."""
+        if self.is_script:
+            return bool(self.script and self.script.loader)
+        return self.probe.data.kind != "synthetic"
+
 
 def prepare(o: SearchOptions, say=print) -> Plan:
     check_options(o)
     nvml = Nvml()
     visible = visible_entries(gpu_count(nvml))
-    spec = with_command_line(load_spec(choose_spec(o.spec, len(visible), say)), o)
+    if o.script:
+        from autotune.search.script import check, script_spec
+
+        check(o.script)
+        spec = script_spec(o.script, o.script_args, o.study)
+    else:
+        spec = with_command_line(load_spec(choose_spec(o.spec, len(visible), say)), o)
     entries, nproc = placement(o, spec, visible)
     gpus = to_nvml(nvml, entries) if entries else []
     torchrun = Torchrun.parse(spec.world.torchrun_args)
@@ -145,6 +181,13 @@ def prepare(o: SearchOptions, say=print) -> Plan:
 
 
 def check_options(o: SearchOptions) -> None:
+    if o.script and (o.spec or o.model or o.data or o.image_size):
+        given = next(f for f, v in (("--spec", o.spec), ("--model", o.model), ("--data", o.data),
+                                    ("--image-size", o.image_size)) if v)
+        raise AutotuneError(f"--script with {given}: the script builds its own model and reads its own data; pass "
+                            "its arguments after `--` (autotune search --script train.py -- --data DIR)")
+    if o.script_args and not o.script:
+        raise AutotuneError(f"arguments after `--` ({' '.join(o.script_args)}) are a script's: give --script too")
     for flag, value in (("--trials", o.trials), ("--timeout", o.timeout_s), ("--trial-timeout", o.trial_timeout_s),
                         ("--stale-after", o.stale_after_s), ("--image-size", o.image_size)):
         if value is not None and value <= 0:
@@ -351,6 +394,13 @@ def _factory_problems(name: str, where: str) -> list[str]:
 def describe_model(plan: Plan) -> str:
     """What is tuned: the model, the image size, and where each comes from."""
     cfg = plan.probe
+    if plan.is_script:
+        s = cfg.script
+        found = plan.script
+        applies = ", ".join(sorted(found.applies)) if found else "not known yet"
+        return (f"job: the script {s.path or s.entry}{' ' + ' '.join(s.args) if s.args else ''} (its own model and "
+                f"data; {'a fresh torchrun per trial' if s.path else 'trial after trial in one live worker'}), in "
+                f"{found.unit if found else 'its unit'}/s; it applies: {applies}")
     source = "--model" if plan.options.model else "the spec"
     size = "--image-size" if plan.options.image_size else "the spec"
     return (f"model {cfg.model.name} (from {source}) at {cfg.data.image_size} px (from {size}; --model and "

@@ -68,6 +68,16 @@ class Batches:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
+    def samples_per_rank(self) -> int | None:
+        """How many samples of its data this rank sees per epoch (the largest batch it can fill), when the loader
+        can tell: its sampler's length (a DistributedSampler's is per rank), else its dataset's over the ranks."""
+        for get in (lambda: len(self._loader.sampler), lambda: len(self._loader.dataset) // self._run.world_size):
+            try:
+                return int(get())
+            except (AttributeError, TypeError):
+                continue
+        return None
+
     def set_epoch(self, epoch: int) -> None:
         target = getattr(self._loader, "set_epoch", None) or getattr(getattr(self._loader, "sampler", None),
                                                                       "set_epoch", None)

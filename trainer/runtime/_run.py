@@ -236,7 +236,9 @@ class Run:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         module = module.to(self.device)
-        if self._apply("channels_last"):
+        # A layout only means something to a model with image-shaped (4-D) weights: a language model does not
+        # apply it, so its trials do not search it.
+        if any(p.ndim == 4 for p in module.parameters()) and self._apply("channels_last"):
             module = module.to(memory_format=torch.channels_last)
         ddp = DDP(module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                   bucket_cap_mb=self._apply("bucket_cap_mb", ddp_kwargs.pop("bucket_cap_mb", _UNSET)),
@@ -307,8 +309,17 @@ class Run:
         while epoch < n or (self.in_search and not self.done):
             if self.done:
                 return
+            before = self.reports
             yield epoch
             epoch += 1
+            if self.reports == before and self.in_search:
+                raise ScriptError([self._no_step(epoch - 1)])
+
+    def _no_step(self, epoch: int) -> str:
+        if self._loader is not None and len(self._loader) == 0:
+            return (f"epoch {epoch}: the loader gave no batch (batch_size={self._applied.get('batch_size')} on "
+                    f"{self.world_size} rank(s) is more than the data holds)")
+        return f"epoch {epoch} reported no step: call run.report(samples, loss) after each step of the loop"
 
     # ---- reporting -------------------------------------------------------------------------------------------
 
@@ -352,7 +363,8 @@ class Run:
         sync(self.device)
         now = time.time()
         self.writer.write({"kind": Kind.SETTINGS, "t": now, "unit": self.unit, "applied": self.settings(),
-                           "loader": self._loader is not None})
+                           "loader": self._loader is not None,
+                           "samples_per_rank": self._loader.samples_per_rank() if self._loader else None})
         self.writer.write({"kind": Kind.FIRST_STEP, "t": now, "first_batch_s": None,
                            "first_compute_s": round(time.perf_counter() - self._t_ready, 4),
                            "cudnn_benchmark": self._applied.get("cudnn_benchmark")})
@@ -418,6 +430,9 @@ class Run:
         self._closed = True
         if self.request.mode == "train" and self.meter is not None and self.meter.windows and not self.done:
             self._finish()
+        problem = self.ended()
+        if problem is not None and _request.active() is None:  # a live worker's trial: the worker records it
+            self.writer.write(error_record(ScriptError([problem])), any_rank=True)
         for release in self._closables:
             release()
         self._closables.clear()
@@ -432,9 +447,6 @@ class Run:
             dist.destroy_process_group()
 
     def _at_exit(self) -> None:
-        problem = self.ended()
-        if problem is not None:
-            self.writer.write(error_record(ScriptError([problem])), any_rank=True)
         with contextlib.suppress(Exception):  # at exit, torch may be half gone: the records are what matters
             self.close()
 

@@ -23,9 +23,9 @@ from trainer.runtime._run import ScriptError, TrialDone
 def load_entry(entry: str) -> Callable[[], Any]:
     """The entry function, checked: importable, callable, and callable with no arguments. An exception the module
     raises while it is imported propagates as it is (its traceback is the script's own)."""
-    module_name, _, name = entry.partition(":")
+    module_name, _, name = entry.rpartition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and module_name.startswith(e.name):
             raise ConfigError([f"script.entry={entry!r}: cannot import {module_name} ({e}); is it on PYTHONPATH "
@@ -38,6 +38,31 @@ def load_entry(entry: str) -> Callable[[], Any]:
     if problems:
         raise ConfigError(problems)
     return fn
+
+
+def _import_file(path: str):
+    """A script file imported as a module (once per process), its folder first on ``sys.path`` as when Python runs
+    it: the entry form ``path/to/train.py:main``."""
+    import importlib.util
+    from pathlib import Path
+
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise ConfigError([f"script.entry: no such file {file}"])
+    name = f"_autotune_entry_{file.stem}_{abs(hash(str(file))):x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def signature_problems(entry: str, fn: Callable) -> list[str]:

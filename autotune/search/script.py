@@ -1,0 +1,205 @@
+"""A user's own training script as the job (``autotune search --script train.py [-- ARGS]``).
+
+The script imports ``trainer.runtime`` and owns its loop; what the tuner may change is only what the script
+applies (a setting it reads, or one a runtime helper applies). That is known only once the script ran, so the
+search's first trial — trial 0, the script with its own defaults — runs before the study is touched (the *probe*):
+a script that does not exist, fails at import or on its first step, never reports a step, or ignores a setting it
+declared costs one line naming the fix and leaves no study behind. Its ``settings`` record says what the script
+applies, with its defaults, its unit, and whether its loader goes through the runtime (then its supply and its
+ceiling can be measured like the built-in job's); the study records all of it, and the space searches only those
+knobs. A resumed study reads them back instead of probing again.
+
+``path.py`` runs in a fresh ``torchrun`` per trial; ``path.py:function`` or ``package.module:function`` runs trial
+after trial in one live worker (the trainer calls the function).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+from autotune.exceptions import AutotuneError
+from autotune.hw.nvml import Sampler
+from autotune.runner.trial import TrialJob, TrialRun, run_trial
+from autotune.spec import StudySpec
+from trainer.knobs import BY_RUNTIME_NAME
+from trainer.protocol import Failure, Kind
+
+PROBE_KEY = "script"
+"""The study attr holding what the probe found: ``{applies: {name: default}, unit, loader}``."""
+
+BASE_SPEC: dict[str, Any] = {
+    "description": "a user's own training script",
+    "measure": {"warmup_min_steps": 5, "warmup_max_s": 60, "window_s": 1.5, "windows": 3, "max_windows": 8,
+                "spread_target": 0.05},
+    "budget": {"trials": 16, "trial_timeout_s": 300},
+    "sampler": {"kind": "tpe", "seed": 0, "n_startup_trials": 6},
+}
+"""A script study's spec besides the script: the built-in job's measurement protocol and a modest budget."""
+
+
+class ScriptError(AutotuneError):
+    """The script cannot be tuned as it is: a missing file, a first run that failed, nothing reported."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class Probe:
+    """What trial 0 found out about the script."""
+
+    applies: dict[str, Any]
+    """The settings it applies, by runtime name, with the values it ran with (its defaults)."""
+
+    unit: str = "samples"
+    loader: bool = False
+    """Its loader goes through the runtime: its supply (the loader alone) and its ceiling (its first batch replayed
+    on the device) can be measured."""
+
+    samples_per_rank: int | None = None
+    """What one rank's loader holds per epoch, when it can tell: no batch larger is tried."""
+
+    run: TrialRun | None = None
+    samples: list | None = None
+    """The NVML samples of the probe's run (a fresh probe; None when read back from a study)."""
+
+    def record(self) -> dict[str, Any]:
+        return {"applies": self.applies, "unit": self.unit, "loader": self.loader,
+                "samples_per_rank": self.samples_per_rank}
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Probe:
+        return cls(applies=dict(data.get("applies") or {}), unit=data.get("unit") or "samples",
+                   loader=bool(data.get("loader")), samples_per_rank=data.get("samples_per_rank"))
+
+
+def parse_script(script: str) -> tuple[str | None, str | None]:
+    """(path, entry) of ``--script``: ``train.py`` is a path; ``train.py:main`` and ``pkg.mod:main`` are entries."""
+    if re.fullmatch(r"[\w.]+:\w+", script) and not script.split(":")[0].endswith(".py"):
+        return None, script
+    if ":" in script and script.rsplit(":", 1)[0].endswith(".py"):
+        file, fn = script.rsplit(":", 1)
+        return None, f"{Path(file).expanduser().resolve()}:{fn}"
+    return str(Path(script).expanduser().resolve()), None
+
+
+def check(script: str) -> None:
+    """What can be told before anything runs: the file or module exists."""
+    path, entry = parse_script(script)
+    if path is not None:
+        if not Path(path).is_file():
+            raise ScriptError(f"--script {script}: no such file; give the path of a Python script that imports "
+                              "trainer.runtime (examples/seed_ddp.py is one)")
+        return
+    module = entry.rsplit(":", 1)[0]
+    if module.endswith(".py"):
+        if not Path(module).is_file():
+            raise ScriptError(f"--script {script}: no such file {module}")
+        return
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ScriptError(f"--script {script}: cannot find module {module}; is it on PYTHONPATH (or give the file: "
+                          "path/to/file.py:function)?")
+
+
+def script_spec(script: str, args: list[str], name: str | None = None) -> StudySpec:
+    path, entry = parse_script(script)
+    stem = Path((path or entry).split(":")[0]).stem if path or entry.split(":")[0].endswith(".py") else \
+        entry.split(":")[0].rsplit(".", 1)[-1]
+    data = {"name": name or f"script-{re.sub(r'[^A-Za-z0-9_.-]+', '-', stem)}", **BASE_SPEC,
+            "base": {"data": {"kind": "script"}, "script": {"path": path, "entry": entry, "args": list(args)},
+                     "measure": BASE_SPEC["measure"]}}
+    data.pop("measure")
+    return StudySpec.from_dict(data, source=f"--script {script}")
+
+
+def probe(plan, logs: Path, say) -> Probe:
+    """Trial 0 in a fresh process: the script with its own defaults (the run sets nothing). Raises ScriptError,
+    naming the fix, when it cannot stand as a trial."""
+    cfg = plan.base.with_overrides({"name": f"{plan.name}-trial-0", "output_dir": str(logs / "trial-0")})
+    job = TrialJob(config=cfg, trial_dir=logs / "trial-0", nproc_per_node=plan.nproc,
+                   gpus=[g.uuid for g in plan.gpus] if plan.gpus else plan.entries,
+                   torchrun_args=list(plan.torchrun.args), timeout_s=plan.trial_timeout_s)
+    say(f"autotune: trial 0 runs the script with its own defaults, to learn what it applies "
+        f"(log: {job.trial_dir / 'log.txt'})")
+    sampler = Sampler(plan.nvml, plan.gpus).start()
+    try:
+        run = run_trial(job)
+    finally:
+        samples = sampler.stop()
+    settings = run.of_kind(Kind.SETTINGS)
+    if run.failure_class is not None or run.summary is None or not settings:
+        raise ScriptError(failure_line(run, plan.options.script))
+    found = settings[-1]
+    applies = {name: value for name, value in (found.get("applied") or {}).items() if name in BY_RUNTIME_NAME}
+    return Probe(applies=applies, unit=found.get("unit") or "samples", loader=bool(found.get("loader")),
+                 samples_per_rank=found.get("samples_per_rank"), run=run, samples=samples)
+
+
+def known(storage, name: str) -> Probe | None:
+    """What an existing study's probe found (a resumed search probes no more), or None."""
+    import optuna
+
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return None
+    found = study.user_attrs.get(PROBE_KEY)
+    return Probe.from_record(found) if isinstance(found, dict) else None
+
+
+def failure_line(run: TrialRun, script: str) -> str:
+    """One line for a first run that cannot stand as a trial: what happened, where the whole story is."""
+    log = run.log_path
+    if run.failure_class is None and run.summary is None:
+        if not run.of_kind(Kind.START):
+            why = ("it never called trainer.runtime.setup() (or ended before it): call `run = runtime.setup(...)` "
+                   "first thing")
+        else:
+            why = "it ended without a summary"
+    elif run.failure_class == Failure.HANG:
+        why = f"{run.failure_message}; does it call run.report(samples, loss) after each step?"
+    else:
+        why = f"{run.failure_class}: {run.failure_message}"
+    return f"--script {script}: its first run (trial 0, its own defaults) failed: {why} (log: {log})"
+
+
+def apply(plan, found: Probe) -> None:
+    """The plan of a script study once its probe is known: the base carries the script's defaults and the
+    settings it applies, the space searches only those."""
+    from autotune.space import resolve
+
+    overrides = {BY_RUNTIME_NAME[n].path: v for n, v in found.applies.items()}
+    overrides["script.applies"] = sorted(found.applies)
+    plan.base = plan.probe = plan.base.with_overrides(overrides)
+    plan.space = resolve(plan.spec, world_size=plan.world, nproc_per_node=plan.nproc, cpu_only=not plan.entries,
+                         applies=set(found.applies), max_batch=found.samples_per_rank)
+    plan.baseline = baseline_params(plan.space, plan.base.to_dict())
+    plan.script = found
+    if found.run is not None:  # trial 0 has run: the baseline trial records it instead of running it again
+        plan.preloaded["baseline"] = (found.run, found.samples or [])
+
+
+def baseline_params(space, base: dict[str, Any]) -> dict[str, Any]:
+    """Trial 0's Optuna params: what the script ran with, where the space holds it. Unlike the built-in job's
+    baseline, nothing is moved into the space: trial 0 has run already, with the script's own values (a value the
+    space does not hold is in the trial's config, not among its params)."""
+    from autotune.space import get_path
+
+    params: dict[str, Any] = {}
+    for p in space.params:
+        if p.when is not None:
+            current = params[p.when.path] if p.when.path in params else get_path(base, p.when.path)
+            if not p.when.holds(current):
+                continue
+        value = get_path(base, p.path)
+        if p.contains(value):
+            params[p.path] = p.match(value) if p.kind == "categorical" else value
+        else:
+            space.notes.append(f"trial 0 ran the script's {p.path}={value}, which this machine's space "
+                               f"{p.describe()} does not hold")
+    return params
