@@ -74,6 +74,10 @@ class TrainOptions:
     overrides: dict[str, Any] = field(default_factory=dict)
     """Further settings by dotted path (``--set data.val_fraction=0.05``)."""
 
+    script_args: list[str] | None = None
+    """A user's script's own arguments for this run (``autotune train --config best.yaml -- --epochs 90``); None:
+    the export's."""
+
 
 @dataclass(kw_only=True)
 class TrainPlan:
@@ -179,6 +183,20 @@ def _train_config(o: TrainOptions, cfg: TrainConfig) -> tuple[TrainConfig, Path]
     """The config in train mode with the run's epochs, folder and ``--set`` overrides; and the folder."""
     t = cfg.training
     overrides: dict[str, Any] = {"training.mode": "train", "checkpoint.resume": bool(o.resume)}
+    if cfg.script.given:  # the script counts its own epochs, keeps its own checkpoints and resumes itself
+        if o.epochs is not None or o.resume:
+            flag = "--epochs" if o.epochs is not None else "--resume"
+            raise TrainError(f"{flag}: {cfg.script.path or cfg.script.entry} counts its own epochs and keeps its "
+                             "own checkpoints; pass its arguments after `--` (autotune train --config "
+                             f"{o.config} -- --epochs 90)")
+        out = Path(o.out if o.out is not None else cfg.output_dir).expanduser().resolve()
+        overrides = {"training.mode": "train", "output_dir": str(out), **o.overrides}
+        if o.script_args is not None:
+            overrides["script.args"] = list(o.script_args)
+        return cfg.with_overrides(overrides), out
+    if o.script_args:
+        raise TrainError(f"arguments after `--` ({' '.join(o.script_args)}) are a script's: {o.config} runs the "
+                         "built-in job")
     if o.epochs is not None:
         if o.epochs < 1:
             raise TrainError(f"--epochs {o.epochs}: must be >= 1")
@@ -442,12 +460,26 @@ def write_summary(p: TrainPlan, summary: dict[str, Any]) -> Path:
     return path
 
 
+def _script_value(cfg: TrainConfig, name: str):
+    from trainer.knobs import BY_RUNTIME_NAME
+
+    node = cfg.to_dict()
+    for part in BY_RUNTIME_NAME[name].path.split("."):
+        node = node[part]
+    return round(node, 3) if isinstance(node, float) else node
+
+
 def describe(p: TrainPlan) -> str:
     where = (f"{p.nproc} GPU(s) per node ({', '.join(e[:12] for e in p.gpu_entries)})" if p.gpu_entries
              else f"{p.nproc} gloo rank(s) on the CPU")
     t = p.config.training
-    length = f"{t.epochs} epoch(s)" if t.steps is None else f"{t.steps} steps"
     nodes = f" x {p.nnodes} nodes" if p.nnodes > 1 else ""
+    s = p.config.script
+    if s.given:  # the script decides its epochs, optimizer and schedule: say what the run hands it
+        tuned = ", ".join(f"{n}={_script_value(p.config, n)}" for n in s.applies) or "nothing"
+        return (f"autotune train: {p.config.name}: {s.path or s.entry} {' '.join(s.args)} on {where}{nodes} with "
+                f"{tuned}; run folder {p.out} (log: {p.log_path.name})")
+    length = f"{t.epochs} epoch(s)" if t.steps is None else f"{t.steps} steps"
     return (f"autotune train: {p.config.name}: {length} on {where}{nodes}, {t.precision}, batch {t.batch_size}"
             f"{f' x {t.accum_steps} accum' if t.accum_steps > 1 else ''}, lr {p.config.optimizer.lr:g} "
             f"({p.config.optimizer.schedule}); run folder {p.out} (log: {p.log_path.name})")

@@ -178,10 +178,13 @@ class SearchSpace:
     def by_path(self) -> dict[str, Param]:
         return {p.path: p for p in self.params}
 
-    def suggest(self, trial, base: dict[str, Any]) -> dict[str, Any]:
-        """Suggest every active knob on ``trial``; returns the overrides (suggested plus derived values)."""
+    def suggest(self, trial, base: dict[str, Any], only: set[str] | None = None) -> dict[str, Any]:
+        """Suggest every active knob on ``trial`` (``only``: just these); returns the overrides (suggested plus
+        derived values)."""
         overrides: dict[str, Any] = {}
         for p in self.params:
+            if only is not None and p.path not in only:
+                continue
             if p.when is not None:
                 current = overrides[p.when.path] if p.when.path in overrides else get_path(base, p.when.path)
                 if not p.when.holds(current):

@@ -20,6 +20,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting by dotted path, e.g. --set data.val_fraction=0.05 (YAML value)")
     p.add_argument("--no-progress", action="store_true", help="plain lines instead of a progress bar")
+    p.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS",
+                   help="after `--`: a user's script's own arguments for this run (default: the export's)")
     g = p.add_argument_group("torchrun, multi-node (passed through; replace the export's torchrun args)")
     for name in ("nnodes", "node-rank", "rdzv-endpoint", "rdzv-id", "rdzv-backend", "rdzv-conf", "master-addr",
                  "master-port", "max-restarts"):
@@ -44,7 +46,8 @@ def run(args) -> int:
     flags = {k[len("torchrun_"):]: v for k, v in vars(args).items() if k.startswith("torchrun_") and v is not None}
     options = tr.TrainOptions(config=args.config, epochs=args.epochs, resume=args.resume, out=args.out,
                               nproc_per_node=args.nproc_per_node, torchrun_args=flags,
-                              gpus=parse_gpu_list(args.gpus), overrides=overrides)
+                              gpus=parse_gpu_list(args.gpus), overrides=overrides,
+                              script_args=list(args.script_args) if args.script_args else None)
     nvml = Nvml()
     plan = tr.plan(options, nvml=nvml)
     print(tr.describe(plan), flush=True)

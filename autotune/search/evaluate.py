@@ -71,7 +71,10 @@ class Evaluator:
     def overrides(self, trial, stage: str) -> dict[str, Any]:
         if stage in MEASUREMENT_STAGES:
             return dict(trial.user_attrs.get("overrides") or {})
-        return self.plan.space.suggest(trial, self.plan.base.to_dict())
+        # A run made before the study existed (a script's first run) ran the base: its params are what it ran, the
+        # sampler draws nothing for it.
+        only = set(self.plan.baseline) if stage in self.plan.preloaded else None
+        return self.plan.space.suggest(trial, self.plan.base.to_dict(), only=only)
 
     def known_oom(self, config: dict[str, Any]) -> int | None:
         """The trial that already ran out of memory at a batch <= this config's with the same memory-relevant

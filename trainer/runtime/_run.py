@@ -174,6 +174,8 @@ class Run:
                 args["persistent_workers"] = False
             args["pin_memory"] = bool(args["pin_memory"]) and self.device.type == "cuda"
             loader = DataLoader(data, **args, **kwargs)
+            # What the loader really uses: DataLoader fills in its own prefetch depth when given none.
+            self._applied["prefetch_factor"] = loader.prefetch_factor
         workers = loader.num_workers
         buffered = workers * (loader.prefetch_factor or 2) if workers else 0
         self._loader = Batches(self, loader, samples=samples, buffered=buffered)
