@@ -30,6 +30,10 @@ validation) before it is stopped; its figures stand either way."""
 ERROR_GRACE_S = 30.0
 """After a rank reported an error, the others get this long to exit before the tree is killed."""
 
+_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]: )?[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b(?::|$)")
+"""A traceback's last line: ``ImportError: no module named x`` (torchrun prefixes a rank's lines with
+``[rankN]:``)."""
+
 _LOG_PATTERNS = [
     (Failure.OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
                              r"CUDNN_STATUS_ALLOC_FAILED")),
@@ -225,9 +229,12 @@ def classify(run: TrialRun) -> tuple[Failure | None, str | None]:
                 return cls, line.strip()[:300]
     if run.returncode == 0:
         return Failure.CRASH, "the job exited without a summary record"
-    meaningful = [ln for ln in tail if re.search(r"Error|error|Exception|exitcode|Signal", ln)]
+    # A rank's own exception line says what went wrong (a user's script failing at import leaves no record); the
+    # launcher's summary of the failure after it does not.
+    raised = [ln for ln in tail if _EXCEPTION_LINE.match(ln) and "ChildFailedError" not in ln]
+    meaningful = raised or [ln for ln in tail if re.search(r"Error|error|Exception|exitcode|Signal", ln)]
     return Failure.CRASH, (meaningful[-1] if meaningful else (tail[-1] if tail else
-                                                              f"exit code {run.returncode}"))[:300]
+                                                              f"exit code {run.returncode}"))[:300].strip()
 
 
 # ---- a run in a process of its own -------------------------------------------------------------------------------

@@ -151,7 +151,7 @@ def prepare(o: SearchOptions, say=print) -> Plan:
         from autotune.search.script import check, script_spec
 
         check(o.script)
-        spec = script_spec(o.script, o.script_args, o.study)
+        spec = script_spec(o.script, o.script_args, o.study, gpu=bool(visible))
     else:
         spec = with_command_line(load_spec(choose_spec(o.spec, len(visible), say)), o)
     entries, nproc = placement(o, spec, visible)

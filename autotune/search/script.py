@@ -33,12 +33,19 @@ PROBE_KEY = "script"
 
 BASE_SPEC: dict[str, Any] = {
     "description": "a user's own training script",
-    "measure": {"warmup_min_steps": 5, "warmup_max_s": 60, "window_s": 1.5, "windows": 3, "max_windows": 8,
-                "spread_target": 0.05},
     "budget": {"trials": 16, "trial_timeout_s": 300},
     "sampler": {"kind": "tpe", "seed": 0, "n_startup_trials": 6},
 }
-"""A script study's spec besides the script: the built-in job's measurement protocol and a modest budget."""
+"""A script study's spec besides the script and its measurement: a modest budget."""
+
+MEASURE = {"warmup_min_steps": 5, "warmup_max_s": 60, "window_s": 1.5, "windows": 3, "max_windows": 8,
+           "spread_target": 0.05}
+"""The measurement protocol of a script's trials: the resnet50 study's (windows of 1.5 s, the latest 3 once they
+and the one before agree within 5 %)."""
+
+CPU_MEASURE = {"warmup_min_steps": 3, "warmup_max_s": 30, "window_s": 1.0, "windows": 3, "max_windows": 5,
+               "spread_target": 0.05}
+"""On a machine without GPUs, the cpu-demo study's: a CPU trial should take seconds, not minutes."""
 
 
 class ScriptError(AutotuneError):
@@ -106,14 +113,13 @@ def check(script: str) -> None:
                           "path/to/file.py:function)?")
 
 
-def script_spec(script: str, args: list[str], name: str | None = None) -> StudySpec:
+def script_spec(script: str, args: list[str], name: str | None = None, *, gpu: bool = True) -> StudySpec:
     path, entry = parse_script(script)
     stem = Path((path or entry).split(":")[0]).stem if path or entry.split(":")[0].endswith(".py") else \
         entry.split(":")[0].rsplit(".", 1)[-1]
     data = {"name": name or f"script-{re.sub(r'[^A-Za-z0-9_.-]+', '-', stem)}", **BASE_SPEC,
             "base": {"data": {"kind": "script"}, "script": {"path": path, "entry": entry, "args": list(args)},
-                     "measure": BASE_SPEC["measure"]}}
-    data.pop("measure")
+                     "measure": MEASURE if gpu else CPU_MEASURE}}
     return StudySpec.from_dict(data, source=f"--script {script}")
 
 

@@ -182,6 +182,8 @@ class Run:
         return self._loader
 
     def _check_loader(self, loader):
+        """A DataLoader the script built itself: its settings are the script's, not searched; a setting the script
+        declares (or the run sets) must be what the loader was built with."""
         wrong = []
         for name in LOADER:
             have = getattr(loader, name, None)
@@ -192,8 +194,6 @@ class Run:
                 continue
             if want != have:
                 wrong.append(f"{name}={have} (the run sets {want})")
-            else:
-                self._applied[name] = have
         if wrong:
             raise ScriptError([f"the script's DataLoader was built with {', '.join(wrong)}: pass the dataset to "
                                "run.loader(dataset, ...) so the run's values apply, or build the DataLoader from "
