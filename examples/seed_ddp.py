@@ -1,5 +1,7 @@
 """The seed tutorial's single-node ResNet-50 DDP script, with current APIs: torchrun and LOCAL_RANK, torch.amp,
-transforms.v2 — and the ddp-autotune runtime added (``seed_ddp_plain.py`` is the script without it).
+transforms.v2 — and the ddp-autotune runtime added (``seed_ddp_plain.py`` is the script without it). Its images come
+through ``run.image_loader``: the same random-resized-crop, flip and normalization as the plain script's ImageFolder,
+decoded by the input pipeline a search picks (PIL, libjpeg-turbo, nvJPEG on the GPU, or a split of each batch).
 
     torchrun --nproc-per-node 4 examples/seed_ddp.py --data /path/to/imagefolder       # runs as it always did
     autotune search --script examples/seed_ddp.py -- --data /path/to/imagefolder       # a fresh process per trial
@@ -14,9 +16,7 @@ import argparse
 import torch
 from demo_data import image_folder
 from torch import nn
-from torch.utils.data import DistributedSampler
-from torchvision import datasets, models
-from torchvision.transforms import v2
+from torchvision import models
 
 from trainer import runtime
 
@@ -36,17 +36,14 @@ def main():
     cuda = torch.cuda.is_available()
     run = runtime.setup(unit="images", precision="fp16" if cuda else "fp32")
     size = args.image_size or (224 if cuda else 64)
-    dataset = datasets.ImageFolder(args.data or image_folder(), transform=v2.Compose([
-        v2.RandomResizedCrop(size), v2.RandomHorizontalFlip(), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]))
-    sampler = DistributedSampler(dataset)
-    loader = run.loader(dataset, batch_size=64, sampler=sampler, num_workers=4, pin_memory=True, drop_last=True)
-    net = models.get_model(args.model or ("resnet50" if cuda else "resnet18"), num_classes=len(dataset.classes))
+    loader = run.image_loader(args.data or image_folder(), image_size=size, batch_size=64, num_workers=4,
+                              pin_memory=True)
+    net = models.get_model(args.model or ("resnet50" if cuda else "resnet18"), num_classes=loader.num_classes)
     model = run.model(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     criterion = nn.CrossEntropyLoss()
     for epoch in run.epochs(args.epochs):
-        sampler.set_epoch(epoch)
+        loader.set_epoch(epoch)
         for images, labels in loader:
             with run.step(optimizer):
                 loss = criterion(model(images), labels)

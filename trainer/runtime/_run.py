@@ -201,25 +201,34 @@ class Run:
         return loader
 
     def image_loader(self, path: str, *, image_size: int = 224, train: bool = True,
-                     num_classes: int | None = None) -> Batches:
-        """An ImageFolder (one sub-folder per class) through the project's input pipelines (``trainer.data``): PIL,
-        libjpeg-turbo in the workers, nvJPEG on the GPU or a split of each batch (the ``decode`` setting), with
-        random-resized-crop and flip augmentation, normalized, on the run's device. Its ``num_classes`` is the
-        folder's."""
+                     num_classes: int | None = None, **loader_args: Any) -> Batches:
+        """An ImageFolder (one sub-folder per class, or a folder holding ``train/``) through the project's input
+        pipelines (``trainer.data``): PIL, libjpeg-turbo in the workers, nvJPEG on the GPU or a split of each batch
+        (the ``decode`` setting), with random-resized-crop and flip augmentation, normalized, on the run's device,
+        sharded over the ranks (``set_epoch`` reshuffles). ``loader_args``: the script's defaults for the loader's
+        settings (``batch_size``, ``num_workers``, ...). Its ``num_classes`` is the folder's."""
         from trainer.data import build_pipeline
         from trainer.data import num_classes as classes_of
 
-        decode = self._apply("decode")
+        unknown = set(loader_args) - set(LOADER) - set(IMAGES)
+        if unknown:
+            raise TypeError(f"run.image_loader(): unknown argument {sorted(unknown)[0]!r}; it takes "
+                            f"{', '.join((*LOADER, *IMAGES))}")
+        given = lambda name: self._apply(name, loader_args.get(name, _UNSET))
+        decode = given("decode")
         data = DataConfig(kind="imagefolder", path=str(path), image_size=image_size, num_classes=num_classes,
                           decode=decode)
         if decode == "hybrid":
-            data.hybrid_cpu_fraction = self._apply("hybrid_cpu_fraction")
-        workers = self._apply("num_workers")
-        loader = LoaderConfig(num_workers=workers, prefetch_factor=self._apply("prefetch_factor") if workers else None,
-                              pin_memory=self._apply("pin_memory"),
-                              persistent_workers=bool(self._apply("persistent_workers")) and workers > 0)
+            data.hybrid_cpu_fraction = given("hybrid_cpu_fraction")
+        workers = given("num_workers")
+        loader = LoaderConfig(num_workers=workers, prefetch_factor=given("prefetch_factor") if workers else None,
+                              pin_memory=given("pin_memory"),
+                              persistent_workers=bool(given("persistent_workers")) and workers > 0)
+        # A trial reads one endless stream of epochs (no epoch boundary inside its windows), as the built-in job's
+        # measurements do; a plain or full run has the epochs of the script's loop.
         cfg = TrainConfig(data=data, loader=loader, training=TrainingConfig(
-            batch_size=self._apply("batch_size"), channels_last=bool(self._value("channels_last"))))
+            mode="measure" if self.in_search else "train", epochs=1, batch_size=given("batch_size"),
+            channels_last=bool(self._value("channels_last"))))
         problems = cfg.problems()
         if problems:
             raise ConfigError(problems)
