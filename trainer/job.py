@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import GPU_DECODE_PATHS, build_pipeline, num_classes
+from trainer.learning import loss_verdict, window_losses
 from trainer.loop import autocast, evaluate, grad_scaler, train_step
 from trainer.meter import ThroughputMeter, sync
 from trainer.model import build_model
@@ -373,11 +374,13 @@ class Job:
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the worst rank decides, as for every other verdict
         run, total = (int(v) for v in counts.tolist())
         t, measured = cfg.training, meter.summary()
-        # A figure is a training figure only if the loss stayed finite where it was measured, and at the end.
-        finite = not loss_diverged(run, steps_run) and not measured["loss_nonfinite_in_windows"]
+        # A figure is a training figure only if the loss stayed finite where it was measured and at the end, and did
+        # not rise across the windows (trainer.learning: the rule a user's-script runtime applies too).
+        verdict = loss_verdict(window_losses(meter.windows), nonfinite_steps=measured["loss_nonfinite_in_windows"],
+                               diverged_steps=run if loss_diverged(run, steps_run) else 0)
         self.writer.write({"kind": Kind.SUMMARY, "t": time.time(), "mode": t.mode, "world_size": env.world_size,
                            **measured, "steps": self.step, "epochs": self.epoch, "loss": loss_value,
-                           "loss_finite": finite, "loss_nonfinite_steps": total,
+                           "loss_finite": verdict.ok, "loss_reason": verdict.reason, "loss_nonfinite_steps": total,
                            "loss_nonfinite_run": run, "peak_mem_bytes": peaks,
                            "peak_mem_kind": "cuda_max_allocated" if env.device.type == "cuda" else "host_max_rss",
                            "global_batch": t.batch_size * t.accum_steps * env.world_size, "versions": versions()})
