@@ -23,6 +23,9 @@ from trainer.knobs import Scope as Scope
 from trainer.knobs import scope_of as scope_of
 from trainer.protocol import Failure, nccl_env_problems
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""``training.compile_mode`` values that record CUDA graphs (Inductor's cudagraph trees)."""
+
 
 class ConfigError(ValueError):
     """A TrainConfig (or its YAML) is invalid. ``problems`` holds one line per problem, each naming the fix."""
@@ -150,10 +153,20 @@ class TrainingConfig:
     """NHWC memory format for model and inputs (tensor cores prefer it)."""
 
     compile: bool = False
-    """``torch.compile`` the model (costs tens of seconds of warm-up)."""
+    """``torch.compile`` the model (DDP wrapper included: its buckets still overlap the backward pass). A cold
+    compile of ResNet-50 costs about a minute; a live worker pays it once per graph (``trainer.compiled``), and the
+    first step's record says what it cost (``compile_s``)."""
 
-    compile_mode: str | None = None
-    """``torch.compile`` mode, e.g. ``max-autotune-no-cudagraphs``; ``None`` is torch's default."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = None
+    """``torch.compile`` mode (``None``: torch's default). ``reduce-overhead`` records the model's forward and
+    backward as CUDA graphs (one launch instead of hundreds; the optimizer, the GradScaler and DDP's all-reduces stay
+    outside them, eager); ``max-autotune`` adds Triton's kernel autotuning to that, ``max-autotune-no-cudagraphs``
+    the autotuning alone. Only with ``compile: true``; the CUDA-graph modes only without gradient accumulation."""
+
+    compile_cache_dir: str | None = None
+    """Where torch.compile keeps its on-disk caches (Inductor's FX graph cache, AOTAutograd's, autotuning results),
+    so a fresh process loads what an earlier one compiled. ``None``: torch's default (``TORCHINDUCTOR_CACHE_DIR``,
+    else ``/tmp/torchinductor_<user>``)."""
 
     cudnn_benchmark: bool = True
     """cuDNN tries several convolution algorithms per new shape and keeps the fastest. On ResNet-50 (one H200, bs 256,
@@ -187,6 +200,15 @@ class TrainingConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 p.append(f"training.{name}={v}: must be >= 1")
+        if self.compile_mode is not None and not self.compile:
+            p.append(f"training.compile_mode={self.compile_mode} needs training.compile=true: set it, or remove "
+                     "compile_mode")
+        if self.compile and self.compile_mode in CUDA_GRAPH_MODES and self.accum_steps > 1:
+            # A CUDA graph replays into the same output memory, so the micro-batch whose gradient AccumulateGrad kept
+            # is overwritten by the next one's (pytorch/pytorch#169545; wrong gradients, or an error on access).
+            p.append(f"training.compile_mode={self.compile_mode} with training.accum_steps={self.accum_steps}: CUDA "
+                     "graphs overwrite one micro-batch's gradients with the next one's; set training.accum_steps=1 "
+                     "or compile_mode=max-autotune-no-cudagraphs (or default)")
         return p
 
 

@@ -72,8 +72,11 @@ _KNOBS = (
     KnobDef(path="training.compile", label="compile", scope="model", memory=True, choices=(False, True),
             default_space=False, runtime="compile",
             doc="torch.compile; a cold compile costs about a minute, so a spec adds it for long searches"),
-    KnobDef(path="training.compile_mode", label="mode", scope="model", memory=True, default_space=False,
-            runtime="compile_mode", doc="torch.compile mode (reduce-overhead: CUDA graphs)"),
+    # None: torch's default mode; reduce-overhead: CUDA graphs for forward and backward; the autotuning modes cost
+    # minutes of compile per graph, so a spec adds them.
+    KnobDef(path="training.compile_mode", label="mode", scope="model", memory=True,
+            choices=(None, "reduce-overhead"), when="training.compile == true", default_space=False,
+            runtime="compile_mode", doc="torch.compile mode (reduce-overhead: the step's model part as CUDA graphs)"),
     KnobDef(path="training.cudnn_benchmark", label="cudnn_search", scope="model", choices=(True, False),
             default_space=False, runtime="cudnn_benchmark",
             doc="cuDNN's per-shape algorithm search; the ceiling stage decides it by measurement"),

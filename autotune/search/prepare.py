@@ -221,7 +221,8 @@ def optimizer_section(spec: StudySpec, o: SearchOptions) -> tuple[dict[str, Any]
             # The lr trial 0 runs at: export rescales it from trial 0's global batch.
             section["lr"], section["reference_global_batch"] = o.lr, None
         elif recipe is None or recipe.optimizer["name"] != name:
-            section["lr"], section["reference_global_batch"] = DEFAULT_LR.get(name, 0.1), None  # a bad name: the spec check says so
+            # (a name the job does not know gets any lr: the spec's check refuses the name itself)
+            section["lr"], section["reference_global_batch"] = DEFAULT_LR.get(name, 0.1), None
         flags = " and ".join(f for f, v in (("--optimizer", o.optimizer), ("--lr", o.lr)) if v is not None)
         return section, f"optimizer {name} lr {section['lr']:g} (from {flags})"
     if recipe is not None:

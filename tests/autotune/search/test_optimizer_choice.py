@@ -54,7 +54,7 @@ def test_a_spec_that_names_a_transformer_but_no_optimizer_gets_the_recipe_and_on
 
 
 def test_bad_values_are_refused_with_the_flag_named():
-    with pytest.raises(AutotuneError, match="--lr -0.1: must be > 0"):
+    with pytest.raises(AutotuneError, match=r"--lr -0\.1: must be > 0"):
         check_options(SearchOptions(lr=-0.1))
-    with pytest.raises(SpecError, match="optimizer.name"):
+    with pytest.raises(SpecError, match=r"optimizer\.name"):
         with_command_line(load_spec("resnet50"), SearchOptions(optimizer="lamb"))
