@@ -77,6 +77,11 @@ class DataConfig:
     """``decode: hybrid`` only: the share of every batch decoded and augmented by the loader workers (0: all on the
     GPU, 1: all on the CPU); it balances CPU cores against device time taken from training."""
 
+    hybrid_hw_fraction: float = 0.0
+    """``decode: hybrid`` only: the share of every batch the GPU's hardware JPEG engines decode (as ``nvjpeg-hw``;
+    needs nvImageCodec); the rest after the CPU and hardware shares goes to nvJPEG's CUDA decoder. A three-way split
+    feeds the model from the CPU cores, the engines and the SMs at once, taking from the SMs only the CUDA share."""
+
     crop_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as in torchvision."""
 
@@ -94,8 +99,12 @@ class DataConfig:
             p.append(f"data.image_size={self.image_size}: must be >= 8")
         if self.num_classes is not None and self.num_classes < 1:
             p.append(f"data.num_classes={self.num_classes}: must be >= 1")
-        if not 0.0 <= self.hybrid_cpu_fraction <= 1.0:
-            p.append(f"data.hybrid_cpu_fraction={self.hybrid_cpu_fraction}: must be in [0, 1]")
+        for name in ("hybrid_cpu_fraction", "hybrid_hw_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                p.append(f"data.{name}={getattr(self, name)}: must be in [0, 1]")
+        if self.hybrid_cpu_fraction + self.hybrid_hw_fraction > 1.0 + 1e-9:
+            p.append(f"data.hybrid_cpu_fraction={self.hybrid_cpu_fraction} + data.hybrid_hw_fraction="
+                     f"{self.hybrid_hw_fraction}: the shares of one batch add up to more than 1; lower one of them")
         if not 0.0 <= self.val_fraction < 1.0:
             p.append(f"data.val_fraction={self.val_fraction}: must be in [0, 1)")
         for name, (lo, hi) in (("crop_scale", self.crop_scale), ("crop_ratio", self.crop_ratio)):

@@ -95,6 +95,10 @@ _KNOBS = (
     KnobDef(path="data.hybrid_cpu_fraction", label="cpu_share", scope="pipeline", choices=(0.25, 0.5, 0.75),
             when="data.decode == hybrid", runtime="hybrid_cpu_fraction",
             doc="hybrid decode: the share of each batch the loader workers decode"),
+    # The hardware engines' share of a hybrid batch: nvjpeg-hw needs nvImageCodec, which is opt-in, so a spec adds it.
+    KnobDef(path="data.hybrid_hw_fraction", label="hw_share", scope="pipeline", choices=(0.0, 0.25, 0.5),
+            when="data.decode == hybrid", default_space=False, runtime="hybrid_hw_fraction",
+            doc="hybrid decode: the share of each batch the GPU's hardware JPEG engines decode"),
     KnobDef(path="ddp.bucket_cap_mb", label="bkt", scope="model", low=5.0, high=200.0, log=True,
             runtime="bucket_cap_mb", doc="DDP gradient bucket size"),
     KnobDef(path="ddp.gradient_as_bucket_view", label="gbv", scope="model", memory=True, choices=(False, True),
