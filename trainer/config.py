@@ -82,6 +82,12 @@ class DataConfig:
     needs nvImageCodec); the rest after the CPU and hardware shares goes to nvJPEG's CUDA decoder. A three-way split
     feeds the model from the CPU cores, the engines and the SMs at once, taking from the SMs only the CUDA share."""
 
+    hw_roi_decode: bool = False
+    """``decode: nvjpeg-hw`` only: decode only each image's RandomResizedCrop box (nvImageCodec's region decode, as
+    DALI fuses decode and crop), the box drawn from the file's header; the augmentation stays the full decode's.
+    Off until measured: whether the engines decode less for a region is not known here (``bench/pipeline_gpu.py``'s
+    ``hw diag`` asks them)."""
+
     crop_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as in torchvision."""
 

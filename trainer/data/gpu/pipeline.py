@@ -26,7 +26,13 @@ from trainer.data.gpu.datasets import (
     split_shares,
     unpack_bytes,
 )
-from trainer.data.gpu.decode import decode_batch, decode_batch_hw, import_nvimgcodec, make_hw_decoder
+from trainer.data.gpu.decode import (
+    decode_batch,
+    decode_batch_hw,
+    decode_crops_hw,
+    import_nvimgcodec,
+    make_hw_decoder,
+)
 from trainer.data.sampling import seed_worker, train_sampler
 
 
@@ -117,10 +123,16 @@ class BatchedDecodePipeline:
                         out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode the packed JPEGs on the device and RandomResizedCrop + flip + normalize them (into ``out``)."""
         d = self.cfg.data
-        images = self._decode(unpack_bytes(buf, lengths))
-        heights = torch.tensor([im.shape[-2] for im in images])
-        widths = torch.tensor([im.shape[-1] for im in images])
-        boxes = sample_crop_boxes(heights, widths, scale=d.crop_scale, ratio=d.crop_ratio, generator=generator)
+        if d.decode == "nvjpeg-hw" and d.hw_roi_decode:
+            if self._hw_decoder is None:
+                self._hw_decoder = make_hw_decoder(self.device)
+            images, boxes = decode_crops_hw(unpack_bytes(buf, lengths), self.device, self._hw_decoder,
+                                            scale=d.crop_scale, ratio=d.crop_ratio, generator=generator)
+        else:
+            images = self._decode(unpack_bytes(buf, lengths))
+            heights = torch.tensor([im.shape[-2] for im in images])
+            widths = torch.tensor([im.shape[-1] for im in images])
+            boxes = sample_crop_boxes(heights, widths, scale=d.crop_scale, ratio=d.crop_ratio, generator=generator)
         flip = torch.rand(len(images), generator=generator) < 0.5 if d.hflip else None
         return batched_resized_crop(images, boxes, d.image_size, flip=flip,
                                     channels_last=self.cfg.training.channels_last, out=out)
