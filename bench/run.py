@@ -47,6 +47,8 @@ SUPPLIES: dict[str, tuple[str, dict]] = {  # the loader alone, batch 512, ~30 s 
                                  "training.batch_size": 512}),
     "supply-nvjpeg-hw": ("strong", {**LOADER, "data.decode": "nvjpeg-hw", "loader.num_workers": 6,
                                     "training.batch_size": 512}),
+    "supply-nvjpeg-hw-roi": ("strong", {**LOADER, "data.decode": "nvjpeg-hw", "data.hw_roi_decode": True,
+                                        "loader.num_workers": 6, "training.batch_size": 512}),
     "supply-tvcpu": ("strong", {**LOADER, "data.decode": "torchvision-cpu", "loader.num_workers": 15,
                                 "training.batch_size": 512}),
     **{f"supply-split-{c}-{h}": ("strong", {**LOADER, "data.decode": "hybrid", "data.hybrid_cpu_fraction": c / 100,
@@ -64,6 +66,8 @@ END_TO_END: dict[str, tuple[str, dict]] = {  # the JPEGs, fp16, CL, batch 512: ~
                                             "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5,
                                             "loader.num_workers": 12}),
     "e2e-nvjpeg-hw": ("strong", {**E2E, "data.decode": "nvjpeg-hw", "loader.num_workers": 6}),
+    "e2e-nvjpeg-hw-roi": ("strong", {**E2E, "data.decode": "nvjpeg-hw", "data.hw_roi_decode": True,
+                                     "loader.num_workers": 6}),
     **{f"e2e-split-{c}-{h}": ("strong", {**E2E, "data.decode": "hybrid", "data.hybrid_cpu_fraction": c / 100,
                                         "data.hybrid_hw_fraction": h / 100, "loader.num_workers": 12})
        for c, h in ((25, 25), (33, 33))},
@@ -194,7 +198,8 @@ def dry_run(overrides: dict) -> dict:
     if decode == "nvjpeg-gpu":
         return {**overrides, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.0}
     if decode == "nvjpeg-hw":
-        return {**overrides, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.0, "data.hybrid_hw_fraction": 1.0}
+        return {**{k: v for k, v in overrides.items() if k != "data.hw_roi_decode"}, "data.decode": "hybrid",
+                "data.hybrid_cpu_fraction": 0.0, "data.hybrid_hw_fraction": 1.0}
     if overrides.get("training.precision") == "fp16":  # CPU autocast is bf16
         return {**overrides, "training.precision": "bf16"}
     return overrides
