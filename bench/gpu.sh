@@ -11,6 +11,11 @@
 #   final          the search's best exported and re-measured in a fresh process, two more trials re-measured (the
 #                  best with a CPU decode, the best with a GPU decode), and HAND rows (bench/run.py) if named
 #   RUN            any bench/run.py row by name
+#   rows=A,B,...   several bench/run.py rows in one run: one rows.json and one table (issue #22's rows: ceil-*,
+#                  supply-*, e2e-*; bench/run.py says each row's estimated wall time)
+#   profile        bench/profile_step.py: ResNet-50's step, eager vs compiled vs CUDA graphs, top kernels
+#                  (profile.json; PROFILE_MODES, default eager,compile,cudagraphs; ~4 min cold, not measured)
+#   pipeline       bench/pipeline_gpu.py --hw on: where the nvjpeg-hw path's time goes (pipeline.json, ~2 min)
 #
 # Everything comes back in at most 8 files under $OUT: call.log (all output), compare.json, final.json, best.yaml,
 # search.db (the whole study: `autotune show --storage sqlite:///search.db`), search-table.txt, workers.tgz.
@@ -93,6 +98,17 @@ PY
           "${bench_set[@]}" $hand 2>&1 | quiet
       fi
       ;;
+    rows=*)
+      list=${stage#rows=}
+      python3 bench/run.py --data "$data" --out "$out/rows.json" --trials-dir /tmp/bench-rows --timeout 180 \
+        "${bench_set[@]}" ${list//,/ } 2>&1 | quiet ;;
+    profile)
+      if [ -n "${DRY:-}" ]; then prof=(--cpu-smoke --modes "${PROFILE_MODES:-eager,compile}"); else
+        prof=(--modes "${PROFILE_MODES:-eager,compile,cudagraphs}"); fi
+      python3 bench/profile_step.py --out "$out/profile.json" "${prof[@]}" 2>&1 | quiet ;;
+    pipeline)
+      if [ -n "${DRY:-}" ]; then pipe=(--cpu-smoke); else pipe=(--hw on --hybrid 0.5 --workers 6 --train); fi
+      python3 bench/pipeline_gpu.py "$data/train" --out "$out/pipeline.json" --batch 512 "${pipe[@]}" 2>&1 | quiet ;;
     *)
       python3 bench/run.py --data "$data" --out "$out/runs.json" --trials-dir /tmp/bench-runs --timeout 150 \
         "${bench_set[@]}" "$stage" 2>&1 | quiet ;;

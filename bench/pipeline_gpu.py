@@ -15,7 +15,9 @@ Stages, each in imgs/s of one GPU, with wall ms per batch and, from CUDA events 
                     engines, on a side stream as in the pipeline; ``decode hw+crop fp16`` adds the batched crop;
                     ``hw checks``: how many of a batch the engines take (the rest fall back to nvJPEG's CUDA decoder),
                     and their pixels against libjpeg-turbo's on the CPU (max/mean abs; hardware IDCT and chroma
-                    upsampling may differ by a few levels), odd files included
+                    upsampling may differ by a few levels), odd files included; ``hw diag``: where the path's
+                    time goes (``hw_diagnostics``: host time per stage of the call, whether it holds the GIL or
+                    waits for the training stream, per-image vs batched calls, ROI decode of the crop box)
   pipeline wN       ``GpuDecodePipeline`` with N loader workers: files -> workers -> side-stream thread -> consumer
   hybridP wN        ``HybridDecodePipeline`` with P % of each batch decoded by the N workers
   pipeline-hw wN    (``--hw``) ``GpuDecodePipeline`` with ``data.decode: nvjpeg-hw``, N = the last ``--workers``
@@ -326,6 +328,181 @@ def hw_checks(blobs, device, count: int = 16) -> dict:
     return r
 
 
+def _spin_rate(fn) -> tuple[float, float]:
+    """(seconds ``fn`` took, how fast a pure-Python thread ran meanwhile in loops/s): a call that holds the GIL
+    stops the thread; one that releases it leaves it running (the training loop's thread is such a thread)."""
+    import threading
+
+    stop, count = threading.Event(), [0]
+
+    def spin():
+        while not stop.is_set():
+            count[0] += 1
+
+    t = threading.Thread(target=spin, daemon=True)
+    t.start()
+    time.sleep(0.01)
+    start, t0 = count[0], time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    loops = count[0] - start
+    stop.set()
+    t.join()
+    return dt, loops / max(dt, 1e-9)
+
+
+def _probe(r: dict, name: str, fn) -> None:
+    """Run one probe into ``r``; a probe that fails records why instead of ending the call."""
+    try:
+        r.update(fn())
+    except Exception as e:  # a diagnostic must not cost the rest of the GPU call
+        r[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+
+
+def hw_diagnostics(blobs, device, size: int, channels_last: bool) -> dict:
+    """Why the nvjpeg-hw path may lose to nvjpeg-gpu end to end although its loader alone is faster; one batch
+    ``blobs`` (CPU byte tensors), everything on a side stream as in the pipeline:
+
+    - host ms per stage of ``decode_batch_hw``: CodeStream creation (header parse), the decode call until it returns,
+      the rest of the decode until the stream is done (0: the call blocks the host until the engines finish), the
+      wrap into tensors; and the same call's total for nvJPEG's CUDA decoder (torchvision)
+    - ``gil_*``: a Python thread's pace during each decode call, as a share of its pace during a sleep (1: the call
+      releases the GIL; near 0: it holds it, and the training loop's thread stalls with it)
+    - ``*_waits_for_training_stream``: with the consumer's stream busy for 200 ms (a sleep kernel), does the decode
+      call on the side stream return only after it (a device-wide or legacy-default-stream sync)?
+    - GPU ms (events on the side stream) of the batched crop on the engines' interleaved output, and of the
+      per-image CHW copies the crop made before it gathered interleaved pixels
+    - per-image decode calls against one batched call, and ROI decode (only the RandomResizedCrop box, from the
+      header's size: DALI's fused decode-and-crop) against full decode: host and stream ms, and how many images the
+      engines (not the CUDA fallback) took with a region
+    """
+    nvimgcodec = import_nvimgcodec()
+    r: dict = {"stage": "hw diag", "imgs_per_s": 0.0, "ms_per_batch": 0.0, "cpu_load": None, "batch": len(blobs)}
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device, priority=-1)
+    decoder = make_hw_decoder(device)
+    params = hw_decode_params(nvimgcodec)
+    g = torch.Generator().manual_seed(0)
+    _, idle = _spin_rate(lambda: time.sleep(0.2))
+    r["gil_idle_loops_per_s"] = round(idle)
+
+    def stages():
+        out = {}
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm: the decoder's buffers, the engines' state
+                decode_batch_hw(blobs, device, decoder)
+            side.synchronize()
+            t0 = time.perf_counter()
+            streams = [nvimgcodec.CodeStream(b.numpy()) for b in blobs]
+            t1 = time.perf_counter()
+            decoded = decoder.decode(streams, params=params, cuda_stream=side.cuda_stream)
+            t2 = time.perf_counter()
+            side.synchronize()
+            t3 = time.perf_counter()
+            tensors = [torch.as_tensor(im, device=device).permute(2, 0, 1) for im in decoded if im is not None]
+            t4 = time.perf_counter()
+        out.update(codestream_ms=1000 * (t1 - t0), decode_call_ms=1000 * (t2 - t1), decode_after_return_ms=1000 *
+                   (t3 - t2), wrap_ms=1000 * (t4 - t3), engines_or_fallback_decoded=len(tensors))
+        with torch.cuda.stream(side):
+            dt, rate = _spin_rate(lambda: (decode_batch_hw(blobs, device, decoder), side.synchronize()))
+            out.update(hw_decode_total_ms=1000 * dt, gil_during_hw_decode=round(rate / idle, 3))
+            dt, rate = _spin_rate(lambda: (decode_batch(blobs, device), side.synchronize()))
+            out.update(cuda_decode_total_ms=1000 * dt, gil_during_cuda_decode=round(rate / idle, 3))
+            hs = torch.tensor([t.shape[-2] for t in tensors])
+            ws = torch.tensor([t.shape[-1] for t in tensors])
+            boxes = sample_crop_boxes(hs, ws, generator=g)
+            for label, fn in (
+                    ("crop_interleaved_gpu_ms", lambda: batched_resized_crop(tensors, boxes, size,
+                                                                           channels_last=channels_last)),
+                    ("chw_copies_gpu_ms", lambda: [t.contiguous() for t in tensors])):
+                fn()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(side)
+                fn()
+                end.record(side)
+                end.synchronize()
+                out[label] = start.elapsed_time(end)
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+    def waits_for_training_stream():
+        out = {}
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is None:
+            return {"waits_probe": "torch.cuda._sleep missing"}
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(main)
+        sleep(10_000_000)
+        end.record(main)
+        end.synchronize()
+        cycles_per_ms = 10_000_000 / max(start.elapsed_time(end), 1e-3)
+        for label, fn in (("hw", lambda: decode_batch_hw(blobs, device, decoder)),
+                          ("cuda", lambda: decode_batch(blobs, device))):
+            torch.cuda.synchronize(device)
+            sleep(int(cycles_per_ms * 200))  # the consumer's stream is busy for 200 ms
+            with torch.cuda.stream(side):
+                t0 = time.perf_counter()
+                fn()
+                call_ms = 1000 * (time.perf_counter() - t0)
+            out[f"{label}_call_ms_with_training_stream_busy"] = round(call_ms, 2)
+            out[f"{label}_waits_for_training_stream"] = bool(call_ms > 150 and main.query())
+            torch.cuda.synchronize(device)
+        return out
+
+    def batched_vs_single_and_roi():
+        out = {}
+        few = blobs[:32]
+        with torch.cuda.stream(side):
+            decode_batch_hw(few, device, decoder)
+            side.synchronize()
+            t0 = time.perf_counter()
+            for b in few:
+                decoder.decode(nvimgcodec.CodeStream(b.numpy()), params=params, cuda_stream=side.cuda_stream)
+            side.synchronize()
+            out["single_calls_ms_per_image"] = 1000 * (time.perf_counter() - t0) / len(few)
+            t0 = time.perf_counter()
+            decode_batch_hw(few, device, decoder)
+            side.synchronize()
+            out["batched_call_ms_per_image"] = 1000 * (time.perf_counter() - t0) / len(few)
+            streams = [nvimgcodec.CodeStream(b.numpy()) for b in blobs]
+            hs = torch.tensor([cs.height for cs in streams])
+            ws = torch.tensor([cs.width for cs in streams])
+            boxes = sample_crop_boxes(hs, ws, generator=g).tolist()
+            regions = [cs.get_sub_code_stream(region=nvimgcodec.Region(t, left, t + h, left + w))
+                       for cs, (t, left, h, w) in zip(streams, boxes, strict=True)]
+            engines = nvimgcodec.Decoder(device_id=device.index, backends=[
+                nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
+            taken = engines.decode(regions, params=params, cuda_stream=side.cuda_stream)
+            side.synchronize()
+            out["engines_accept_regions"] = f"{sum(x is not None for x in taken)}/{len(regions)}"
+            for label, srcs in (("full", streams), ("roi", regions)):
+                decoder.decode(srcs, params=params, cuda_stream=side.cuda_stream)
+                side.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
+                start.record(side)
+                got = decoder.decode(srcs, params=params, cuda_stream=side.cuda_stream)
+                end.record(side)
+                end.synchronize()
+                out[f"{label}_decode_host_ms"] = 1000 * (time.perf_counter() - t0)
+                out[f"{label}_decode_stream_ms"] = start.elapsed_time(end)
+                out[f"{label}_decoded"] = sum(x is not None for x in got)
+            if taken and taken[0] is not None:  # the region holds the box's pixels
+                full0 = torch.as_tensor(decoder.decode(streams[0], params=params, cuda_stream=side.cuda_stream),
+                                        device=device)
+                t, left, h, w = boxes[0]
+                roi0 = torch.as_tensor(taken[0], device=device)
+                side.synchronize()
+                out["roi_matches_full_crop_max_abs"] = int((full0[t:t + h, left:left + w].int() - roi0.int())
+                                                           .abs().max()) if roi0.shape == (h, w, 3) else "shape"
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+    _probe(r, "stages", stages)
+    _probe(r, "sync", waits_for_training_stream)
+    _probe(r, "roi", batched_vs_single_and_roi)
+    torch.cuda.synchronize(device)
+    return r
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.cpu_smoke and not torch.cuda.is_available():
@@ -436,6 +613,7 @@ def main(argv=None) -> int:
             record(timed("decode hw+crop fp16", hw_decode_and_crop, images_per_call=args.batch,
                          seconds=args.seconds, device=device))
             del hw_decoder
+        record(hw_diagnostics(batches[0], device, args.size, channels_last))
 
     fractions = [float(f) for f in args.hybrid.split(",") if f.strip()]
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
@@ -484,7 +662,7 @@ def main(argv=None) -> int:
 
     table = [f"{'stage':<26}{'imgs/s':>9}{'ms/batch':>10}{'gpu ms':>8}{'busy ms':>9}{'cpu load':>10}"]
     for r in results:
-        if r["stage"] in ("checks", "hw checks"):
+        if r["stage"] in ("checks", "hw checks", "hw diag"):
             continue
         load = "" if r.get("cpu_load") is None else f"{100 * r['cpu_load']:.0f} %"
         gpu = "" if r.get("gpu_ms") is None else f"{r['gpu_ms']:.1f}"
@@ -495,7 +673,7 @@ def main(argv=None) -> int:
     print(f"\n{env['device']}, torch {env['torch']}, batch {args.batch}, {env['mean_kb']} KB/JPEG, "
           f"{env['cpus']} CPUs")
     print("\n".join(table))
-    for checks in (r for r in results if r["stage"] in ("checks", "hw checks")):
+    for checks in (r for r in results if r["stage"] in ("checks", "hw checks", "hw diag")):
         print(f"{checks['stage']}: " + ", ".join(f"{k}={v}" for k, v in checks.items()
                                                  if k not in ("stage", "imgs_per_s", "ms_per_batch", "cpu_load")))
     if env["hw_stages"] != "run":

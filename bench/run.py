@@ -30,6 +30,51 @@ from trainer.protocol import nonfinite_reason
 
 HERE = Path(__file__).resolve().parent
 LOADER = {"training.mode": "loader"}
+# The ceiling of issue #22's table: synthetic data, fp16, channels_last, batch 512 on one H200.
+CEIL = {"data.kind": "synthetic", "training.precision": "fp16", "training.channels_last": True,
+        "training.batch_size": 512}
+COMPILED = {"training.compile": True}
+CEILINGS: dict[str, tuple[str, dict]] = {
+    "ceil-eager": ("strong", CEIL),  # ~35 s
+    "ceil-compile": ("strong", {**CEIL, **COMPILED}),  # ~110 s cold (81 s measured for the row before #22)
+    "ceil-cudagraphs": ("strong", {**CEIL, **COMPILED, "training.compile_mode": "reduce-overhead"}),  # ~110 s cold
+    # Triton autotunes every conv and matmul shape: minutes of compile (not measured); named by hand only.
+    "ceil-compile-mant": ("strong", {**CEIL, **COMPILED, "training.compile_mode": "max-autotune-no-cudagraphs"}),
+    "ceil-max-autotune": ("strong", {**CEIL, **COMPILED, "training.compile_mode": "max-autotune"}),
+}
+SUPPLIES: dict[str, tuple[str, dict]] = {  # the loader alone, batch 512, ~30 s each
+    "supply-nvjpeg": ("strong", {**LOADER, "data.decode": "nvjpeg-gpu", "loader.num_workers": 6,
+                                 "training.batch_size": 512}),
+    "supply-nvjpeg-hw": ("strong", {**LOADER, "data.decode": "nvjpeg-hw", "loader.num_workers": 6,
+                                    "training.batch_size": 512}),
+    "supply-nvjpeg-hw-roi": ("strong", {**LOADER, "data.decode": "nvjpeg-hw", "data.hw_roi_decode": True,
+                                        "loader.num_workers": 6, "training.batch_size": 512}),
+    "supply-tvcpu": ("strong", {**LOADER, "data.decode": "torchvision-cpu", "loader.num_workers": 15,
+                                "training.batch_size": 512}),
+    **{f"supply-split-{c}-{h}": ("strong", {**LOADER, "data.decode": "hybrid", "data.hybrid_cpu_fraction": c / 100,
+                                           "data.hybrid_hw_fraction": h / 100, "loader.num_workers": 12,
+                                           "training.batch_size": 512})
+       for c, h in ((50, 0), (25, 25), (0, 50), (33, 33))},
+}
+E2E = {"training.precision": "fp16", "training.channels_last": True, "training.batch_size": 512}
+END_TO_END: dict[str, tuple[str, dict]] = {  # the JPEGs, fp16, CL, batch 512: ~40 s eager, compiled as above
+    "e2e-hybrid-50": ("strong", {**E2E, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5,
+                                 "loader.num_workers": 12}),
+    "e2e-hybrid-50-compile": ("strong", {**E2E, **COMPILED, "data.decode": "hybrid",
+                                         "data.hybrid_cpu_fraction": 0.5, "loader.num_workers": 12}),
+    "e2e-hybrid-50-cudagraphs": ("strong", {**E2E, **COMPILED, "training.compile_mode": "reduce-overhead",
+                                            "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5,
+                                            "loader.num_workers": 12}),
+    "e2e-nvjpeg-hw": ("strong", {**E2E, "data.decode": "nvjpeg-hw", "loader.num_workers": 6}),
+    "e2e-nvjpeg-hw-roi": ("strong", {**E2E, "data.decode": "nvjpeg-hw", "data.hw_roi_decode": True,
+                                     "loader.num_workers": 6}),
+    **{f"e2e-split-{c}-{h}": ("strong", {**E2E, "data.decode": "hybrid", "data.hybrid_cpu_fraction": c / 100,
+                                        "data.hybrid_hw_fraction": h / 100, "loader.num_workers": 12})
+       for c, h in ((25, 25), (33, 33))},
+    "e2e-split-25-25-compile": ("strong", {**E2E, **COMPILED, "data.decode": "hybrid",
+                                           "data.hybrid_cpu_fraction": 0.25, "data.hybrid_hw_fraction": 0.25,
+                                           "loader.num_workers": 12}),
+}
 PLAN: dict[str, tuple[str, dict]] = {
     "seed-default": ("seed-default", {}),
     "strong-pil": ("strong", {"data.decode": "pil"}),
@@ -59,6 +104,12 @@ PLAN: dict[str, tuple[str, dict]] = {
        for pct in (25, 50, 75)},
     "loader-hybrid-50": ("strong", {**LOADER, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5,
                                     "loader.num_workers": 12}),
+    # ---- issue #22 on 1xH200 (estimates per row: a fresh process pays ~15 s of launch, import and set-up, then
+    # warm-up and 4-8 windows of the call's 2 s: ~35 s; a cold ResNet-50 compile adds ~60-80 s, less where an earlier
+    # row of the call compiled the same graph into the shared on-disk cache).
+    **CEILINGS,
+    **SUPPLIES,
+    **END_TO_END,
 }
 
 
@@ -117,6 +168,8 @@ def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: flo
         "spread": summary.get("spread"), "peak_mem_bytes": summary.get("peak_mem_bytes"),
         "cpu_busy_pct": round(statistics.fmean(cpu_in), 1) if cpu_in else None,
         **nvml_gpu.summarize(samples, run.steady_windows, len(gpus)), **run.timing(),
+        "compile_s": summary.get("compile_s"), "compiles": summary.get("compiles"),
+        "first_step": (run.of_kind("first_step") or [None])[0],
         "versions": summary.get("versions"), "config": cfg.to_dict(),
     }
 
@@ -133,6 +186,23 @@ def run_bare(nproc: int, out_dir: Path) -> dict:
     data = json.loads(out.read_text())
     return {"name": "bare-synthetic", "ok": True, "imgs_per_s": data["imgs_per_s"],
             "imgs_per_s_windows": data["windows"], "spread": data["spread"]}
+
+
+def dry_run(overrides: dict) -> dict:
+    """``DRY=1`` on a machine without GPUs (``bench/gpu.sh``'s smoke run): a GPU-decode row runs the same pipeline's
+    CPU stand-in (``hybrid`` decodes its device shares with libjpeg-turbo on a CPU device; a hardware share goes
+    through the same code path as on the GPU): the plumbing is checked, never a figure."""
+    if not os.environ.get("DRY") or nvml_gpu.Nvml().count():
+        return overrides
+    decode = overrides.get("data.decode")
+    if decode == "nvjpeg-gpu":
+        return {**overrides, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.0}
+    if decode == "nvjpeg-hw":
+        return {**{k: v for k, v in overrides.items() if k != "data.hw_roi_decode"}, "data.decode": "hybrid",
+                "data.hybrid_cpu_fraction": 0.0, "data.hybrid_hw_fraction": 1.0}
+    if overrides.get("training.precision") == "fp16":  # CPU autocast is bf16
+        return {**overrides, "training.precision": "bf16"}
+    return overrides
 
 
 def fmt_loss(x) -> str:
@@ -183,19 +253,19 @@ def main() -> int:
             base, overrides = PLAN[name]
             cfg = TrainConfig.from_yaml(HERE / "configs" / f"{base}.yaml")
             data = {"data.path": args.data} if args.data else {}
-            cfg = cfg.with_overrides({**data, **overrides, **common, "name": name})
+            cfg = cfg.with_overrides({**data, **dry_run(overrides), **common, "name": name})
             res = run_one(name, cfg, args.nproc, trials, args.timeout)
         res["bench_wall_s"] = round(time.time() - t, 1)
         results.append(res)
         out.write_text(json.dumps(results, indent=1, default=str))
         keys = ("name", "ok", "imgs_per_s", "spread", "loss_start", "loss_end", "util_mean", "cpu_busy_pct", "failure",
-                "bench_wall_s")
+                "compile_s", "bench_wall_s")
         print(json.dumps({k: res.get(k) for k in keys}), flush=True)
     def cell(value, width, fmt):  # a figure not measured (no GPU, a failed run) shows as n/a, never as 0
         return f"{format(value, fmt):>{width}}" if value is not None else f"{'n/a':>{width}}"
 
     print(f"\n{'run':<26}{'imgs/s':>10}{'spread':>8}{'loss start->end':>18}{'util%':>7}{'mem GiB':>9}{'cpu%':>6}"
-          f"{'wall s':>8}")
+          f"{'compile s':>10}{'wall s':>8}")
     for r in results:
         mem = r.get("mem_used_max_mib")
         # A failed run (a diverged loss included) shows no imgs/s: that figure would not describe training.
@@ -204,7 +274,8 @@ def main() -> int:
                 else "n/a")
         print(f"{r['name']:<26}{cell(ips, 10, ',.0f')}{cell(r.get('spread') if ips else None, 8, '.3f')}{loss:>18}"
               f"{cell(r.get('util_mean'), 7, '.1f')}{cell(mem / 1024 if mem is not None else None, 9, '.1f')}"
-              f"{cell(r.get('cpu_busy_pct'), 6, '.0f')}{cell(r.get('bench_wall_s'), 8, '.0f')}"
+              f"{cell(r.get('cpu_busy_pct'), 6, '.0f')}{cell(r.get('compile_s'), 10, '.1f')}"
+              f"{cell(r.get('bench_wall_s'), 8, '.0f')}"
               f"  {'FAILED: ' + r['failure'] if r.get('failure') else ''}")
     return 0 if all(r.get("ok") for r in results) else 1
 

@@ -23,6 +23,9 @@ from trainer.knobs import Scope as Scope
 from trainer.knobs import scope_of as scope_of
 from trainer.protocol import Failure, nccl_env_problems
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""``training.compile_mode`` values that record CUDA graphs (Inductor's cudagraph trees)."""
+
 
 class ConfigError(ValueError):
     """A TrainConfig (or its YAML) is invalid. ``problems`` holds one line per problem, each naming the fix."""
@@ -75,6 +78,17 @@ class DataConfig:
     """``decode: hybrid`` only: the share of every batch decoded and augmented by the loader workers (0: all on the
     GPU, 1: all on the CPU); it balances CPU cores against device time taken from training."""
 
+    hybrid_hw_fraction: float = 0.0
+    """``decode: hybrid`` only: the share of every batch the GPU's hardware JPEG engines decode (as ``nvjpeg-hw``;
+    needs nvImageCodec); the rest after the CPU and hardware shares goes to nvJPEG's CUDA decoder. A three-way split
+    feeds the model from the CPU cores, the engines and the SMs at once, taking from the SMs only the CUDA share."""
+
+    hw_roi_decode: bool = False
+    """``decode: nvjpeg-hw`` only: decode only each image's RandomResizedCrop box (nvImageCodec's region decode, as
+    DALI fuses decode and crop), the box drawn from the file's header; the augmentation stays the full decode's.
+    Off until measured: whether the engines decode less for a region is not known here (``bench/pipeline_gpu.py``'s
+    ``hw diag`` asks them)."""
+
     crop_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as in torchvision."""
 
@@ -92,8 +106,12 @@ class DataConfig:
             p.append(f"data.image_size={self.image_size}: must be >= 8")
         if self.num_classes is not None and self.num_classes < 1:
             p.append(f"data.num_classes={self.num_classes}: must be >= 1")
-        if not 0.0 <= self.hybrid_cpu_fraction <= 1.0:
-            p.append(f"data.hybrid_cpu_fraction={self.hybrid_cpu_fraction}: must be in [0, 1]")
+        for name in ("hybrid_cpu_fraction", "hybrid_hw_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                p.append(f"data.{name}={getattr(self, name)}: must be in [0, 1]")
+        if self.hybrid_cpu_fraction + self.hybrid_hw_fraction > 1.0 + 1e-9:
+            p.append(f"data.hybrid_cpu_fraction={self.hybrid_cpu_fraction} + data.hybrid_hw_fraction="
+                     f"{self.hybrid_hw_fraction}: the shares of one batch add up to more than 1; lower one of them")
         if not 0.0 <= self.val_fraction < 1.0:
             p.append(f"data.val_fraction={self.val_fraction}: must be in [0, 1)")
         for name, (lo, hi) in (("crop_scale", self.crop_scale), ("crop_ratio", self.crop_ratio)):
@@ -151,10 +169,20 @@ class TrainingConfig:
     """NHWC memory format for model and inputs (tensor cores prefer it)."""
 
     compile: bool = False
-    """``torch.compile`` the model (costs tens of seconds of warm-up)."""
+    """``torch.compile`` the model (DDP wrapper included: its buckets still overlap the backward pass). A cold
+    compile of ResNet-50 costs about a minute; a live worker pays it once per graph (``trainer.compiled``), and the
+    first step's record says what it cost (``compile_s``)."""
 
-    compile_mode: str | None = None
-    """``torch.compile`` mode, e.g. ``max-autotune-no-cudagraphs``; ``None`` is torch's default."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = None
+    """``torch.compile`` mode (``None``: torch's default). ``reduce-overhead`` records the model's forward and
+    backward as CUDA graphs (one launch instead of hundreds; the optimizer, the GradScaler and DDP's all-reduces stay
+    outside them, eager); ``max-autotune`` adds Triton's kernel autotuning to that, ``max-autotune-no-cudagraphs``
+    the autotuning alone. Only with ``compile: true``; the CUDA-graph modes only without gradient accumulation."""
+
+    compile_cache_dir: str | None = None
+    """Where torch.compile keeps its on-disk caches (Inductor's FX graph cache, AOTAutograd's, autotuning results),
+    so a fresh process loads what an earlier one compiled. ``None``: torch's default (``TORCHINDUCTOR_CACHE_DIR``,
+    else ``/tmp/torchinductor_<user>``)."""
 
     cudnn_benchmark: bool = True
     """cuDNN tries several convolution algorithms per new shape and keeps the fastest. On ResNet-50 (one H200, bs 256,
@@ -188,6 +216,15 @@ class TrainingConfig:
             v = getattr(self, name)
             if v is not None and v < 1:
                 p.append(f"training.{name}={v}: must be >= 1")
+        if self.compile_mode is not None and not self.compile:
+            p.append(f"training.compile_mode={self.compile_mode} needs training.compile=true: set it, or remove "
+                     "compile_mode")
+        if self.compile and self.compile_mode in CUDA_GRAPH_MODES and self.accum_steps > 1:
+            # A CUDA graph replays into the same output memory, so the micro-batch whose gradient AccumulateGrad kept
+            # is overwritten by the next one's (pytorch/pytorch#169545; wrong gradients, or an error on access).
+            p.append(f"training.compile_mode={self.compile_mode} with training.accum_steps={self.accum_steps}: CUDA "
+                     "graphs overwrite one micro-batch's gradients with the next one's; set training.accum_steps=1 "
+                     "or compile_mode=max-autotune-no-cudagraphs (or default)")
         return p
 
 

@@ -29,8 +29,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import checkpoint as ckpt
-from trainer.config import ConfigError, TrainConfig
+from trainer.compiled import PROCESS as COMPILED
+from trainer.compiled import compile_model, compile_record, graph_key
+from trainer.config import CUDA_GRAPH_MODES, ConfigError, TrainConfig
 from trainer.data import GPU_DECODE_PATHS, build_pipeline, num_classes
+from trainer.learning import DEFAULT_HINT, loss_verdict, window_losses
 from trainer.loop import autocast, evaluate, grad_scaler, train_step
 from trainer.meter import ThroughputMeter, sync
 from trainer.model import build_model
@@ -169,6 +172,10 @@ class Job:
         self.steps_run = 0
         """Steps this process ran in this job (a resumed run starts its count afresh)."""
 
+        self.compile_reused: bool | None = None
+        self.compile_before = (0.0, 0)
+        self.cuda_graphs = False
+
         self.loss = torch.zeros((), device=env.device)
         # Non-finite step losses: (consecutive at the end, total), kept on the device (see count_nonfinite).
         self.nonfinite = (torch.zeros((), dtype=torch.int64, device=env.device),
@@ -202,7 +209,12 @@ class Job:
         if self.train_mode and t.validate_every:
             self.val_pipeline = build_pipeline(cfg, rank=env.rank, world_size=env.world_size, device=env.device,
                                                split="val")
-        self.model, self.raw_model = build_ddp_model(cfg, env, num_classes(cfg))
+        classes = num_classes(cfg)
+        # A live worker keeps the graphs a trial before it compiled while they are this trial's (trainer.compiled).
+        self.compile_reused = COMPILED.prepare(cfg, graph_key(cfg, classes, env.world_size)) if t.compile else None
+        self.compile_before = COMPILED.clock.read()
+        self.model, self.raw_model = build_ddp_model(cfg, env, classes)
+        self.cuda_graphs = t.compile and t.compile_mode in CUDA_GRAPH_MODES
         self.optimizer = build_optimizer(cfg, self.raw_model)
         self.scaler = grad_scaler(cfg, env.device)
         # Measure runs read one endless stream of epochs (StreamingSampler): no epoch boundary in the windows.
@@ -252,16 +264,19 @@ class Job:
         self.train_one_step(rest)
         sync(self.env.device)
         done = time.perf_counter()
+        # A compiled model compiles in its first forward and backward: compile_s is that part of first_compute_s.
+        compiled = ({**compile_record(self.compile_before), "compile_reused": self.compile_reused}
+                    if self.cfg.training.compile else {})
         self.writer.write({"kind": Kind.FIRST_STEP, "t": time.time(), "first_batch_s": round(got_batch - t0, 4),
                            "first_compute_s": round(done - got_batch, 4),
                            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)
-                           if self.env.device.type == "cuda" else None})
+                           if self.env.device.type == "cuda" else None, **compiled})
         return rest
 
     def train_one_step(self, batches: Iterator) -> None:
         t = self.cfg.training
         self.loss = train_step(self.model, batches, self.optimizer, self.scaler, accum_steps=t.accum_steps,
-                               autocast_ctx=self.amp)
+                               autocast_ctx=self.amp, cuda_graphs=self.cuda_graphs)
         self.nonfinite = count_nonfinite(self.loss, *self.nonfinite)
         self.steps_run += 1
         self.scheduler.step()
@@ -370,9 +385,12 @@ class Job:
         t = self.cfg.training
         if t.mode == "measure" and not self.meter.windows:
             raise RuntimeError("the run ended before one measurement window closed: raise training.steps or add data")
+        # Compiles after the first step (a recompile mid-run) show here: the whole trial's compile time and count.
+        compiled = compile_record(self.compile_before) if t.compile and t.mode != "loader" else {}
         self.writer.write(summary_record(self.meter, self.env, mode=t.mode, loss=self.loss, nonfinite=nonfinite,
                                          steps_run=self.steps_run, steps=self.step, epochs=self.epoch,
-                                         global_batch=t.batch_size * t.accum_steps * self.env.world_size))
+                                         global_batch=t.batch_size * t.accum_steps * self.env.world_size,
+                                         extra=compiled))
 
     def close(self) -> None:
         """Release everything this run built: loader workers and decode threads joined, model, optimizer and
@@ -381,12 +399,11 @@ class Job:
         for pipeline in (self.pipeline, self.val_pipeline):
             if pipeline is not None:
                 pipeline.close()
-        compiled = self.cfg.training.compile
         self.pipeline = self.val_pipeline = None
         self.model = self.raw_model = self.optimizer = self.scaler = self.scheduler = self.meter = None
         self.loss = self.nonfinite = None
-        if compiled:
-            torch._dynamo.reset()
+        if self.cfg.training.compile:
+            COMPILED.release(self.cfg)  # CUDA graphs go with their trial; other graphs stay for the next one's
         gc.collect()
         if self.env.device.type == "cuda":
             torch.cuda.synchronize(self.env.device)
@@ -410,7 +427,7 @@ def build_ddp_model(cfg: TrainConfig, env: Dist, classes: int):
     if t.compile:
         # Compile the DDP wrapper: Dynamo's DDPOptimizer splits the graph at bucket boundaries so the
         # all-reduces still overlap the backward pass.
-        return torch.compile(ddp, mode=t.compile_mode), model
+        return compile_model(ddp, cfg), model
     return ddp, model
 
 
@@ -437,7 +454,8 @@ def count_nonfinite(loss: torch.Tensor, run: torch.Tensor, total: torch.Tensor) 
 
 def summary_record(meter: ThroughputMeter, env: Dist, *, mode: str, loss: torch.Tensor,
                    nonfinite: tuple[torch.Tensor, torch.Tensor] | None, steps_run: int, steps: int, epochs: int,
-                   global_batch: int | None, unit: str = "images") -> dict[str, Any]:
+                   global_batch: int | None, unit: str = "images", extra: dict[str, Any] | None = None,
+                   loss_hint: str = DEFAULT_HINT) -> dict[str, Any]:
     """A run's summary record, for the built-in job and a user's script alike (``trainer.runtime``): the meter's
     figures, the loss verdict, peak memory per rank. Collective: every rank calls it (the worst rank's loss counts).
     ``nonfinite``: the (run, total) counters of count_nonfinite; None (loader mode, no loss) judges ``loss`` alone,
@@ -457,11 +475,14 @@ def summary_record(meter: ThroughputMeter, env: Dist, *, mode: str, loss: torch.
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the worst rank decides, as for every other verdict
     run, total = (int(v) for v in counts.tolist())
     measured = meter.summary()
-    # A figure is a training figure only if the loss stayed finite where it was measured, and at the end.
-    finite = not loss_diverged(run, steps_run) and not measured["loss_nonfinite_in_windows"]
+    # A figure is a training figure only if the loss stayed finite where it was measured and at the end, and did
+    # not rise across the windows (trainer.learning: one rule for the built-in job and a user's script).
+    verdict = loss_verdict(window_losses(meter.windows), nonfinite_steps=measured["loss_nonfinite_in_windows"],
+                           diverged_steps=run if loss_diverged(run, steps_run) else 0, hint=loss_hint)
     return {"kind": Kind.SUMMARY, "t": time.time(), "mode": mode, "world_size": env.world_size, "unit": unit,
-            **measured, "steps": steps, "epochs": epochs, "loss": loss_value, "loss_finite": finite,
-            "loss_nonfinite_steps": total, "loss_nonfinite_run": run, "peak_mem_bytes": peaks,
+            **measured, **(extra or {}), "steps": steps, "epochs": epochs, "loss": loss_value,
+            "loss_finite": verdict.ok, "loss_reason": verdict.reason, "loss_nonfinite_steps": total,
+            "loss_nonfinite_run": run, "peak_mem_bytes": peaks,
             "peak_mem_kind": "cuda_max_allocated" if env.device.type == "cuda" else "host_max_rss",
             "global_batch": global_batch, "versions": versions()}
 

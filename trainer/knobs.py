@@ -77,8 +77,11 @@ _KNOBS = (
     KnobDef(path="training.compile", label="compile", scope="model", memory=True, choices=(False, True),
             default_space=False, runtime="compile", runtime_default=False,
             doc="torch.compile; a cold compile costs about a minute, so a spec adds it for long searches"),
-    KnobDef(path="training.compile_mode", label="mode", scope="model", memory=True, default_space=False,
-            runtime="compile_mode", doc="torch.compile mode (reduce-overhead: CUDA graphs)"),
+    # None: torch's default mode; reduce-overhead: CUDA graphs for forward and backward; the autotuning modes cost
+    # minutes of compile per graph, so a spec adds them.
+    KnobDef(path="training.compile_mode", label="mode", scope="model", memory=True,
+            choices=(None, "reduce-overhead"), when="training.compile == true", default_space=False,
+            runtime="compile_mode", doc="torch.compile mode (reduce-overhead: the step's model part as CUDA graphs)"),
     KnobDef(path="training.cudnn_benchmark", label="cudnn_search", scope="model", choices=(True, False),
             default_space=False, runtime="cudnn_benchmark",
             doc="cuDNN's per-shape algorithm search; the ceiling stage decides it by measurement"),
@@ -98,6 +101,13 @@ _KNOBS = (
     KnobDef(path="data.hybrid_cpu_fraction", label="cpu_share", scope="pipeline", choices=(0.25, 0.5, 0.75),
             when="data.decode == hybrid", runtime="hybrid_cpu_fraction", runtime_default=0.5,
             doc="hybrid decode: the share of each batch the loader workers decode"),
+    # The hardware engines' share of a hybrid batch: nvjpeg-hw needs nvImageCodec, which is opt-in, so a spec adds it.
+    KnobDef(path="data.hybrid_hw_fraction", label="hw_share", scope="pipeline", choices=(0.0, 0.25, 0.5),
+            when="data.decode == hybrid", default_space=False, runtime="hybrid_hw_fraction",
+            doc="hybrid decode: the share of each batch the GPU's hardware JPEG engines decode"),
+    KnobDef(path="data.hw_roi_decode", label="roi", scope="pipeline", choices=(False, True),
+            when="data.decode == nvjpeg-hw", default_space=False, runtime="hw_roi_decode",
+            doc="nvjpeg-hw: decode only the crop box of each image"),
     KnobDef(path="ddp.bucket_cap_mb", label="bkt", scope="model", low=5.0, high=200.0, log=True,
             runtime="bucket_cap_mb", runtime_default=25.0, doc="DDP gradient bucket size"),
     KnobDef(path="ddp.gradient_as_bucket_view", label="gbv", scope="model", memory=True, choices=(False, True),

@@ -28,13 +28,21 @@ def grad_scaler(cfg: TrainConfig, device: torch.device) -> torch.amp.GradScaler 
 
 
 def train_step(model: nn.Module, batches: Iterator, optimizer: torch.optim.Optimizer,
-               scaler: torch.amp.GradScaler | None, *, accum_steps: int, autocast_ctx) -> torch.Tensor:
+               scaler: torch.amp.GradScaler | None, *, accum_steps: int, autocast_ctx,
+               cuda_graphs: bool = False) -> torch.Tensor:
     """One optimizer step over ``accum_steps`` micro-batches; returns the mean loss as a device tensor (no sync).
 
     Every non-final micro-step runs forward *and* backward inside ``no_sync()``, so DDP all-reduces the gradients
     once per optimizer step instead of once per micro-batch (the seed tutorial's loop all-reduced every time).
     Raises StopIteration when ``batches`` runs out before a full step.
+
+    ``cuda_graphs``: the model is compiled with CUDA graphs (``reduce-overhead``). Each step then starts a new
+    generation of Inductor's cudagraph trees, so the graphs may reuse the memory of the last step's outputs (its
+    logits and gradients, all consumed by then); the loss, the GradScaler and the optimizer step run eager, outside
+    the graphs, and with them the scaler's skip of an overflowed step stays on the device.
     """
+    if cuda_graphs:
+        torch.compiler.cudagraph_mark_step_begin()
     total = None
     for micro in range(accum_steps):
         images, labels = next(batches)

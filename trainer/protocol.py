@@ -77,7 +77,11 @@ ROOT_CAUSE_ORDER = (Failure.OOM, Failure.CONFIG, Failure.DIVERGED, Failure.LOADE
 
 
 def nonfinite_reason(summary: dict[str, Any]) -> str:
-    """Why a summary's ``loss_finite`` is False, in words."""
+    """Why a summary's ``loss_finite`` is False (its figure does not stand), in words: the summary's own
+    ``loss_reason`` (``trainer.learning.loss_verdict``); a summary written before it had one was judged on NaN/inf
+    alone."""
+    if summary.get("loss_reason"):
+        return summary["loss_reason"]
     inside = summary.get("loss_nonfinite_in_windows") or 0
     if inside:
         return f"loss NaN/inf in {inside} step(s) of the measured windows"
@@ -124,6 +128,10 @@ class SummaryRecord(TypedDict, total=False):
     spread: float
     settled: bool
     loss_finite: bool
+    """The figure stands: the loss stayed finite and did not rise across the windows (the name is older than the
+    rise rule; ``loss_reason`` says why not)."""
+
+    loss_reason: str | None
     loss_start: float | None
     loss_end: float | None
     peak_mem_bytes: list[int]

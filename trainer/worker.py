@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainer.compiled import process_threads
 from trainer.config import ConfigError, TrainConfig, process_settings
 from trainer.job import init_distributed, run_job, run_recorded, shutdown_distributed
 from trainer.protocol import ResultWriter
@@ -64,6 +65,7 @@ def serve(first: TrainConfig, first_result: str | None, requests: str | Path, *,
             writer.close()
         if code:
             return code
+        baseline_threads |= process_threads()  # torch.compile's pools live as long as the process, by design
         leaks = leftovers(baseline_threads)
         if leaks:
             print(f"[rank {rank}] trial {index} left {leaks} behind: this worker stops, the next trial gets a fresh "

@@ -17,6 +17,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
                                    "mobilenet_v3_small) or package.module:factory (called with num_classes=N)")
     p.add_argument("--data", help="tune on this ImageFolder (one sub-folder per class) instead of the spec's data")
     p.add_argument("--image-size", type=int, help="side of the square crop the model sees (default: the spec's)")
+    p.add_argument("--optimizer", choices=["sgd", "adamw"],
+                   help="the trials' optimizer (default: the spec's, or the model family's reference recipe: AdamW "
+                        "for ViT, Swin, MaxViT and ConvNeXt)")
+    p.add_argument("--lr", type=float, help="the trials' learning rate (default: the spec's or the recipe's); a "
+                                            "trial whose loss rises across its windows is void")
     p.add_argument("--trials", type=int, help="trials to run in this call (default: the spec's budget.trials)")
     p.add_argument("--timeout", type=float, help="start no trial after this many seconds")
     p.add_argument("--trial-timeout", type=float, help="end a trial with no measurement window for this long")
@@ -46,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from autotune.search import SearchOptions, best_line, search
 
     options = SearchOptions(spec=args.spec, model=args.model, data=args.data, image_size=args.image_size,
-                            trials=args.trials, timeout_s=args.timeout, trial_timeout_s=args.trial_timeout,
+                            optimizer=args.optimizer, lr=args.lr, trials=args.trials, timeout_s=args.timeout,
+                            trial_timeout_s=args.trial_timeout,
                             storage=args.storage, study=args.study, nproc=args.nproc_per_node, gpus=args.gpus,
                             objective=args.objective, seed=args.seed, stale_after_s=args.stale_after,
                             script=args.script, script_args=list(args.script_args))

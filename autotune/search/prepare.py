@@ -26,6 +26,7 @@ from autotune.study.storage import default_storage
 from trainer.config import ConfigError, TrainConfig
 from trainer.data.files import resolve_splits
 from trainer.datagen import make_image_folder
+from trainer.learning import DEFAULT_LR, recipe_for
 from trainer.model import classification_models
 
 
@@ -43,6 +44,12 @@ class SearchOptions:
     """Use this ImageFolder instead of the spec's data."""
 
     image_size: int | None = None
+    optimizer: str | None = None
+    """``sgd`` or ``adamw`` instead of the spec's (or the model family's recipe, ``trainer.learning.RECIPES``)."""
+
+    lr: float | None = None
+    """The learning rate every trial runs at (for trial 0's global batch; export rescales it to the tuned one)."""
+
     trials: int | None = None
     timeout_s: float | None = None
     trial_timeout_s: float | None = None
@@ -109,6 +116,9 @@ class Plan:
     timeout_s: float | None
     trial_timeout_s: float
     notes: list[str] = field(default_factory=list)
+    optimizer_line: str = ""
+    """Which optimizer the trials run and why (the spec's, the model family's recipe, or the command line's)."""
+
     script: Any = None
     """For a user's script: what its first run found (``autotune.search.script.Probe``); None for the built-in job
     (and for a script until then)."""
@@ -151,9 +161,9 @@ def prepare(o: SearchOptions, say=print) -> Plan:
         from autotune.search.script import check, script_spec
 
         check(o.script)
-        spec = script_spec(o.script, o.script_args, o.study, gpu=bool(visible))
+        spec, optimizer_line = script_spec(o.script, o.script_args, o.study, gpu=bool(visible)), ""
     else:
-        spec = with_command_line(load_spec(choose_spec(o.spec, len(visible), say)), o)
+        spec, optimizer_line = with_command_line(load_spec(choose_spec(o.spec, len(visible), say)), o)
     entries, nproc = placement(o, spec, visible)
     gpus = to_nvml(nvml, entries) if entries else []
     torchrun = Torchrun.parse(spec.world.torchrun_args)
@@ -177,19 +187,20 @@ def prepare(o: SearchOptions, say=print) -> Plan:
                 baseline=baseline, starts=starts, data=data, storage_url=o.storage or default_storage(name),
                 trials=o.trials or spec.budget.trials,
                 timeout_s=o.timeout_s if o.timeout_s is not None else spec.budget.timeout_s,
-                trial_timeout_s=o.trial_timeout_s or spec.budget.trial_timeout_s)
+                trial_timeout_s=o.trial_timeout_s or spec.budget.trial_timeout_s, optimizer_line=optimizer_line)
 
 
 def check_options(o: SearchOptions) -> None:
-    if o.script and (o.spec or o.model or o.data or o.image_size):
+    if o.script and (o.spec or o.model or o.data or o.image_size or o.optimizer or o.lr):
         given = next(f for f, v in (("--spec", o.spec), ("--model", o.model), ("--data", o.data),
-                                    ("--image-size", o.image_size)) if v)
-        raise AutotuneError(f"--script with {given}: the script builds its own model and reads its own data; pass "
+                                    ("--image-size", o.image_size), ("--optimizer", o.optimizer), ("--lr", o.lr))
+                     if v)
+        raise AutotuneError(f"--script with {given}: the script builds its own model, optimizer and data; pass "
                             "its arguments after `--` (autotune search --script train.py -- --data DIR)")
     if o.script_args and not o.script:
         raise AutotuneError(f"arguments after `--` ({' '.join(o.script_args)}) are a script's: give --script too")
     for flag, value in (("--trials", o.trials), ("--timeout", o.timeout_s), ("--trial-timeout", o.trial_timeout_s),
-                        ("--stale-after", o.stale_after_s), ("--image-size", o.image_size)):
+                        ("--stale-after", o.stale_after_s), ("--image-size", o.image_size), ("--lr", o.lr)):
         if value is not None and value <= 0:
             raise AutotuneError(f"{flag} {value:g}: must be > 0")
     if o.stale_after_s is not None and o.stale_after_s < 3 * HEARTBEAT_S:
@@ -209,18 +220,61 @@ def choose_spec(spec: str | None, n_visible: int, say) -> str:
     return "cpu-demo"
 
 
-def with_command_line(spec: StudySpec, o: SearchOptions) -> StudySpec:
-    """The spec with ``--model`` and ``--image-size`` in its base (checked as any spec is)."""
-    if o.model is None and o.image_size is None:
-        return spec
+def with_command_line(spec: StudySpec, o: SearchOptions) -> tuple[StudySpec, str]:
+    """The spec with ``--model``, ``--image-size``, ``--optimizer`` and ``--lr`` in its base (checked as any spec
+    is), and which optimizer the trials run, in words."""
+    section, why = optimizer_section(spec, o)
+    if o.model is None and o.image_size is None and section is None:
+        return spec, why
     data = spec.to_dict()
     base = data["base"]
     if o.model is not None:
         base["model"] = {"name": o.model}
     if o.image_size is not None:
         base.setdefault("data", {})["image_size"] = o.image_size
+    if section is not None:
+        base["optimizer"] = section
     data["name"] = spec.name
-    return StudySpec.from_dict(data, source=f"{spec.source} with --model/--image-size")
+    flags = [f for f, v in (("--model", o.model), ("--image-size", o.image_size), ("--optimizer", o.optimizer),
+                            ("--lr", o.lr)) if v is not None]
+    return StudySpec.from_dict(data, source=f"{spec.source} with {'/'.join(flags) or 'its model family recipe'}"), why
+
+
+def optimizer_section(spec: StudySpec, o: SearchOptions) -> tuple[dict[str, Any] | None, str]:
+    """The base's ``optimizer`` section for this search (None: the spec's, unchanged) and where it comes from.
+
+    ``--optimizer``/``--lr`` win. Otherwise a model named on the command line, or a spec that sets no optimizer,
+    gets its family's recipe (``trainer.learning.RECIPES``) where it has one: a spec's optimizer was chosen for the
+    spec's own model, and the job's default (SGD at 0.1) does not train every family (a transformer's loss went from
+    4.7 to 162 with it)."""
+    base_opt = dict(spec.base.get("optimizer") or {}) if isinstance(spec.base.get("optimizer"), dict) else {}
+    model = o.model or ((spec.base.get("model") or {}).get("name") if isinstance(spec.base.get("model"), dict)
+                        else None) or TrainConfig().model.name
+    recipe = recipe_for(model)
+    if recipe is not None and o.model is None and base_opt:
+        recipe = None  # the spec chose this model's optimizer itself
+    change = "--optimizer / --lr set another"
+    if o.optimizer is not None or o.lr is not None:
+        name = (o.optimizer or (recipe.optimizer["name"] if recipe else None) or base_opt.get("name")
+                or TrainConfig().optimizer.name)
+        section = {**base_opt, "name": name}
+        if recipe is not None and recipe.optimizer["name"] == name:
+            section.update(recipe.optimizer)  # its weight decay (and reference batch, unless --lr names the lr)
+        elif name != base_opt.get("name", TrainConfig().optimizer.name):
+            section.pop("weight_decay", None)  # another optimizer's weight decay means something else
+        if o.lr is not None:
+            # The lr trial 0 runs at: export rescales it from trial 0's global batch.
+            section["lr"], section["reference_global_batch"] = o.lr, None
+        elif recipe is None or recipe.optimizer["name"] != name:
+            # (a name the job does not know gets any lr: the spec's check refuses the name itself)
+            section["lr"], section["reference_global_batch"] = DEFAULT_LR.get(name, 0.1), None
+        flags = " and ".join(f for f, v in (("--optimizer", o.optimizer), ("--lr", o.lr)) if v is not None)
+        return section, f"optimizer {name} lr {section['lr']:g} (from {flags})"
+    if recipe is not None:
+        return dict(recipe.optimizer), f"optimizer {recipe.describe()}, the {recipe.family} recipe ({change})"
+    cfg = spec.base_config("<generated>" if spec.generates_data else None).optimizer
+    whose = "the spec's" if base_opt else "the default"
+    return None, f"optimizer {cfg.name} lr {cfg.lr:g} ({whose}; {change})"
 
 
 def study_name(spec: StudySpec, o: SearchOptions) -> str:
@@ -403,8 +457,9 @@ def describe_model(plan: Plan) -> str:
                 f"{found.unit if found else 'its unit'}/s; it applies: {applies}")
     source = "--model" if plan.options.model else "the spec"
     size = "--image-size" if plan.options.image_size else "the spec"
-    return (f"model {cfg.model.name} (from {source}) at {cfg.data.image_size} px (from {size}; --model and "
+    line = (f"model {cfg.model.name} (from {source}) at {cfg.data.image_size} px (from {size}; --model and "
             "--image-size change them)")
+    return f"{line}; {plan.optimizer_line}" if plan.optimizer_line else line
 
 
 def base_value(plan: Plan, dotted: str) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from trainer.config import TrainConfig, scope_of
 from trainer.knobs import AUTO, BY_RUNTIME_NAME, KNOBS, MEMORY_SETTINGS
@@ -13,8 +14,13 @@ def test_every_knob_is_a_setting_with_valid_choices(path):
     k = KNOBS[path]
     section, leaf = path.split(".")
     assert leaf in TrainConfig().to_dict()[section], f"{path}: no such TrainConfig setting"
+    # A conditional knob is drawn only where its condition holds: its values are checked there.
+    where = {}
+    if k.when and " == " in k.when:
+        cond, _, value = k.when.partition(" == ")
+        where = {cond: yaml.safe_load(value)}
     for value in [*(k.choices or ()), *(end for end in (k.low, k.high) if end not in (None, AUTO))]:
-        TrainConfig().with_overrides({path: value})  # raises ConfigError for a value the job refuses
+        TrainConfig().with_overrides({**where, path: value})  # raises ConfigError for a value the job refuses
     assert scope_of(path) == k.scope
 
 

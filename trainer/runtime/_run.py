@@ -48,6 +48,9 @@ IMAGES = ("decode", "hybrid_cpu_fraction")
 
 _UNSET = object()
 
+SCRIPT_LOSS_HINT = ("learning rate too high for this model, optimizer and batch: the script owns its optimizer, "
+                    "so lower its learning rate there (or scale it with the batch size)")
+
 
 class TrialDone(SystemExit):
     """Raised by ``report()`` when a script goes on after its trial was measured: a plain script ends there (exit 0,
@@ -413,7 +416,7 @@ class Run:
         mode = {"supply": "loader", "ceiling": "measure"}.get(self.request.mode, self.request.mode)
         self.writer.write(summary_record(self.meter, self.env, mode=mode, loss=self.loss,
                                          nonfinite=self._nonfinite if loss_known else None, steps_run=self.steps,
-                                         steps=self.steps, epochs=0, unit=self.unit,
+                                         steps=self.steps, epochs=0, unit=self.unit, loss_hint=SCRIPT_LOSS_HINT,
                                          global_batch=batch * accum * self.world_size if batch else None))
         self.done = True
 

@@ -182,7 +182,10 @@ def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, si
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {(n, 3, size, size)}")
     box_list = boxes.cpu().tolist()
     flips = flip.cpu().tolist() if flip is not None else [False] * n
-    meta, spans, offset = _crop_metadata(images, box_list, flips, _groups_by_crop_size(box_list, max_cells))
+    # Decoders that write interleaved pixels (the hardware engines: HWC) hand over CHW views of them: gathered as
+    # pixels, their crop rows need no per-image copy into CHW order first (256 copy kernels a batch).
+    hwc = all(_is_hwc_view(im) for im in images)
+    meta, spans, offset = _crop_metadata(images, box_list, flips, _groups_by_crop_size(box_list, max_cells), hwc=hwc)
     meta_d = _to_device(torch.tensor(meta, dtype=torch.int64), device)
     position, row0, width, last_row, plane, crop_h, crop_w, flip_d = (meta_d[:, k] for k in range(8))
 
@@ -194,16 +197,26 @@ def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, si
     tap_w = tap_w.to(compute_dtype)
 
     # The tail pad lets the last row's run read Wc cells past the end; uint8 needs no initialization to be finite.
-    flat = torch.empty(offset + max(s[3] for s in spans), dtype=torch.uint8, device=device)
-    torch.cat([im.reshape(-1) for im in images], out=flat[:offset])
+    pad = max(s[3] for s in spans)
+    if hwc:  # offsets count pixels: a crop row of all three channels is one run of pixels
+        flat = torch.empty((offset + pad) * 3, dtype=torch.uint8, device=device)
+        torch.cat([im.permute(1, 2, 0).reshape(-1) for im in images], out=flat[:offset * 3])
+        runs = flat.view(-1, 3)  # P pixels x 3 channels
+    else:
+        flat = torch.empty(offset + pad, dtype=torch.uint8, device=device)
+        torch.cat([im.reshape(-1) for im in images], out=flat[:offset])
+        runs = flat
     channel = torch.arange(3, device=device)
     # Each group: one gather, two matmuls, one fused normalize — kept in line, the device work in its order.
     for start, end, hc, wc in spans:
         g = end - start
         ys = torch.arange(hc, device=device).view(1, -1)
         rows = row0[start:end, None] + torch.minimum(ys, last_row[start:end, None]) * width[start:end, None]
-        first = rows.view(g, hc, 1) + plane[start:end, None, None] * channel  # g x Hc x 3 run starts
-        crops = flat.unfold(0, wc, 1).index_select(0, first.view(-1)).to(compute_dtype).view(g, hc, 3 * wc)
+        if hwc:  # unfold of P x 3 pixels: [i, c, j] = pixel i + j, channel c; one index per (image, row)
+            crops = runs.unfold(0, wc, 1).index_select(0, rows.reshape(-1)).to(compute_dtype).view(g, hc, 3 * wc)
+        else:
+            first = rows.view(g, hc, 1) + plane[start:end, None, None] * channel  # g x Hc x 3 run starts
+            crops = flat.unfold(0, wc, 1).index_select(0, first.view(-1)).to(compute_dtype).view(g, hc, 3 * wc)
         wy = _scatter_rows(tap_index[start:end], tap_w[start:end], hc)
         wx = _scatter_rows(tap_index[n + start:n + end], tap_w[n + start:n + end], wc)
         resampled = torch.bmm(wy, crops)  # g x size x (3 * Wc): rows, channels, columns
@@ -221,23 +234,31 @@ def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, si
 
 
 def _crop_metadata(images: Sequence[torch.Tensor], boxes: list[list[int]], flips: list[bool],
-                   groups: list[list[int]]) -> tuple[list[list[int]], list[tuple[int, int, int, int]], int]:
+                   groups: list[list[int]], *, hwc: bool = False,
+                   ) -> tuple[list[list[int]], list[tuple[int, int, int, int]], int]:
     """Host numbers for the device, one row per image in group order: [position, first pixel of the crop in the
     flat buffer, image width, last crop row, channel plane size, crop height, crop width, flip]; each group's
-    (first row, end row, padded height, padded width); and the flat buffer's size."""
+    (first row, end row, padded height, padded width); and the flat buffer's size. ``hwc``: the buffer holds
+    interleaved pixels, offsets count pixels, and there are no channel planes."""
     meta, spans, offset, offsets = [], [], 0, []
     for im in images:
         offsets.append(offset)
-        offset += im.numel()
+        offset += im.numel() // 3 if hwc else im.numel()
     for members in groups:
         start = len(meta)
         for i in members:
             top, left, h, w = boxes[i]
             height, width = images[i].shape[-2], images[i].shape[-1]
-            meta.append([i, offsets[i] + top * width + left, width, h - 1, height * width, h, w, int(flips[i])])
+            plane = 0 if hwc else height * width
+            meta.append([i, offsets[i] + top * width + left, width, h - 1, plane, h, w, int(flips[i])])
         spans.append((start, len(meta), _round_up(max(boxes[i][2] for i in members)),
                       _round_up(max(boxes[i][3] for i in members))))
     return meta, spans, offset
+
+
+def _is_hwc_view(im: torch.Tensor) -> bool:
+    """A 3 x H x W view of a contiguous H x W x 3 buffer (what ``decode_batch_hw`` returns)."""
+    return im.dim() == 3 and im.shape[0] == 3 and im.stride() == (1, 3 * im.shape[2], 3)
 
 
 def _groups_by_crop_size(boxes: list[list[int]], max_cells: int) -> list[list[int]]:

@@ -66,6 +66,14 @@ def cpu_share(batch_size: int, fraction: float) -> int:
     return min(batch_size, max(0, math.floor(fraction * batch_size + 0.5)))
 
 
+def split_shares(batch_size: int, cpu_fraction: float, hw_fraction: float) -> tuple[int, int, int]:
+    """(CPU, hardware-engine, CUDA) images of a ``hybrid`` batch, in that order in the batch: the CPU share as
+    ``cpu_share``, the hardware share rounded half up and capped by what the CPU share leaves, the rest CUDA."""
+    cpu = cpu_share(batch_size, cpu_fraction)
+    hw = min(batch_size - cpu, cpu_share(batch_size, hw_fraction))
+    return cpu, hw, batch_size - cpu - hw
+
+
 class HybridDataset(Dataset):
     """The ``hybrid`` path's worker side. Fetched a batch at a time (the DataLoader calls ``__getitems__`` with the
     batch's indices): the first ``cpu_share`` positions are decoded and augmented here exactly as the

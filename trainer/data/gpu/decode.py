@@ -100,7 +100,6 @@ def decode_batch_hw(blobs: Sequence[torch.Tensor], device: torch.device | str, d
     that one copy into its batch buffer in CHW order."""
     device = torch.device(device)
     nvimgcodec = import_nvimgcodec()
-    out: list[torch.Tensor | None] = [None] * len(blobs)
     streams, positions, failed = [], [], []
     for i, blob in enumerate(blobs):
         try:  # wraps the bytes without a copy; the numpy view keeps the packed buffer alive while the stream lives
@@ -108,9 +107,21 @@ def decode_batch_hw(blobs: Sequence[torch.Tensor], device: torch.device | str, d
             positions.append(i)
         except (RuntimeError, ValueError):  # unreadable bytes; 0.9 parses lazily and reports them as None below
             failed.append(i)
+    return _decode_streams(blobs, streams, positions, failed, device, decoder, params, nvimgcodec)
+
+
+def _current_stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def _decode_streams(blobs, streams, positions, failed, device, decoder, params, nvimgcodec) -> list[torch.Tensor]:
+    """Decode nvImageCodec code streams (``positions[k]``: which blob ``streams[k]`` is); blobs in ``failed`` and
+    images nvImageCodec returns as None go to ``decode_batch``, whole."""
+    out: list[torch.Tensor | None] = [None] * len(blobs)
+    failed = list(failed)
     if streams:
         decoded = decoder.decode(streams, params=params or hw_decode_params(nvimgcodec),
-                                 cuda_stream=torch.cuda.current_stream(device).cuda_stream)
+                                 cuda_stream=_current_stream(device))
         if len(decoded) != len(streams):  # nvImageCodec before 0.9 dropped failed images instead of returning None
             raise RuntimeError(f"nvImageCodec returned {len(decoded)} images for {len(streams)} files: "
                                f"install the tested version with {NVJPEG_HW_INSTALL}")
@@ -129,3 +140,54 @@ def decode_batch_hw(blobs: Sequence[torch.Tensor], device: torch.device | str, d
         for i, image in zip(failed, decode_batch([blobs[i] for i in failed], device), strict=True):
             out[i] = image
     return out
+
+
+def decode_crops_hw(blobs: Sequence[torch.Tensor], device: torch.device | str, decoder, *,
+                    scale: tuple[float, float], ratio: tuple[float, float], generator: torch.Generator,
+                    params=None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Decode only the RandomResizedCrop box of each JPEG (nvImageCodec's region decode; DALI's fused
+    decode-and-crop): ``(images, boxes)`` with each image its box's pixels and each box ``[0, 0, h, w]`` of it.
+
+    The boxes are drawn from the sizes in the files' headers, with the generator's draws in the order
+    ``sample_crop_boxes`` makes them from decoded images, so the augmentation is the full decode's, pixel for pixel
+    where the region decode is exact. A file whose header nvImageCodec cannot read is decoded whole first (its size
+    is then known); one whose region no decoder takes is decoded whole afterwards, its box kept."""
+    from trainer.data.gpu.crop import sample_crop_boxes
+
+    device = torch.device(device)
+    nvimgcodec = import_nvimgcodec()
+    streams: list = [None] * len(blobs)
+    sizes: list[tuple[int, int] | None] = [None] * len(blobs)
+    for i, blob in enumerate(blobs):
+        try:
+            cs = nvimgcodec.CodeStream(blob.numpy())
+            if cs.height > 0 and cs.width > 0:
+                streams[i], sizes[i] = cs, (cs.height, cs.width)
+        except (RuntimeError, ValueError):
+            pass
+    whole = [i for i, size in enumerate(sizes) if size is None]
+    decoded_whole = dict(zip(whole, decode_batch([blobs[i] for i in whole], device), strict=True)) if whole else {}
+    for i, image in decoded_whole.items():
+        sizes[i] = (image.shape[-2], image.shape[-1])
+    boxes = sample_crop_boxes(torch.tensor([h for h, _ in sizes]), torch.tensor([w for _, w in sizes]), scale=scale,
+                              ratio=ratio, generator=generator)
+    regions, positions = [], []
+    for i, (top, left, h, w) in enumerate(boxes.tolist()):
+        if streams[i] is not None:
+            regions.append(streams[i].get_sub_code_stream(region=nvimgcodec.Region(top, left, top + h, left + w)))
+            positions.append(i)
+    out: list[torch.Tensor | None] = [decoded_whole.get(i) for i in range(len(blobs))]
+    refused = []
+    if regions:
+        decoded = decoder.decode(regions, params=params or hw_decode_params(nvimgcodec),
+                                 cuda_stream=_current_stream(device))
+        for i, image in zip(positions, decoded, strict=True):
+            if image is None or tuple(image.shape[:2]) != tuple(boxes[i, 2:].tolist()):
+                refused.append(i)
+            else:
+                out[i] = torch.as_tensor(image, device=device).permute(2, 0, 1)
+                boxes[i, :2] = 0
+    if refused:
+        for i, image in zip(refused, decode_batch([blobs[i] for i in refused], device), strict=True):
+            out[i] = image
+    return out, boxes
