@@ -103,6 +103,13 @@ class Plan:
     timeout_s: float | None
     trial_timeout_s: float
     notes: list[str] = field(default_factory=list)
+    measures_ceiling: bool = True
+    """The job can run its model on a synthetic batch (the built-in job can; a user's script only if it makes one):
+    the stages measure the ceiling."""
+
+    measures_supply: bool = True
+    """The job hands its DataLoader to the runtime (the built-in job does): the stages measure each pipeline's
+    supply. With neither, the search runs the sampler alone and says so."""
 
     @property
     def world(self) -> int:
