@@ -427,9 +427,23 @@ class StagePlanner:
         out = [(p, self.pair_ceiling(vs, p)) for p in self.pairs()]
         return sorted([(p, c) for p, c in out if c is not None and not self.pair_dead(vs, p)], key=lambda x: -x[1])
 
-    def best_pair(self, vs: list[TrialView]) -> tuple[tuple, float] | None:
+    def tied_pairs(self, vs: list[TrialView]) -> list[tuple[tuple, float]]:
+        """Live pairs within the spread target of the fastest ceiling: measured, they cannot be told apart."""
         live = self.live_pairs(vs)
-        return live[0] if live else None
+        return [(p, c) for p, c in live if c >= live[0][1] * (1 - self.measure.spread_target)] if live else []
+
+    def best_pair(self, vs: list[TrialView]) -> tuple[tuple, float] | None:
+        """The pair the stages go on from: the fastest live ceiling; among pairs tied with it, the one whose
+        end-to-end trials did best (an end-to-end run is the stronger measurement: channels_last tied on CPU ranks
+        and ran at half the pace end to end)."""
+        tied = self.tied_pairs(vs)
+        if not tied:
+            return None
+        return max(tied, key=lambda pc: (self.pair_best_e2e(vs, pc[0]), pc[1]))
+
+    def pair_best_e2e(self, vs: list[TrialView], pair: tuple) -> float:
+        return max((v.imgs_per_s for v in feasible(vs) if not v.baseline and self.pair_of(v) == pair),
+                   default=-math.inf)
 
     def pair_dead(self, vs: list[TrialView], pair: tuple) -> bool:
         """End-to-end trials at one of its values that decide training (``Dimension.trains``: the precision)
@@ -620,8 +634,8 @@ class StagePlanner:
             return "pending"
         return "dead"
 
-    def candidate_settings(self, vs: list[TrialView], pipe: Pipe) -> dict[str, Any] | None:
-        best = self.best_pair(vs)
+    def candidate_settings(self, vs: list[TrialView], pipe: Pipe, pair: tuple | None = None) -> dict[str, Any]:
+        best = (pair, None) if pair is not None else self.best_pair(vs)
         if best is not None:
             chosen = self.ceiling_choice(vs, best[0])
             fixed = {k: v for k, v in chosen.items() if k != "imgs_per_s"}
@@ -650,6 +664,13 @@ class StagePlanner:
                 break
             if state == "untried":
                 self.main_enqueue(fixed, {"stage": "candidate"})
+                return "candidate"
+        # Pairs the ceiling cannot tell from the best: broken by running the best pipeline at each.
+        best = self.best_pair(vs)
+        for pair, _ in self.tied_pairs(vs) if sure and best is not None else []:
+            fixed = self.candidate_settings(vs, sure[0], pair)
+            if pair != best[0] and self.identity_state(vs, self.identity_of(fixed)) == "untried":
+                self.main_enqueue(fixed, {"stage": "candidate", "tie_of": pair_label(best[0])})
                 return "candidate"
         return None
 

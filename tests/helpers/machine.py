@@ -58,6 +58,10 @@ class Machine:
     e2e_share: float = 0.95
     """An end-to-end run's pace as a share of min(compute, supply)."""
 
+    e2e_share_at: dict[tuple[str, bool], float] = field(default_factory=dict)
+    """``e2e_share`` for some (precision, channels_last): a layout the model alone runs as fast as another may run
+    slower end to end (the inputs' conversion)."""
+
     max_workers: int = 8
 
     def compute(self, cfg, searched: bool) -> float:
@@ -85,7 +89,8 @@ class Machine:
             return self.supply(cfg)
         if kind == "synthetic":
             return self.compute(cfg, searched)
-        return self.e2e_share * min(self.compute(cfg, searched), self.supply(cfg))
+        share = self.e2e_share_at.get((cfg.training.precision, cfg.training.channels_last), self.e2e_share)
+        return share * min(self.compute(cfg, searched), self.supply(cfg))
 
     def window(self, cfg, i: int, steady: float) -> float:
         """Window ``i``'s pace: a short ramp, then steady (swinging for a noisy pipeline)."""

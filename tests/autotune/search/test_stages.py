@@ -108,6 +108,23 @@ def test_an_input_bound_job_measures_no_further_precision_or_layout():
     assert "no other precision or layout is measured: the input pipelines" in r.out
 
 
+def test_pairs_the_ceiling_cannot_tell_apart_are_told_apart_end_to_end():
+    # On CPU ranks bf16 ties with and without channels_last on the model alone; end to end channels_last loses.
+    cpu = {("fp32", False): 600.0, ("fp32", True): 560.0, ("bf16", False): 840.0, ("bf16", True): 860.0}
+    r = search(Machine(ceilings=cpu, supplies={"pil": 2600.0, "torchvision-cpu": 5200.0},
+                       e2e_share_at={("bf16", True): 0.4}), gpu=False, trials=16)
+    candidates = [v for v in r.views if v.stage == "candidate"]
+    tie = [v for v in candidates if v.attrs.get("tie_of")]
+    assert len(tie) == 1 and (tie[0].setting("training.precision"), tie[0].setting("training.channels_last")) in \
+        {("bf16", True), ("bf16", False)}
+    # What follows the tie is run at the pair that did better end to end.
+    after = [v for v in r.views[r.views.index(tie[0]) + 1:] if v.end_to_end and v.stage in ("candidate", "refine")]
+    assert after and all((v.setting("training.precision"), v.setting("training.channels_last")) == ("bf16", False)
+                         for v in after)
+    assert (view.fastest(r.views).setting("training.precision"),
+            view.fastest(r.views).setting("training.channels_last")) == ("bf16", False)
+
+
 def test_cudnns_search_is_decided_on_shapes_new_to_their_worker_per_precision_and_layout():
     # The simulated worker keeps cuDNN's plans keyed without the search flag: a run in a worker that already ran its
     # shapes gets the first run's plans. Measured there, the search could never show what it buys.
