@@ -207,12 +207,12 @@ class StagePlanner:
 
     @property
     def ceilings(self) -> bool:
-        return bool(getattr(self.plan, "measures_ceiling", True))
+        return self.plan.measures_ceiling
 
     @property
     def supplies(self) -> bool:
         """Whether pipelines are measured: the job hands its loader over, and there is real data to read."""
-        return bool(getattr(self.plan, "measures_supply", True)) and self.plan.probe.data.kind != "synthetic"
+        return self.plan.measures_supply and self.plan.probe.data.kind != "synthetic"
 
     def choices(self, path: str) -> list[Any]:
         """The values a knob may take here: its choices or range ends, else the base value alone."""
@@ -244,8 +244,16 @@ class StagePlanner:
             steps.append("supply")
         return steps
 
-    def _core_fits(self, budget: Budget, extra: int = 0) -> bool:
-        return budget.left >= len(self.core()) + extra + 1
+    def _core_fits(self, budget: Budget, extra: int = 0, vs: list[TrialView] | None = None) -> bool:
+        """Whether the smallest staged plan (and ``extra`` measurements more) fits: in trials, and — once a trial's
+        time is known — in the time left, with one end-to-end trial after it."""
+        n = len(self.core()) + extra
+        if budget.left < n + 1:
+            return False
+        if budget.left_s is None or vs is None:
+            return True
+        part, e2e = self.cost(vs, part=True), self.cost(vs, part=False)
+        return part is None or e2e is None or n * part + e2e <= budget.left_s
 
     def outline(self, budget: Budget) -> str:
         """The stage plan for this budget, in a line (``budget.left``: the trials after the ones already enqueued,
@@ -301,9 +309,10 @@ class StagePlanner:
             return None
         vs = views(self.study, self.parts)
         self._decide_cudnn(vs)
-        if not self._started(vs) and not self._core_fits(budget):
-            self.note("small", f"stages: not run: {budget.left} trial(s) left, fewer than the smallest staged plan "
-                               f"needs ({len(self.core()) + 1}); the sampler alone")
+        if not self._started(vs) and not self._core_fits(budget, vs=vs):
+            left = f"{budget.left} trial(s)" + (f" and {budget.left_s:.0f} s" if budget.left_s is not None else "")
+            self.note("small", f"stages: not run: {left} left, too little for the smallest staged plan "
+                               f"({self._core_words()}, one end-to-end trial); the sampler alone")
             return None
         for step in (self._first_ceiling, self._first_supply, self._candidates, self._baseline_again,
                      self._limiting, self._cudnn_evidence, self._batches, self._uncertain, self._refine):
@@ -458,9 +467,9 @@ class StagePlanner:
                 return True
         return False
 
-    def _compare_first(self, budget: Budget) -> bool:
+    def _compare_first(self, budget: Budget, vs: list[TrialView] | None = None) -> bool:
         """Whether the first ceiling is measured with and without cuDNN's algorithm search (GPU; the budget)."""
-        return self.on_gpu and self._core_fits(budget, extra=1)
+        return self.on_gpu and self._core_fits(budget, extra=1, vs=vs)
 
     def _first_ceiling(self, vs: list[TrialView]) -> str | None:
         """The likeliest fastest pair at the largest batch (the next pair where one cannot run at any batch)."""
@@ -478,10 +487,10 @@ class StagePlanner:
             top = self.top_batch()
             evidence = any(v.attrs.get("cudnn_evidence") for v in vs
                            if v.stage == "ceiling" and self.pair_of(v) == pair)
-            compare = self.on_gpu and (evidence or self._compare_first(self.budget))
+            compare = self.on_gpu and (evidence or self._compare_first(self.budget, vs))
             if self.on_gpu and not compare:
-                self.note("cudnn", "stages: cuDNN's algorithm search is not compared (too few trials): it stays at "
-                                   "cuDNN's default (on)")
+                self.note("cudnn", "stages: cuDNN's algorithm search is not compared (too little budget left): it "
+                                   "stays at cuDNN's default (on)")
             if compare:  # without first: the measurement with it then gets a fresh worker, which lives on
                 name = self._want(vs, "ceiling", self.ceiling_overrides(pair, top, False), part_budget=False,
                                   attrs={"cudnn_evidence": True})

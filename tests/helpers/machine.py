@@ -52,6 +52,9 @@ class Machine:
     max_batch: int | None = None
     """Larger micro-batches run out of memory."""
 
+    oom_decodes: set[str] = field(default_factory=set)
+    """Decode paths whose end-to-end runs run out of memory at every batch (their buffers beside the model's)."""
+
     interrupt: set[str] = field(default_factory=set)
     """Kinds of run (``loader``, ``synthetic``, ``e2e``) that raise KeyboardInterrupt at their first window, once."""
 
@@ -140,7 +143,8 @@ class FakePool:
 
         t = time.time()
         emit({"kind": "start", "t": t, "worker_trial": True})
-        if m.max_batch is not None and m.kind(cfg) != "loader" and cfg.training.batch_size > m.max_batch:
+        if (m.max_batch is not None and m.kind(cfg) != "loader" and cfg.training.batch_size > m.max_batch) or \
+                (m.kind(cfg) == "e2e" and cfg.data.decode in m.oom_decodes):
             emit({"kind": "error", "t": t, "class": "oom", "rank": 0, "message": "CUDA out of memory (simulated)"})
             self.worker = None
             return self._end(run)

@@ -197,6 +197,19 @@ def test_when_a_precision_diverges_end_to_end_the_next_fastest_takes_over():
     assert set(r.study.user_attrs["cudnn"]) == {"fp16 channels_last", "bf16 channels_last"}
 
 
+def test_a_candidate_whose_every_trial_fails_is_replaced_by_the_next():
+    spec = copy.deepcopy(SPEC)
+    spec["stages"]["candidates"] = 2
+    feeds = {"pil": 1500.0, "torchvision-cpu": 5600.0, "nvjpeg-gpu": 11000.0}
+    r = search(Machine(ceilings=GPU, supplies=feeds, oom_decodes={"nvjpeg-gpu"}), spec=spec, trials=20)
+    nvjpeg = [v for v in e2e(r) if v.setting("data.decode") == "nvjpeg-gpu" and not v.baseline]
+    assert nvjpeg and all(v.outcome == "infeasible" and v.failure_class == "oom" for v in nvjpeg)
+    # nvJPEG ran out of memory at its batch and at the repair's: the two candidates that count are the next two.
+    ran = {v.setting("data.decode") for v in r.views if v.stage == "candidate" and v.outcome in ("measured", "pruned")}
+    assert ran == {"hybrid", "torchvision-cpu"}
+    assert {v.params["data.decode"] for v in r.views if v.stage == "refine"} <= {"hybrid", "torchvision-cpu"}
+
+
 @pytest.mark.parametrize("trials, ceilings, supplies, said", [
     (4, 1, 1, "cuDNN's algorithm search not compared: too few trials"),
     (2, 0, 0, "stages: not run: 1 trial(s) left for them, fewer than the 3 the smallest staged plan needs"),
