@@ -15,18 +15,20 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    with the most loader workers.
 3. **candidates** — end-to-end trials at the ceiling's precision, layout and batch for the pipelines whose bound
    (min(supply, ceiling)) is within ``REACH`` of the best: one per decode family, the best of each (ties broken by
-   measured headroom), the best bound first. The first runs as soon as one ceiling and one supply are known. A
-   candidate whose every trial fails (OOM down to the smallest batch, an invalid combination) is replaced by the next;
-   a precision and layout whose end-to-end trials diverge and never train is dropped for the next-fastest one.
+   measured headroom), the best bound first; and one at each precision and layout the ceiling cannot tell from the
+   fastest (within the spread target: the end-to-end runs tell them apart, and the stages go on from the one that did
+   best). The first runs as soon as one ceiling and one supply are known. A candidate whose every trial fails (OOM at
+   its batch and at the repair's, an invalid combination) is replaced by the next; a precision whose end-to-end trials
+   diverge and never train is dropped for the next-fastest one.
 4. **trial 0 again** — when its windows never agreed, in a fresh process: the gain over trial 0 is the headline.
-5. **what limits the bound** — while the input pipelines bound every run below the ceiling, the next pipeline's
+5. **cuDNN per precision and layout** — for every precision and layout a candidate runs at, the measurement without
+   the algorithm search beside the one with it; the search stays on for that pair only where it buys ``CUDNN_KEEP``.
+6. **what limits the bound** — while the input pipelines bound every run below the ceiling, the next pipeline's
    supply; otherwise the ceiling's grid, one dimension at a time from the fastest pair, along the dimension's order
    until a step is clearly slower (the rest of that direction is then taken as dominated: the order is the prior, the
    measurement confirms it); then the pipelines not measured yet (they can only tie, and ties are run end to end).
    A supply stops early, in-band, once its latest full windows are all above the ceiling or all clearly out of reach
    (``stop_when``).
-6. **cuDNN per precision and layout** — for every precision and layout a candidate runs at, the measurement without
-   the algorithm search beside the one with it; the search stays on for that pair only where it buys ``CUDNN_KEEP``.
 7. **smaller batches** of the fastest pair, halving, while they keep ``PLATEAU`` of its pace: the smallest on the
    plateau becomes the candidates' batch, and a batch below it bounds what a trial there can reach.
 8. **uncertain pipelines** — one dropped on a supply whose windows never agreed, but whose fastest steady window
@@ -315,7 +317,7 @@ class StagePlanner:
                                f"({self._core_words()}, one end-to-end trial); the sampler alone")
             return None
         for step in (self._first_ceiling, self._first_supply, self._candidates, self._baseline_again,
-                     self._limiting, self._cudnn_evidence, self._batches, self._uncertain, self._refine):
+                     self._cudnn_evidence, self._limiting, self._batches, self._uncertain, self._refine):
             name = step(vs)
             if name == BLOCKED:
                 return None
@@ -677,9 +679,11 @@ class StagePlanner:
         # Pairs the ceiling cannot tell from the best: broken by running the best pipeline at each.
         best = self.best_pair(vs)
         for pair, _ in self.tied_pairs(vs) if sure and best is not None else []:
-            fixed = self.candidate_settings(vs, sure[0], pair)
-            if pair != best[0] and self.identity_state(vs, self.identity_of(fixed)) == "untried":
-                self.main_enqueue(fixed, {"stage": "candidate", "tie_of": pair_label(best[0])})
+            tried = any(v.end_to_end and not v.baseline and self.pair_of(v) == pair
+                        and v.failure_class not in NOT_ITS_FAULT for v in vs)
+            if pair != best[0] and not tried:
+                self.main_enqueue(self.candidate_settings(vs, sure[0], pair),
+                                  {"stage": "candidate", "tie_of": pair_label(best[0])})
                 return "candidate"
         return None
 

@@ -120,7 +120,8 @@ class FakePool:
         self.worker: FakeWorker | None = None
         self.launched = 0
         self.runs: list[dict[str, Any]] = []
-        """One entry per run: the config, the worker, and whether it was a fresh one."""
+        """One entry per run: the config, the worker, whether it was a fresh one, and whether the cuDNN plans it ran
+        on were found by the search."""
 
     def run(self, job, *, fresh: bool = False, on_record=None, on_poll=None) -> TrialRun:
         m, cfg = self.machine, job.config
@@ -130,9 +131,9 @@ class FakePool:
         w = self.worker
         d = Path(job.trial_dir)
         run = TrialRun(log_path=d / "log.txt", result_path=d / "result.jsonl", worker=w.name, t_launch=time.time())
-        self.runs.append({"config": cfg, "worker": w.name, "fresh": fresh})
         shape = (cfg.training.precision, cfg.training.channels_last, cfg.training.batch_size)
         searched = w.plans.setdefault(shape, cfg.training.cudnn_benchmark) if m.kind(cfg) != "loader" else True
+        self.runs.append({"config": cfg, "worker": w.name, "fresh": fresh, "plans_searched": searched})
         stop = False
 
         def emit(rec: dict) -> None:

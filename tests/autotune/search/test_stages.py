@@ -140,6 +140,15 @@ def test_cudnns_search_is_decided_on_shapes_new_to_their_worker_per_precision_an
     # Every end-to-end trial at that precision and layout runs with the decision.
     assert all(v.setting("training.cudnn_benchmark") is True for v in e2e(r)
                if (v.setting("training.precision"), v.setting("training.channels_last")) == ("fp16", True))
+    # A second precision and layout a candidate runs at is decided on its own: bf16 ties fp16 on the model alone,
+    # so a candidate runs there; its measurement without the search comes after the grid's with it, which had
+    # already run those shapes in the live worker.
+    tied = search(Machine(ceilings={**GPU, ("bf16", True): 5900.0}, supplies=FEEDS, cudnn_gain=1.1), trials=14)
+    bf16 = tied.study.user_attrs["cudnn"]["bf16 channels_last"]
+    assert bf16["benchmark"] is True and bf16["without_search"]["shapes_new_to_worker"] is True
+    # And no run with the search on got the plans a run without it had left in its worker.
+    for result in (r, tied):
+        assert all(x["plans_searched"] for x in result.pool.runs if x["config"].training.cudnn_benchmark)
     # show gives the two figures the decision stands on.
     line = next(x for x in cudnn_lines(r.study) if "fp16 channels_last" in x)
     assert line.startswith("cuDNN's algorithm search, fp16 channels_last: on") and \
