@@ -56,18 +56,13 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from itertools import product
 from typing import Any
 
 from optuna.trial import TrialState
 
+from autotune.search.bounds import CEILING_GRID, NOT_ITS_FAULT, PLATEAU, Measured, Pipe, pair_label
 from autotune.space import Param, get_path
 from autotune.study.view import TrialView, feasible, views
-from trainer.protocol import Failure
-
-PLATEAU = 0.98
-"""A smaller batch keeps the ceiling's pace when it reaches this share of the best: it is then preferred (less
-memory, and fewer images per step for the input pipeline to deliver in one go)."""
 
 CUDNN_KEEP = 0.99
 """cuDNN's algorithm search stays on only when it is worth more than 1 % of the steady pace (it makes the first step
@@ -78,12 +73,6 @@ REACH = 0.90
 
 PARTS_SHARE = 0.5
 """Measurements of parts spend at most this share of a search's trials and time; the rest is end to end."""
-
-ENV_RETRIES = 1
-"""A measurement that failed for the environment (hang, crash, NCCL, loader) is run again this many times; one that
-was interrupted or whose search vanished is always run again: it says nothing about the measurement."""
-
-NOT_ITS_FAULT = (str(Failure.INTERRUPTED), str(Failure.STALE), str(Failure.SEARCH))
 
 IDENTITY = ("data.decode", "training.precision", "training.channels_last")
 """What the refine stage holds of a good end-to-end trial: its pipeline family, precision and layout. The hybrid share
@@ -98,47 +87,6 @@ CEILING_FIXED = {"data.kind": "synthetic", "training.accum_steps": 1, "loader.nu
 
 BLOCKED = "blocked"
 """A step waits for a measurement another search worker is running."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Dimension:
-    """One dimension the ceiling (or the supply) is measured along, with its values in the order they are measured:
-    the likeliest fastest first. The order is a prior, never an answer: it decides only what is measured first and,
-    once a step along it measures clearly slower, what is left out as dominated."""
-
-    path: str
-    gpu: tuple[Any, ...]
-    """Order on GPUs: lower precision runs on tensor cores, and channels_last is their native convolution layout."""
-
-    cpu: tuple[Any, ...]
-    """Order on CPU ranks: no tensor cores; fp32 is the native arithmetic, NCHW the native layout."""
-
-    words: tuple[tuple[Any, str], ...] = ()
-    """How a value reads in lines (default: the value itself)."""
-
-    trains: bool = False
-    """Whether the model trains depends on this dimension's value: end-to-end trials that diverged at a value, none
-    of which trained, rule the value out at every other setting."""
-
-    def word(self, value: Any) -> str:
-        return dict(self.words).get(value, str(value))
-
-    def order(self, choices: list[Any], on_gpu: bool) -> list[Any]:
-        prior = list(self.gpu if on_gpu else self.cpu)
-        return sorted(choices, key=lambda c: prior.index(c) if c in prior else len(prior) + choices.index(c))
-
-
-CEILING_GRID = (
-    Dimension(path="training.precision", gpu=("fp16", "bf16", "fp32"), cpu=("fp32", "bf16", "fp16"), trains=True),
-    Dimension(path="training.channels_last", gpu=(True, False), cpu=(False, True),
-              words=((True, "channels_last"), (False, "NCHW"))),
-)
-"""The ceiling's grid: the settings the model alone is measured over. A dimension is one entry here."""
-
-DECODES = Dimension(path="data.decode", gpu=("nvjpeg-gpu", "hybrid", "torchvision-cpu", "pil"),
-                    cpu=("torchvision-cpu", "pil"))
-"""The order pipelines' supplies are measured in: decode on the GPU first where there is one (it does not compete
-with the loader workers for cores), then decode to tensors on the CPU, then PIL."""
 
 
 @dataclass(kw_only=True)
@@ -162,28 +110,8 @@ class Budget:
     """Seconds they took."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Pipe:
-    """An input pipeline as the supplies measured it."""
-
-    settings: dict[str, Any]
-    """``data.decode`` (and ``data.hybrid_cpu_fraction``)."""
-
-    point: float
-    """Its supply (imgs/s, all ranks): measured, or for hybrid derived from its ends."""
-
-    upper: float
-    """Its fastest steady window when the supply never settled (else ``point``): what it may reach."""
-
-    settled: bool
-
-    @property
-    def family(self) -> str:
-        return self.settings.get("data.decode", "")
-
-
 @dataclass
-class StagePlanner:
+class StagePlanner(Measured):
     """Decides, before each trial is asked for, what the stages want run next, and enqueues it (parts into the parts
     study, end-to-end trials into the main one)."""
 
@@ -195,45 +123,13 @@ class StagePlanner:
     _noted: set[str] = field(default_factory=set)
 
     def __post_init__(self):
-        self.space = self.plan.space.by_path()
-        self.base = self.plan.probe.to_dict()
-        self.on_gpu = bool(self.plan.entries)
-        self.measure = self.plan.probe.measure
-        self.tolerance = self.plan.spec.pruner.tolerance
+        self.read_plan(self.plan)
 
     # ---- what the job and the data allow ------------------------------------------------------------------------
 
     @property
     def enabled(self) -> bool:
         return self.plan.spec.stages.enabled and (self.ceilings or self.supplies)
-
-    @property
-    def ceilings(self) -> bool:
-        return self.plan.measures_ceiling
-
-    @property
-    def supplies(self) -> bool:
-        """Whether pipelines are measured: the job hands its loader over, and there is real data to read."""
-        return self.plan.measures_supply and self.plan.probe.data.kind != "synthetic"
-
-    def choices(self, path: str) -> list[Any]:
-        """The values a knob may take here: its choices or range ends, else the base value alone."""
-        p = self.space.get(path)
-        if p is None:
-            return [get_path(self.base, path)]
-        return list(p.choices) if p.kind == "categorical" else sorted({p.low, p.high})
-
-    def pairs(self) -> list[tuple]:
-        """The ceiling's grid, the likeliest fastest first."""
-        return list(product(*(d.order(self.choices(d.path), self.on_gpu) for d in CEILING_GRID)))
-
-    def decodes(self) -> list[str]:
-        """Pipelines measured alone, in measuring order; hybrid only where its two ends are not both measured (its
-        shares decode side by side, so its supply follows from theirs)."""
-        decodes = DECODES.order(self.choices("data.decode"), self.on_gpu)
-        if "hybrid" in decodes and {"torchvision-cpu", "nvjpeg-gpu"} <= set(decodes):
-            decodes.remove("hybrid")
-        return decodes
 
     # ---- the plan -----------------------------------------------------------------------------------------------
 
@@ -330,32 +226,11 @@ class StagePlanner:
 
     # ---- measurements: what exists of each, and asking for one -------------------------------------------------
 
-    def _status(self, vs: list[TrialView], stage_name: str, key: tuple) -> str | None:
-        """``pending`` (waiting or running), ``done`` (measured, or failed for its configuration), ``given_up``
-        (failed for the environment more than ``ENV_RETRIES`` times), ``retry``, or None (never asked)."""
-        mine = [v for v in vs if v.stage == stage_name and self._key(stage_name, v.attrs.get("overrides") or {}) == key]
-        if any(v.outcome in ("running", "waiting") for v in mine):
-            return "pending"
-        if any(v.outcome in ("part", "infeasible", "measured") for v in mine):
-            return "done"
-        env = [v for v in mine if v.failure_class not in NOT_ITS_FAULT]
-        if len(env) > ENV_RETRIES:
-            return "given_up"
-        return "retry" if mine else None
-
-    @staticmethod
-    def _key(stage_name: str, o: dict[str, Any]) -> tuple:
-        """What makes two requests the same measurement: a pipeline (whatever batch it was fed at), or a point of
-        the ceiling's grid at a batch, with or without cuDNN's search."""
-        if stage_name == "supply":
-            return (o.get("data.decode"), o.get("data.hybrid_cpu_fraction"))
-        return (*(o.get(d.path) for d in CEILING_GRID), o.get("training.batch_size"), o.get("training.cudnn_benchmark"))
-
     def _want(self, vs: list[TrialView], stage_name: str, overrides: dict[str, Any], *, part_budget: bool = True,
               attrs: dict[str, Any] | None = None) -> str | None:
         """Enqueue the measurement unless it exists (None), runs elsewhere (BLOCKED) or the budget says no (None,
         noted)."""
-        status = self._status(vs, stage_name, self._key(stage_name, overrides))
+        status = self.status(vs, stage_name, self.request_key(stage_name, overrides))
         if status == "pending":
             return BLOCKED
         if status in ("done", "given_up"):
@@ -405,70 +280,6 @@ class StagePlanner:
             o["training.cudnn_benchmark"] = cudnn
         return o
 
-    def top_batch(self) -> int:
-        return max(self.choices("training.batch_size"))
-
-    def pair_of(self, v: TrialView) -> tuple:
-        return tuple(v.setting(d.path) for d in CEILING_GRID)
-
-    def ceilings_of(self, vs: list[TrialView], pair: tuple) -> list[TrialView]:
-        return [v for v in vs if v.stage == "ceiling" and v.outcome == "part" and v.imgs_per_s is not None
-                and self.pair_of(v) == pair]
-
-    def pair_state(self, vs: list[TrialView], pair: tuple) -> tuple[str | None, dict[str, Any] | None]:
-        """(``measured``, ``pending``, ``impossible`` (failed at the smallest batch it was tried: its repairs ran
-        out), ``retry`` with the request to run again, or None (never asked); the request)."""
-        if self.ceilings_of(vs, pair):
-            return "measured", None
-        mine = [v for v in vs if v.stage == "ceiling" and self.pair_of(v) == pair]
-        if not mine:
-            return None, None
-        if any(v.outcome in ("running", "waiting") for v in mine):
-            return "pending", None
-        last = min(mine, key=lambda v: v.setting("training.batch_size") or 0)
-        request = last.attrs.get("overrides") or {}
-        status = self._status(vs, "ceiling", self._key("ceiling", request))
-        return ("retry", request) if status == "retry" else ("impossible", None)
-
-    def pair_ceiling(self, vs: list[TrialView], pair: tuple) -> float | None:
-        return max((v.imgs_per_s for v in self.ceilings_of(vs, pair)), default=None)
-
-    def live_pairs(self, vs: list[TrialView]) -> list[tuple[tuple, float]]:
-        """Measured pairs whose end-to-end trials have not all diverged, fastest first."""
-        out = [(p, self.pair_ceiling(vs, p)) for p in self.pairs()]
-        return sorted([(p, c) for p, c in out if c is not None and not self.pair_dead(vs, p)], key=lambda x: -x[1])
-
-    def tied_pairs(self, vs: list[TrialView]) -> list[tuple[tuple, float]]:
-        """Live pairs within the spread target of the fastest ceiling: measured, they cannot be told apart."""
-        live = self.live_pairs(vs)
-        return [(p, c) for p, c in live if c >= live[0][1] * (1 - self.measure.spread_target)] if live else []
-
-    def best_pair(self, vs: list[TrialView]) -> tuple[tuple, float] | None:
-        """The pair the stages go on from: the fastest live ceiling; among pairs tied with it, the one whose
-        end-to-end trials did best (an end-to-end run is the stronger measurement: channels_last tied on CPU ranks
-        and ran at half the pace end to end)."""
-        tied = self.tied_pairs(vs)
-        if not tied:
-            return None
-        return max(tied, key=lambda pc: (self.pair_best_e2e(vs, pc[0]), pc[1]))
-
-    def pair_best_e2e(self, vs: list[TrialView], pair: tuple) -> float:
-        return max((v.imgs_per_s for v in feasible(vs) if not v.baseline and self.pair_of(v) == pair),
-                   default=-math.inf)
-
-    def pair_dead(self, vs: list[TrialView], pair: tuple) -> bool:
-        """End-to-end trials at one of its values that decide training (``Dimension.trains``: the precision)
-        diverged — the loss left the finite numbers — and none at that value trained: it does not train this model,
-        whatever its speed."""
-        for i, dim in enumerate(CEILING_GRID):
-            if not dim.trains:
-                continue
-            e2e = [v for v in vs if v.end_to_end and not v.baseline and v.setting(dim.path) == pair[i]]
-            alive = any(v.outcome in ("measured", "pruned", "running", "waiting") for v in e2e)
-            if not alive and any(v.failure_class == str(Failure.DIVERGED) for v in e2e):
-                return True
-        return False
-
     def _compare_first(self, budget: Budget, vs: list[TrialView] | None = None) -> bool:
         """Whether the first ceiling is measured with and without cuDNN's algorithm search (GPU; the budget)."""
         return self.on_gpu and self._core_fits(budget, extra=1, vs=vs)
@@ -501,22 +312,6 @@ class StagePlanner:
             return self._want(vs, "ceiling", self.ceiling_overrides(pair, top, True if self.on_gpu else None),
                               part_budget=False, attrs={"cudnn_evidence": True} if compare else None)
         return None
-
-    def ceiling_choice(self, vs: list[TrialView], pair: tuple | None = None) -> dict[str, Any] | None:
-        """The ceiling's settings for ``pair`` (default: the fastest live one): its precision and layout, at the
-        smallest batch that keeps PLATEAU of its pace."""
-        if pair is None:
-            best = self.best_pair(vs)
-            if best is None:
-                return None
-            pair = best[0]
-        mine = self.ceilings_of(vs, pair)
-        if not mine:
-            return None
-        top = max(v.imgs_per_s for v in mine)
-        chosen = min((v for v in mine if v.imgs_per_s >= PLATEAU * top), key=lambda v: v.setting("training.batch_size"))
-        return {**dict(zip((d.path for d in CEILING_GRID), pair, strict=True)),
-                "training.batch_size": chosen.setting("training.batch_size"), "imgs_per_s": top}
 
     # ---- 2. the supplies ------------------------------------------------------------------------------------------
 
@@ -556,7 +351,7 @@ class StagePlanner:
         if not self.supplies:
             return None
         for decode, fraction in self._supply_requests()[:1] if only_first else self._supply_requests():
-            status = self._status(vs, "supply", (decode, fraction))
+            status = self.status(vs, "supply", (decode, fraction))
             if status == "pending":
                 return BLOCKED
             if status in ("done", "given_up"):
@@ -569,42 +364,6 @@ class StagePlanner:
         if self.pipes(vs):
             return None
         return self._next_supply(vs, part_budget=False, only_first=True)
-
-    def pipes(self, vs: list[TrialView]) -> list[Pipe]:
-        """Every pipeline with a supply: measured, or hybrid derived from its two ends (its CPU and GPU shares decode
-        at once, each at its own rate, so a batch takes the longer of the two)."""
-        measured: dict[tuple, Pipe] = {}
-        for v in vs:
-            if v.stage != "supply" or v.outcome != "part" or v.imgs_per_s is None:
-                continue
-            decode = v.setting("data.decode")
-            fraction = v.setting("data.hybrid_cpu_fraction") if decode == "hybrid" else None
-            pipe = Pipe(settings={"data.decode": decode, **({"data.hybrid_cpu_fraction": fraction}
-                                                           if fraction is not None else {})},
-                        point=v.imgs_per_s, upper=supply_upper(v), settled=v.attrs.get("settled") is not False)
-            key = (decode, fraction)
-            if key not in measured or pipe.point > measured[key].point:
-                measured[key] = pipe
-        cpu, gpu = measured.get(("torchvision-cpu", None)), measured.get(("nvjpeg-gpu", None))
-        if cpu and gpu and "hybrid" in self.choices("data.decode"):
-            for f in self.choices("data.hybrid_cpu_fraction"):
-                if ("hybrid", f) in measured or f is None:
-                    continue
-
-                def mix(a: float, b: float, f=f) -> float:
-                    return 1.0 / max(f / a, (1.0 - f) / b)
-
-                measured[("hybrid", f)] = Pipe(settings={"data.decode": "hybrid", "data.hybrid_cpu_fraction": f},
-                                               point=mix(cpu.point, gpu.point), upper=mix(cpu.upper, gpu.upper),
-                                               settled=cpu.settled and gpu.settled)
-        return list(measured.values())
-
-    def supply_of(self, vs: list[TrialView], decode: str, fraction: float | None) -> float | None:
-        """imgs/s the pipeline can feed (all ranks), measured or derived; None when unknown."""
-        for p in self.pipes(vs):
-            if p.family == decode and (decode != "hybrid" or p.settings.get("data.hybrid_cpu_fraction") == fraction):
-                return p.point
-        return None
 
     # ---- 3. candidates --------------------------------------------------------------------------------------------
 
@@ -718,58 +477,7 @@ class StagePlanner:
                                  skip_if_exists=False)
         return "baseline"
 
-    # ---- 5. what limits the bound -----------------------------------------------------------------------------------
-
-    def _limiting(self, vs: list[TrialView]) -> str | None:
-        best = self.best_pair(vs) if self.ceilings else None
-        pipes = self.pipes(vs) if self.supplies else []
-        if self.supplies and not pipes:
-            return self._next_supply(vs)
-        if best is not None and pipes and max(p.point for p in pipes) < best[1] * (1 - self.tolerance):
-            name = self._next_supply(vs)
-            if name:
-                return name
-            self.note("input-bound", f"stages: no other precision or layout is measured: the input pipelines (at "
-                                     f"most {max(p.point for p in pipes):,.0f} imgs/s) bound every trial below the "
-                                     f"ceiling ({best[1]:,.0f})")
-            return None
-        if best is not None:
-            name = self._explore(vs, best[0])
-            if name:
-                return name
-        return self._next_supply(vs)
-
-    def _explore(self, vs: list[TrialView], best: tuple) -> str | None:
-        """One dimension at a time from the fastest pair: each direction along the dimension's order until a step
-        measures clearly slower."""
-        top_ips = self.pair_ceiling(vs, best)
-        for i, dim in enumerate(CEILING_GRID):
-            order = dim.order(self.choices(dim.path), self.on_gpu)
-            pos = order.index(best[i])
-            for step in (1, -1):
-                k = pos + step
-                while 0 <= k < len(order):
-                    q = (*best[:i], order[k], *best[i + 1:])
-                    state, request = self.pair_state(vs, q)
-                    if state == "pending":
-                        return BLOCKED
-                    if state in (None, "retry"):
-                        return self._want(vs, "ceiling", request or self.ceiling_overrides(
-                            q, self.top_batch(), True if self.on_gpu else None))
-                    ips = self.pair_ceiling(vs, q)
-                    if ips is not None and ips < top_ips * (1 - self.measure.spread_target):
-                        rest = order[k + 1:] if step > 0 else order[:k][::-1]
-                        if rest:
-                            words = ", ".join(dim.word(x) for x in rest)
-                            self.note(f"dominated:{dim.path}:{q}", f"stages: {words} not measured: "
-                                      f"{dim.word(order[k])} already ran slower than {dim.word(best[i])} at "
-                                      f"{pair_label(best)}'s other settings ({ips:,.0f} against {top_ips:,.0f} "
-                                      f"imgs/s), and the order ranks {words} below it")
-                        break
-                    k += step
-        return None
-
-    # ---- 6. cuDNN per precision and layout -------------------------------------------------------------------------
+    # ---- 5. cuDNN per precision and layout -------------------------------------------------------------------------
 
     def _cudnn_evidence(self, vs: list[TrialView]) -> str | None:
         """The measurement without the algorithm search beside the one with it, for each pair a candidate uses."""
@@ -829,6 +537,57 @@ class StagePlanner:
     def cudnn_for(self, config: dict[str, Any]) -> bool | None:
         """cuDNN's algorithm search for a config's precision and layout, where the stages decided it."""
         return self.decision(tuple(get_path(config, dim.path) for dim in CEILING_GRID))
+
+    # ---- 6. what limits the bound -----------------------------------------------------------------------------------
+
+    def _limiting(self, vs: list[TrialView]) -> str | None:
+        best = self.best_pair(vs) if self.ceilings else None
+        pipes = self.pipes(vs) if self.supplies else []
+        if self.supplies and not pipes:
+            return self._next_supply(vs)
+        if best is not None and pipes and max(p.point for p in pipes) < best[1] * (1 - self.tolerance):
+            name = self._next_supply(vs)
+            if name:
+                return name
+            self.note("input-bound", f"stages: no other precision or layout is measured: the input pipelines (at "
+                                     f"most {max(p.point for p in pipes):,.0f} imgs/s) bound every trial below the "
+                                     f"ceiling ({best[1]:,.0f})")
+            return None
+        if best is not None:
+            name = self._explore(vs, best[0])
+            if name:
+                return name
+        return self._next_supply(vs)
+
+    def _explore(self, vs: list[TrialView], best: tuple) -> str | None:
+        """One dimension at a time from the fastest pair: each direction along the dimension's order until a step
+        measures clearly slower."""
+        top_ips = self.pair_ceiling(vs, best)
+        for i, dim in enumerate(CEILING_GRID):
+            order = dim.order(self.choices(dim.path), self.on_gpu)
+            pos = order.index(best[i])
+            for step in (1, -1):
+                k = pos + step
+                while 0 <= k < len(order):
+                    q = (*best[:i], order[k], *best[i + 1:])
+                    state, request = self.pair_state(vs, q)
+                    if state == "pending":
+                        return BLOCKED
+                    if state in (None, "retry"):
+                        return self._want(vs, "ceiling", request or self.ceiling_overrides(
+                            q, self.top_batch(), True if self.on_gpu else None))
+                    ips = self.pair_ceiling(vs, q)
+                    if ips is not None and ips < top_ips * (1 - self.measure.spread_target):
+                        rest = order[k + 1:] if step > 0 else order[:k][::-1]
+                        if rest:
+                            words = ", ".join(dim.word(x) for x in rest)
+                            self.note(f"dominated:{dim.path}:{q}", f"stages: {words} not measured: "
+                                      f"{dim.word(order[k])} already ran slower than {dim.word(best[i])} at "
+                                      f"{pair_label(best)}'s other settings ({ips:,.0f} against {top_ips:,.0f} "
+                                      f"imgs/s), and the order ranks {words} below it")
+                        break
+                    k += step
+        return None
 
     # ---- 7. smaller batches -----------------------------------------------------------------------------------------
 
@@ -890,46 +649,14 @@ class StagePlanner:
     # ---- what a draw can reach --------------------------------------------------------------------------------------
 
     def bound(self, config: dict[str, Any]) -> tuple[float, str] | None:
-        """The most an end-to-end run of ``config`` can reach by what the stages measured, and why; None when they
-        measured nothing that bounds it. Its ceiling: the pace of its precision and layout at the smallest measured
-        batch not below its images per step (a smaller batch is not faster); its supply: what its pipeline fed at
-        most (the fastest steady window of a supply that never settled), with the most loader workers."""
-        vs = views(self.study, self.parts)
-        out: list[tuple[float, str]] = []
-        pair = tuple(get_path(config, d.path) for d in CEILING_GRID)
-        per_step = int(get_path(config, "training.batch_size")) * int(get_path(config, "training.accum_steps") or 1)
-        above = [v for v in self.ceilings_of(vs, pair) if v.setting("training.batch_size") >= per_step]
-        if above:
-            b = min(v.setting("training.batch_size") for v in above)
-            ips = max(v.imgs_per_s for v in above if v.setting("training.batch_size") == b)
-            out.append((ips, f"the model alone at {pair_label(pair)} batch {b} runs {ips:,.0f} imgs/s"))
-        if self.supplies:
-            decode = get_path(config, "data.decode")
-            fraction = get_path(config, "data.hybrid_cpu_fraction") if decode == "hybrid" else None
-            for p in self.pipes(vs):
-                if p.family == decode and p.settings.get("data.hybrid_cpu_fraction") == fraction:
-                    out.append((p.upper, f"the {decode} pipeline feeds at most {p.upper:,.0f} imgs/s"))
-        return min(out, default=None)
+        """What the stages measured bounds an end-to-end run of ``config`` at (``Measured.bound_of``)."""
+        return self.bound_of(views(self.study, self.parts), config)
 
 
 def evidence(v: TrialView) -> dict[str, Any]:
     """A measurement a cuDNN decision stands on, as the study records it."""
     return {"trial": v.label, "imgs_per_s": v.imgs_per_s, "first_step_s": v.attrs.get("first_step_s"),
             "shapes_new_to_worker": v.attrs.get("shapes_new_to_worker")}
-
-
-def supply_upper(v: TrialView) -> float:
-    """What a supply may reach: its figure when its windows agreed, else the fastest of its latest half (the windows
-    an unsettled result stands on)."""
-    windows = [float(x) for x in v.attrs.get("imgs_per_s_windows") or [] if x is not None]
-    if v.attrs.get("settled") is not False or not windows:
-        return float(v.imgs_per_s)
-    return max([*windows[-max(1, len(windows) // 2):], float(v.imgs_per_s)])
-
-
-def pair_label(pair: tuple) -> str:
-    """A point of the ceiling's grid as a person reads it: ``fp16 channels_last``, ``fp32 NCHW``."""
-    return " ".join(d.word(v) for d, v in zip(CEILING_GRID, pair, strict=True))
 
 
 def _value(p: Param, fixed: dict[str, Any], baseline: dict[str, Any], base: dict[str, Any]) -> Any:
