@@ -258,7 +258,9 @@ class StagePlanner(Measured):
         b = self.budget
         if b is None:
             return True
-        ok = b.left >= 2 and b.parts_run + 1 <= PARTS_SHARE * b.trials
+        if b.left < 2:
+            return False  # the search's last trial is end to end
+        ok = b.parts_run + 1 <= PARTS_SHARE * b.trials
         cost = self.cost(vs, part=True)
         if ok and b.seconds is not None and cost is not None:
             e2e = self.cost(vs, part=False) or cost
@@ -511,7 +513,8 @@ class StagePlanner(Measured):
             by_batch: dict[int, dict[bool, TrialView]] = {}
             for v in self.ceilings_of(vs, pair):
                 flag = (v.attrs.get("overrides") or {}).get("training.cudnn_benchmark")
-                if flag is not None:
+                # Without the search, only a measurement made as evidence (on shapes new to its worker) counts.
+                if flag is True or (flag is False and v.attrs.get("cudnn_evidence")):
                     slot = by_batch.setdefault(v.setting("training.batch_size"), {})
                     if flag not in slot or v.imgs_per_s > slot[flag].imgs_per_s:
                         slot[flag] = v
