@@ -161,7 +161,13 @@ class StagePlanner(Measured):
         if not self.enabled:
             return ("stages: not run: this job can measure neither the model alone (a synthetic batch) nor its input "
                     "pipeline alone (its DataLoader); the sampler alone, from the baseline")
-        if not self._started(views(self.study, self.parts)) and not self._core_fits(budget):
+        vs = views(self.study, self.parts)
+        share = f"{PARTS_SHARE:.0%} of this search's trials" + (" and time" if budget.seconds else "")
+        if self._started(vs):
+            n = sum(1 for v in vs if v.part)
+            return (f"stages: resumed from {n} measurement(s) of parts; further ones only while they can raise the "
+                    f"bound, within {share}; then end to end, the sampler refining from the end-to-end trials")
+        if not self._core_fits(budget):
             need = len(self.core()) + 1
             return (f"stages: not run: {budget.left} trial(s) left for them, fewer than the {need} the smallest staged "
                     f"plan needs ({self._core_words()}, one end-to-end trial); the sampler alone, from the baseline "
@@ -176,7 +182,6 @@ class StagePlanner(Measured):
                          f"{cudnn}")
         if self.supplies:
             parts.append(f"the {self.decodes()[0]} pipeline alone")
-        share = f"{PARTS_SHARE:.0%} of this search's trials" + (" and time" if budget.seconds else "")
         return (f"stages: first the likeliest fastest — {', then '.join(parts)} — then end to end; further "
                 f"precisions, layouts, pipelines and batches only while they can raise the bound, within {share}; "
                 "the sampler refines from the end-to-end trials")

@@ -251,6 +251,7 @@ def test_an_interrupted_supply_is_measured_again_when_the_search_resumes():
     with pytest.raises(KeyboardInterrupt):
         search(machine, trials=10, storage=storage)
     r = search(machine, trials=6, storage=storage)  # the same study, resumed
+    assert "stages: resumed from 3 measurement(s) of parts" in r.out  # both ceilings and the interrupted supply
     supplies = [v for v in r.views if v.stage == "supply" and v.attrs["overrides"]["data.decode"] == "nvjpeg-gpu"]
     assert [v.outcome for v in supplies] == ["fail", "part"]
     assert supplies[0].failure_class == "interrupted"
