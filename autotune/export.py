@@ -59,7 +59,7 @@ def pick_trial(study, pick: str = "best") -> TrialView:
     trials = view.views(study)
     ok = view.feasible(trials)
     if pick.isdigit():
-        match = [v for v in trials if v.number == int(pick)]
+        match = [v for v in trials if v.number == int(pick) and not v.part]
         if not match:
             raise StorageError(f"--pick {pick}: study {study.study_name} has no trial {pick}")
         if match[0] not in ok:

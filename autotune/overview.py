@@ -33,7 +33,7 @@ def headline(trials: list[TrialView], devices: str = "GPUs") -> list[str]:
         lines.append(f"what the {devices} can do (ceiling, the model on synthetic data): "
                      f"{fmt_ips(top.imgs_per_s)} imgs/s — {top.setting('training.precision')}, "
                      f"{'channels_last' if top.setting('training.channels_last') else 'NCHW'}, batch "
-                     f"{top.setting('training.batch_size')} (trial {top.number})")
+                     f"{top.setting('training.batch_size')} (trial {top.label})")
     feeds = view.supplies(trials)
     if feeds:
         parts = sorted(feeds.items(), key=lambda kv: -kv[1].imgs_per_s)
@@ -42,10 +42,25 @@ def headline(trials: list[TrialView], devices: str = "GPUs") -> list[str]:
     best, base = view.fastest(trials), view.baseline(trials)
     if best is not None:
         share = f" = {best.imgs_per_s / top.imgs_per_s:.0%} of the ceiling" if top else ""
-        gain = f", {best.imgs_per_s / base.imgs_per_s:.2f}x trial {base.number} (the baseline, " \
+        gain = f", {best.imgs_per_s / base.imgs_per_s:.2f}x trial {base.label} (the baseline, " \
                f"{fmt_ips(base.imgs_per_s)})" if base and base.imgs_per_s else ""
-        lines.append(f"the tuned configuration: trial {best.number}, {fmt_ips(best.imgs_per_s)} imgs/s{share}{gain}")
+        lines.append(f"the tuned configuration: trial {best.label}, {fmt_ips(best.imgs_per_s)} imgs/s{share}{gain}")
     return lines
+
+
+def cudnn_lines(study) -> list[str]:
+    """cuDNN's algorithm search as the stages decided it, per precision and layout, with the two measurements each
+    decision stands on (steady pace, and the first step, where the search spends its time)."""
+    def one(e: dict) -> str:
+        first = f", first step {e['first_step_s']:.1f} s" if e.get("first_step_s") is not None else ""
+        return f"{fmt_ips(e.get('imgs_per_s'))} imgs/s (trial {e.get('trial')}{first})"
+
+    out = []
+    for pair, d in sorted((study.user_attrs.get("cudnn") or {}).items()):
+        out.append(f"cuDNN's algorithm search, {pair}: {'on' if d.get('benchmark') else 'off'} — with it "
+                   f"{one(d.get('with_search') or {})}, without {one(d.get('without_search') or {})}, batch "
+                   f"{d.get('batch')}")
+    return out
 
 
 def table(study, sort: str = "number", top: int | None = None) -> str:
@@ -64,7 +79,7 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
         note = fmt_params(v.params, 90) or fmt_params(shown_settings(a.get("overrides") or {}), 90)
         if v.failure_class and v.outcome != "pruned":
             note = f"{v.failure_class}: {(v.failure_message or '')[:80]}  [{note}]"
-        rows.append((f"{v.number}{'*' if best is not None and v.number == best.number else ''}", v.stage,
+        rows.append((f"{v.label}{'*' if v is best else ''}", v.stage,
                      v.outcome, fmt_ips(v.imgs_per_s) if v.imgs_per_s is not None else "-", gain, spread,
                      fmt_loss(a), f"{v.util:.0f}%" if v.util is not None else "n/a",
                      fmt_duration(a.get("wall_s")) if a.get("wall_s") is not None else "-", note))
@@ -75,8 +90,8 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
     if any(v.attrs.get("settled") is False for v in trials):
         notes.append("! the trial's windows never agreed within the spread target: its figure is the median of its "
                       "latest windows, and less certain")
-    return "\n".join([summary, *headline(trials, view.devices(study)), *lines, *notes, *trial_time(trials),
-                      *pruning(trials)])
+    return "\n".join([summary, *headline(trials, view.devices(study)), *cudnn_lines(study), *lines, *notes,
+                      *trial_time(trials), *pruning(trials)])
 
 
 LABELS = {"measured": "measured end to end", "part": "stage measurements", "infeasible": "infeasible",

@@ -51,6 +51,9 @@ class TrialRow:
     """What the report needs of one trial, from its state, params and user attrs."""
 
     number: int
+    part: bool = False
+    """A measurement of a part (the parts study: its numbers are its own)."""
+
     outcome: str
     """``complete`` (an end-to-end measurement), ``part`` (a stage measurement: the model or a pipeline alone),
     ``infeasible`` (OOM / invalid config / diverged), ``fail`` (environment), ``pruned``, ``running``, ``waiting``."""
@@ -74,6 +77,10 @@ class TrialRow:
     loss: str = "-"
     """The loss over the measured windows, start -> end, or "diverged" (``autotune show``'s column)."""
 
+    @property
+    def label(self) -> str:
+        return f"p{self.number}" if self.part else str(self.number)
+
 
 def trial_rows(study) -> list[TrialRow]:
     rows = []
@@ -82,7 +89,7 @@ def trial_rows(study) -> list[TrialRow]:
         cls = v.failure_class or ("unknown" if outcome in ("infeasible", "fail") else None)
         a = v.attrs
         rows.append(TrialRow(
-            number=v.number, outcome=outcome, stage=v.stage, imgs_per_s=v.imgs_per_s,
+            number=v.number, part=v.part, outcome=outcome, stage=v.stage, imgs_per_s=v.imgs_per_s,
             windows=[x for x in map(finite, a.get("imgs_per_s_windows") or []) if x is not None],
             spread=v.spread, util=v.util, settled=a.get("settled"),
             # The trial's config says what ran, searched or not (a knob the spec fixed, a stage's setting).
@@ -104,7 +111,7 @@ def plot_study(study, rows: list[TrialRow], *, feasible_only: bool):
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    by_number = {r.number: r for r in rows}
+    by_number = {r.number: r for r in rows if not r.part}
     copy = optuna.create_study(directions=study.directions, study_name=study.study_name)
     trials = []
     for t in study.get_trials(deepcopy=False):
@@ -164,7 +171,7 @@ def bottleneck_section(rows: list[TrialRow]) -> Section:
     for stage_name, color in (("ceiling", "#1f77b4"), ("supply", "#ff7f0e")):
         rs = [r for r in parts if r.stage == stage_name]
         if rs:
-            labels = [f"#{r.number} " + (f"{r.precision}{' CL' if r.channels_last else ''} bs {r.batch_size}"
+            labels = [f"#{r.label} " + (f"{r.precision}{' CL' if r.channels_last else ''} bs {r.batch_size}"
                                          if stage_name == "ceiling" else f"{r.decode} bs {r.batch_size}")
                       for r in rs]
             fig.add_trace(go.Bar(x=labels, y=[r.imgs_per_s for r in rs], name=stage_name, marker_color=color))
@@ -197,7 +204,7 @@ def history_section(study, rows, names) -> Section:
     if multi:
         # Optuna draws no best-so-far line for a chosen target of a multi-objective study; imgs/s is maximized.
         best, xs, ys = -math.inf, [], []
-        for r in sorted(rows, key=lambda r: r.number):
+        for r in sorted((r for r in rows if not r.part), key=lambda r: r.number):
             if r.outcome == "complete" and r.imgs_per_s is not None:
                 best = max(best, r.imgs_per_s)
             if best > -math.inf:
@@ -326,7 +333,7 @@ def util_section(rows) -> Section:
 
 def _label(r: TrialRow) -> str:
     """A trial on the spread plot's axis; ``!`` marks one whose windows never agreed."""
-    return f"#{r.number}{'!' if r.settled is False else ''}"
+    return f"#{r.label}{'!' if r.settled is False else ''}"
 
 
 def spread_section(rows) -> Section:

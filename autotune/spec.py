@@ -100,28 +100,34 @@ class SamplerSpec:
 class PrunerSpec:
     kind: Literal["best", "none"] = "best"
     """``best``: stop an end-to-end trial only when it cannot beat the best feasible complete trial — its latest
-    windows agree (its pace has settled) and all are below the best by more than ``tolerance``. Infeasible, failed
-    and pruned trials never set the bar, and stage measurements are never pruned."""
+    windows agree as the meter's settling rule asks (``measure.windows`` + 1 full windows within
+    ``measure.spread_target``) and all are below the best by more than ``tolerance``; a draw whose measured ceiling or
+    supply is already below the best is not launched. Infeasible, failed and pruned trials never set the bar, and
+    stage measurements and the baseline are never pruned (``autotune.study.pruning``)."""
 
     tolerance: float = 0.05
-    """How far below the best, and how close to each other, the latest windows must be."""
+    """How far below the best the latest windows must all be."""
 
     min_windows: int = 2
-    """Windows a trial always measures before it may be pruned."""
+    """Windows a trial always measures before it may be pruned; never fewer than the meter needs to call a pace
+    settled (``measure.windows`` + 1)."""
 
 
 @dataclass(kw_only=True)
 class StagesSpec:
     enabled: bool = True
-    """Measure the bottleneck before searching: the model's compute ceiling (synthetic data on the GPUs, per
-    precision, layout and batch), then each input pipeline's supply (the loader alone), then end-to-end trials
-    where the supply meets the ceiling, refined by the sampler. ``false``: the sampler alone, from the baseline."""
+    """Measure the bottleneck before searching (``autotune.search.stages``): the model's compute ceiling (synthetic
+    data on the GPUs) and each input pipeline's supply (the loader alone), the likeliest fastest first, an end-to-end
+    trial as soon as one of each is known, and then only what can still raise the bound, within half of the search's
+    budget; the sampler refines from the end-to-end trials. A budget too small for that runs a smaller plan and says
+    which. ``false``: the sampler alone, from the baseline."""
 
     ceiling_window_s: float = 1.0
     """Window length of the ceiling measurements (synthetic data on the device is steady: short windows agree)."""
 
     candidates: int = 3
-    """End-to-end trials started from the stages: the input pipelines whose supply can best meet the ceiling."""
+    """End-to-end trials started from the stages' ranking: one per input pipeline family (the best of each, ties
+    broken by measured headroom), the best bound first; a candidate whose trials all fail is replaced by the next."""
 
 
 @dataclass(kw_only=True)

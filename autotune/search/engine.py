@@ -1,10 +1,11 @@
 """The search: ask, evaluate, record — trial after trial, on one live worker where it can.
 
-``search(options)`` prepares everything that can be checked first (``prepare``), opens or joins the study, and runs
-``Engine``: before each trial the stages enqueue what they want measured next (``stages``); Optuna's ask hands out
-what is enqueued, else what its sampler draws; ``Evaluator`` runs it; ``record`` tells the study. Several searches
-may share one study (PostgreSQL, or a journal file on a shared file system): each runs its ``--trials`` and they never
-run the same trial twice.
+``search(options)`` prepares everything that can be checked first (``prepare``), opens or joins the study and its
+parts study, and runs ``Engine``: before each trial the stages enqueue what they want run next (``stages``: a
+measurement of a part into the parts study, an end-to-end trial into the main one); the oldest enqueued trial of
+either study is asked for, else the main study's sampler draws one; ``Evaluator`` runs it; ``record`` tells the study
+it belongs to. Several searches may share one study (PostgreSQL, or a journal file on a shared file system): each
+runs its ``--trials`` and they never run the same trial twice.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from autotune.search.evaluate import Evaluator
 from autotune.search.prepare import Plan, SearchOptions, describe_model, generate_data, prepare, summarize_data
 from autotune.search.progress import Progress
 from autotune.search.record import record
-from autotune.search.stages import StagePlanner, shown_settings
+from autotune.search.stages import Budget, StagePlanner, shown_settings
 from autotune.study import view
 from autotune.study.liveness import STALE_AFTER_S, reclaim_stale
-from autotune.study.setup import create_or_load
+from autotune.study.setup import create_or_load, parts_study
 from autotune.study.storage import display_url, log_root, open_storage
 from trainer.protocol import Failure
 
@@ -51,18 +52,37 @@ def search(o: SearchOptions, say=print) -> optuna.Study:
     return study
 
 
+MAX_RACED_ASKS = 5
+"""Asks in a row that found another worker had just taken the waiting measurement (then the next one is asked)."""
+
+
 class Engine:
     def __init__(self, plan: Plan, study: optuna.Study, storage, say):
         self.plan, self.study, self.storage, self.say = plan, study, storage, say
+        self.parts = parts_study(study)
         self.logs = log_root(plan.storage_url, plan.name)
         self.stale_after = plan.options.stale_after_s or STALE_AFTER_S
-        self.stages = StagePlanner(plan, study)
+        self.stages = StagePlanner(plan=plan, study=study, parts=self.parts)
         self.progress = Progress(total=plan.trials, timeout_s=plan.timeout_s)
+        self.t_start = time.monotonic()
+        self.parts_run, self.parts_s = 0, 0.0
+
+    def reclaim(self) -> list[str]:
+        """Trials of either study whose search is gone: marked FAIL and run again (``liveness``)."""
+        return [*reclaim_stale(self.study, self.storage, stale_after_s=self.stale_after),
+                *reclaim_stale(self.parts, self.storage, stale_after_s=self.stale_after, prefix="p")]
+
+    def budget(self, left: int) -> Budget:
+        elapsed = time.monotonic() - self.t_start
+        timeout = self.plan.timeout_s
+        return Budget(trials=self.plan.trials, left=left, seconds=timeout,
+                      left_s=None if timeout is None else max(0.0, timeout - elapsed), parts_run=self.parts_run,
+                      parts_s=self.parts_s)
 
     def introduce(self) -> None:
         """What is about to happen, in a few lines: the study, the machine, the data, the model, the space."""
         plan, say = self.plan, self.say
-        for line in reclaim_stale(self.study, self.storage, stale_after_s=self.stale_after):
+        for line in self.reclaim():
             say(f"autotune: {line}")
         so_far = self.study.get_trials(deepcopy=False)
         n_before = len(so_far) if any(t.state != TrialState.WAITING for t in so_far) else 0
@@ -80,51 +100,90 @@ class Engine:
         say("autotune: search space: " + "; ".join(
             f"{p.path} {p.describe()}" + (f" if {p.when.path} {p.when.op} {p.when.value}" if p.when else "")
             for p in plan.space.params))
-        if plan.spec.stages.enabled:
-            say("autotune: stages: the model alone (ceiling), each input pipeline alone (supply), then end to end "
-                "where the supply meets the ceiling; the sampler refines from there")
+        # Trial 0 of a new study is waiting: the stages plan around it.
+        waiting = len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        say(f"autotune: {self.stages.outline(self.budget(max(0, plan.trials - waiting)))}")
 
     def run(self, pool: WorkerPool) -> None:
-        evaluate = Evaluator(self.plan, self.study, pool, self.progress, self.logs)
-        t_start = time.monotonic()
-        for done in range(self.plan.trials):
-            if self.plan.timeout_s is not None and time.monotonic() - t_start > self.plan.timeout_s:
+        evaluate = Evaluator(self.plan, self.study, pool, self.progress, self.logs, stages=self.stages,
+                             parts=self.parts)
+        launched = skipped = 0
+        while launched < self.plan.trials:
+            if self.plan.timeout_s is not None and time.monotonic() - self.t_start > self.plan.timeout_s:
                 self.say(f"autotune: time budget of {self.plan.timeout_s:.0f} s spent; stopping")
                 break
             # Another worker may have died since: its trial's parameters are then the next to run (enqueued first).
-            for line in reclaim_stale(self.study, self.storage, stale_after_s=self.stale_after):
+            for line in self.reclaim():
                 self.progress.say(f"autotune: {line}")
-            self.stages.enqueue_next(left=self.plan.trials - done)
-            trial = self.study.ask()
+            self.stages.enqueue_next(self.budget(self.plan.trials - launched))
+            for line in self.stages.take_notes():
+                self.progress.say(f"autotune: {line}")
+            study, trial = self.ask()
             try:
-                self.one(trial, evaluate)
+                ev = self.one(study, trial, evaluate, counted=skipped >= self.plan.trials)
             except BaseException as e:
-                abandon(self.study, trial, e)
+                abandon(study, trial, e)
                 raise
+            # A draw pruned before launch costs no trial of the budget (at most as many as the budget, so a sampler
+            # that keeps drawing bounded settings cannot stall the search).
+            if ev.skipped and skipped < self.plan.trials:
+                skipped += 1
+            else:
+                launched += 1
 
-    def one(self, trial: optuna.Trial, evaluate: Evaluator) -> None:
+    def ask(self) -> tuple[optuna.Study, optuna.Trial]:
+        """The oldest enqueued trial of either study (the stages enqueue in the order they want things run), else a
+        draw of the main study's sampler."""
+        for _ in range(MAX_RACED_ASKS):
+            waiting = [(t._trial_id, s) for s in (self.study, self.parts)
+                       for t in s.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+            study = min(waiting, key=lambda x: x[0])[1] if waiting else self.study
+            trial = study.ask()
+            if study is self.study or trial.user_attrs.get("stage"):
+                return study, trial
+            # Another worker took it between our look and our ask: Optuna made an empty trial of the parts study.
+            trial.set_user_attr("failure_class", str(Failure.SEARCH))
+            trial.set_user_attr("failure_message", "asked for a measurement another search worker had just taken")
+            study.tell(trial, state=TrialState.FAIL)
+        return self.study, self.study.ask()
+
+    def one(self, study: optuna.Study, trial: optuna.Trial, evaluate: Evaluator, *, counted: bool = True):
         t0 = time.monotonic()
+        part = study is self.parts
+        label = f"p{trial.number}" if part else str(trial.number)
         stage = trial.user_attrs.get("stage") or "search"
         a = trial.user_attrs
         if a.get("retry_of") is not None:
             why = (f"repaired: {a['repaired']} ({a.get('repair_reason')})" if a.get("repaired") else
                    "its search was gone")
-            self.progress.say(f"autotune: trial {trial.number} re-runs the parameters of trial {a['retry_of']}, {why}")
-        self.progress.begin(trial.number, stage)
-        ev = evaluate(trial, self.stages.decided())
+            prior = f"p{a['retry_of']}" if part else a["retry_of"]
+            self.progress.say(f"autotune: trial {label} re-runs the parameters of trial {prior}, {why}")
+        self.progress.begin(label, stage)
+        ev = evaluate(trial, part=part)
         ev.attrs["wall_s"] = round(time.monotonic() - t0, 3)
-        state = record(self.study, trial, ev, self.plan.objective, self.plan.space, known_oom=evaluate.known_oom)
-        trials = view.views(self.study)
+        state = record(study, trial, ev, self.plan.objective, self.plan.space, known_oom=evaluate.known_oom)
+        if part:
+            self.parts_run += 1
+            self.parts_s += time.monotonic() - t0
+        trials = view.views(self.study, self.parts)
         best, base = view.fastest(trials), view.baseline(trials)
         outcome = {"complete": "ok" if stage not in view.MEASUREMENT_STAGES else "measured", "pruned": "pruned",
                    "infeasible": f"infeasible:{ev.failure}", "fail": f"FAIL:{ev.failure}"}[state]
+        if ev.attrs.get("stopped_early"):
+            outcome = "measured (stopped early)"
         shown = dict(trial.params) or shown_settings(trial.user_attrs.get("overrides") or {})
-        self.progress.trial_done(number=trial.number, stage=stage, params=shown, outcome=outcome,
+        self.progress.trial_done(number=label, stage=stage, params=shown, outcome=outcome,
                                  ips=ev.attrs.get("imgs_per_s"), util=ev.attrs.get("util_mean"),
-                                 best=(best.number, best.imgs_per_s) if best else None,
-                                 baseline=base.imgs_per_s if base else None, wall=time.monotonic() - t0)
-        if ev.failure is not None and state != "pruned":
+                                 best=(best.label, best.imgs_per_s) if best else None,
+                                 baseline=base.imgs_per_s if base else None, wall=time.monotonic() - t0,
+                                 counted=counted or not ev.skipped)
+        if ev.skipped:
+            self.progress.say(f"      not launched: {ev.attrs.get('pruned_before_launch')}")
+        elif ev.attrs.get("stopped_early"):
+            self.progress.say(f"      stopped early: {ev.attrs['stopped_early']}")
+        elif ev.failure is not None and state != "pruned":
             self.progress.say(f"      {ev.failure}: {ev.message} (log: {ev.attrs.get('log_path')})")
+        return ev
 
 
 def abandon(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> None:
@@ -155,9 +214,10 @@ def best_line(study: optuna.Study) -> str:
     best, base = view.fastest(trials), view.baseline(trials)
     if best is None:
         return "autotune: no trial has completed yet; see the trial logs"
-    gain = f", {best.imgs_per_s / base.imgs_per_s:.2f}x the baseline (trial 0: {base.imgs_per_s:,.1f})" if base else ""
+    gain = (f", {best.imgs_per_s / base.imgs_per_s:.2f}x the baseline (trial {base.label}: {base.imgs_per_s:,.1f})"
+            if base else "")
     top = view.ceiling(trials)
     share = (f", {best.imgs_per_s / top.imgs_per_s:.0%} of the {view.devices(study)}' ceiling "
              f"({top.imgs_per_s:,.0f})") if top else ""
-    return (f"autotune: fastest: trial {best.number} at {best.imgs_per_s:,.1f} imgs/s{gain}{share}. `autotune show` "
+    return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} imgs/s{gain}{share}. `autotune show` "
             f"lists the trials; `autotune export best.yaml --study {study.study_name}` writes its config")

@@ -1,6 +1,12 @@
 """Evaluate one trial: its configuration (drawn by the sampler, or set by a stage), the checks that make a launch
-pointless (an invalid combination, an OOM already seen), the run on a live worker with the GPUs sampled, and what it
-measured as trial attributes."""
+pointless (an invalid combination, an OOM already seen, a bound the stages measured below the best), the run on a
+live worker with the GPUs sampled, and what it measured as trial attributes.
+
+Which worker: trial 0 runs in a fresh process, as a user's job would. On a GPU, a run whose cuDNN plans a live worker
+would hand it second-hand gets a fresh one: a measurement the cuDNN decision stands on, when its shapes already ran in
+the live worker (cuDNN's plan cache is keyed without the search flag: the second run would reuse the first's plans),
+and a run with the search on, when its shapes first ran there with it off (it would run on the heuristics' plans).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +22,18 @@ from autotune.runner.trial import TrialJob, TrialRun
 from autotune.search.progress import Progress
 from autotune.space import predicted_oom
 from autotune.study.liveness import Heartbeat, owner
-from autotune.study.view import MEASUREMENT_STAGES, TrialView
+from autotune.study.pruning import LIVE_WINDOWS, best_feasible, judged, pace
+from autotune.study.view import MEASUREMENT_STAGES, views
 from trainer.config import ConfigError, TrainConfig
 from trainer.protocol import Failure, Kind, nonfinite_reason
+
+BASELINE_WINDOWS = 2
+"""Trial 0 may measure this many times the windows of other trials before it stands on an unsettled figure: it is
+input-bound and noisy, and every gain the search reports is a ratio to it."""
+
+BOUNDED_STAGES = ("candidate", "refine", "search", "retry")
+"""End-to-end trials not launched when what the stages measured bounds them below the best (not the baseline, and
+not a start the spec asked for)."""
 
 
 @dataclass(kw_only=True)
@@ -31,30 +46,40 @@ class Evaluation:
     failure: Failure | None = None
     message: str | None = None
     pruned: bool = False
+    skipped: bool = False
+    """Pruned before launch: a bound the stages measured is below the best (costs no trial of the budget)."""
+
     launched: bool = False
 
 
 class Evaluator:
-    """Runs trials for one search: the plan, the study (for what earlier trials learned) and a pool of workers."""
+    """Runs trials for one search: the plan, the study and its parts study (for what earlier trials learned), the
+    stage planner (its decisions and bounds) and a pool of workers."""
 
-    def __init__(self, plan, study, pool: WorkerPool, progress: Progress, logs: Path):
+    def __init__(self, plan, study, pool: WorkerPool, progress: Progress, logs: Path, *, stages=None, parts=None):
         self.plan, self.study, self.pool, self.progress, self.logs = plan, study, pool, progress, logs
+        self.stages, self.parts = stages, parts
         self.me = owner()
+        self.seen: dict[str, dict[tuple, bool]] = {}
+        """Per live worker: the convolution shapes it ran, and whether cuDNN's search was on when they first ran."""
 
-    def __call__(self, trial, decided: dict[str, Any]) -> Evaluation:
+    def __call__(self, trial, *, part: bool = False) -> Evaluation:
         for k, v in self.me.items():
             trial.set_user_attr(k, v)
         heartbeat = Heartbeat(trial)
         heartbeat.beat(force=True)
         stage = trial.user_attrs.get("stage") or "search"
         ev = Evaluation(stage=stage)
-        trial_dir = self.logs / f"trial-{trial.number}"
+        trial_dir = self.logs / (f"part-{trial.number}" if part else f"trial-{trial.number}")
         overrides = self.overrides(trial, stage)
         ev.attrs.update({"stage": stage, "log_path": str((trial_dir / "log.txt").resolve()),
                          "util_available": self.plan.util_available, "util_mean": None})
         try:
-            ev.config = self.plan.base.with_overrides({**decided, **overrides, "name": f"{self.plan.name}-trial-"
-                                                       f"{trial.number}", "output_dir": str(trial_dir)})
+            name = f"{self.plan.name}-{'part' if part else 'trial'}-{trial.number}"
+            ev.config = self.plan.base.with_overrides({**overrides, "name": name, "output_dir": str(trial_dir)})
+            cudnn = self.stages.cudnn_for(ev.config.to_dict()) if self.stages is not None else None
+            if cudnn is not None and "training.cudnn_benchmark" not in overrides:
+                ev.config = ev.config.with_overrides({"training.cudnn_benchmark": cudnn})
         except ConfigError as e:
             ev.failure, ev.message = Failure.CONFIG, "; ".join(e.problems)
             return ev
@@ -65,47 +90,95 @@ class Evaluator:
                           "settings; not launched")
             ev.attrs["oom_predicted_from"] = prior
             return ev
+        if self.bounded(ev):
+            return ev
         self.launch(trial, ev, trial_dir, heartbeat)
         return ev
 
     def overrides(self, trial, stage: str) -> dict[str, Any]:
         if stage in MEASUREMENT_STAGES:
             return dict(trial.user_attrs.get("overrides") or {})
-        # A run made before the study existed (a script's first run) ran the base: its params are what it ran, the
-        # sampler draws nothing for it.
-        only = set(self.plan.baseline) if stage in self.plan.preloaded else None
-        return self.plan.space.suggest(trial, self.plan.base.to_dict(), only=only)
+        if stage in self.plan.preloaded:
+            # A run made before the study existed (a script's first run) ran the base: its params are what it
+            # ran, the sampler draws nothing for it, and its measurement is the one it had.
+            return self.plan.space.suggest(trial, self.plan.base.to_dict(), only=set(self.plan.baseline))
+        overrides = self.plan.space.suggest(trial, self.plan.base.to_dict())
+        if stage == "baseline":
+            overrides["measure.max_windows"] = BASELINE_WINDOWS * self.plan.base.measure.max_windows
+        return overrides
 
-    def known_oom(self, config: dict[str, Any]) -> int | None:
+    def known_oom(self, config: dict[str, Any]) -> int | str | None:
         """The trial that already ran out of memory at a batch <= this config's with the same memory-relevant
-        settings (None: none did)."""
-        ooms = []
-        for t in self.study.get_trials(deepcopy=False):
-            v = TrialView.of(t)
-            if v.failure_class == Failure.OOM and v.config and not v.attrs.get("oom_predicted_from"):
-                ooms.append((v.number, v.config))
+        settings (its number, ``p<N>`` for a measurement of a part; None: none did)."""
+        ooms = [(v.label if v.part else v.number, v.config) for v in views(self.study, self.parts)
+                if v.failure_class == Failure.OOM and v.config and not v.attrs.get("oom_predicted_from")]
         return predicted_oom(config, ooms)
+
+    def bounded(self, ev: Evaluation) -> bool:
+        """Prune before launch a draw whose measured ceiling or supply is below the best by more than the pruner's
+        tolerance: it cannot win, and its windows would only be spent finding that out."""
+        if (self.stages is None or ev.stage not in BOUNDED_STAGES or self.plan.objective.multi
+                or self.plan.spec.pruner.kind == "none"):
+            return False
+        bound = self.stages.bound(ev.config.to_dict())
+        best = best_feasible(self.study)
+        if bound is None or best is None or bound[0] * (1 + self.plan.spec.pruner.tolerance) >= best:
+            return False
+        ev.pruned = ev.skipped = True
+        ev.attrs.update(bound_imgs_per_s=round(bound[0], 3),
+                        pruned_before_launch=f"{bound[1]}, below the best ({best:,.0f}); not launched")
+        return True
+
+    def fresh(self, ev: Evaluation, trial) -> bool:
+        """Whether the trial needs a worker of its own (see the module's docstring)."""
+        if ev.stage == "baseline":
+            return True
+        shape = conv_shape(ev.config)
+        live = self.pool.worker.name if self.pool.worker is not None and self.pool.worker.alive() else None
+        if not self.plan.entries or shape is None or live is None:
+            return False
+        seen = self.seen.get(live, {})
+        if trial.user_attrs.get("cudnn_evidence") and shape in seen:
+            return True
+        return ev.config.training.cudnn_benchmark and seen.get(shape) is False
 
     def launch(self, trial, ev: Evaluation, trial_dir: Path, heartbeat: Heartbeat) -> None:
         plan = self.plan
         job = TrialJob(config=ev.config, trial_dir=trial_dir, nproc_per_node=plan.nproc,
                        gpus=[g.uuid for g in plan.gpus] if plan.gpus else plan.entries,
                        torchrun_args=list(plan.torchrun.args), timeout_s=plan.trial_timeout_s)
-        watch = Watch(trial, ev.stage, self.progress, report=not plan.objective.multi)
+        # As many windows as the study's pruner judges (``BestFeasiblePruner.n``), else the meter's settling rule's.
+        judge = getattr(self.study.pruner, "n", ev.config.measure.windows + 1)
+        watch = Watch(trial, ev.stage, self.progress, report=not plan.objective.multi,
+                      window_s=ev.config.measure.window_s, judged=judge,
+                      stop_when=trial.user_attrs.get("stop_when"))
         ev.launched = True
         if ev.stage in plan.preloaded:  # already run before the study existed (a user's script's first run)
             run, samples = plan.preloaded.pop(ev.stage)
         else:
+            fresh = self.fresh(ev, trial)
             sampler = Sampler(plan.nvml, plan.gpus).start()
             try:
-                # The baseline is measured in a process of its own, as a user's job would be.
-                run = self.pool.run(job, fresh=ev.stage == "baseline", on_record=watch.on_record,
+                run = self.pool.run(job, fresh=fresh, on_record=watch.on_record,
                                     on_poll=lambda: (heartbeat.beat(), watch.tick()))
             finally:
                 samples = sampler.stop()
-        ev.pruned = run.stopped == "pruned"
+        shape = conv_shape(ev.config)
+        if run.worker is not None and shape is not None:
+            ran = self.seen.setdefault(run.worker, {})
+            ev.attrs["shapes_new_to_worker"] = shape not in ran
+            ran.setdefault(shape, ev.config.training.cudnn_benchmark)
+        ev.pruned = run.stopped == "pruned" and watch.stopped == "pruned"
         ev.failure, ev.message = run.failure_class, run.failure_message
         ev.attrs.update(run_attrs(run))
+        if watch.stopped == "pruned":
+            # The figure a pruned trial shows is the one Optuna stores: its last report, the median of the windows
+            # the pruner judged.
+            latest = judged(watch.full, watch.judged)
+            ev.attrs.update(imgs_per_s=watch.reported, judged_windows=latest, settled=True,
+                            spread=round((max(latest) - min(latest)) / watch.reported, 5) if latest else None)
+        elif watch.stopped:
+            ev.attrs["stopped_early"] = watch.stopped
         if plan.util_available:
             ev.attrs.update(summarize(samples, run.steady_windows, len(plan.gpus)))
         summary = run.summary or {}
@@ -113,6 +186,14 @@ class Evaluator:
             ev.failure, ev.message = Failure.DIVERGED, nonfinite_reason(summary)
         if ev.failure is None and not ev.pruned and summary.get("imgs_per_s") is None:
             ev.failure, ev.message = Failure.CRASH, "the job reported no throughput"
+
+
+def conv_shape(config: TrainConfig) -> tuple | None:
+    """What cuDNN keys its plans by, as far as a config decides it (None: a run without a model)."""
+    if config.training.mode == "loader":
+        return None
+    return (config.model.name, repr(config.model.kwargs), config.data.image_size, config.training.precision,
+            config.training.channels_last, config.training.batch_size)
 
 
 def run_attrs(run: TrialRun) -> dict[str, Any]:
@@ -134,11 +215,22 @@ def run_attrs(run: TrialRun) -> dict[str, Any]:
 
 
 class Watch:
-    """A trial's records as they arrive: the live view, and each window reported to Optuna for the pruner."""
+    """A trial's records as they arrive: the live view; for an end-to-end trial, each full window reported to Optuna
+    for the pruner (``autotune.study.pruning``); for a supply, its early stop (``stop_when``)."""
 
-    def __init__(self, trial, stage: str, progress: Progress, *, report: bool):
+    def __init__(self, trial, stage: str, progress: Progress, *, report: bool, window_s: float, judged: int,
+                 stop_when: dict[str, Any] | None = None):
         self.trial, self.stage, self.progress, self.report = trial, stage, progress, report
+        self.window_s, self.judged, self.stop_when = window_s, judged, stop_when
         self.windows = 0
+        self.full: list[tuple[int, float]] = []
+        """(window index, imgs/s) of the windows at least half of ``window_s`` long: the ones the meter's settling
+        rule counts."""
+
+        self.reported: float | None = None
+        self.stopped: str | None = None
+        """Why the run is to stop: ``pruned``, or a supply's reason to stop early."""
+
         self.t0 = time.monotonic()
 
     def on_record(self, rec: dict) -> bool:
@@ -149,10 +241,34 @@ class Watch:
         self.windows += 1
         ips = float(rec.get("imgs_per_s", 0.0))
         self.progress.window(self.trial.number, self.stage, self.windows, ips)
-        if not self.report:
+        if self.stopped or float(rec.get("seconds", 0.0)) < self.window_s / 2:
+            return False  # after the decision, the window the job finishes on is not judged
+        self.full.append((int(rec.get("window", self.windows - 1)), ips))
+        if self.stop_when:
+            self.stopped = supply_verdict([x for _, x in self.full], self.stop_when)
+            return self.stopped is not None
+        if not self.report or self.stage in MEASUREMENT_STAGES:
             return False
-        self.trial.report(ips, step=int(rec.get("window", self.windows - 1)))
-        return self.trial.should_prune()
+        self.trial.set_user_attr(LIVE_WINDOWS, [list(w) for w in self.full])
+        self.reported = pace(self.full, self.judged)
+        self.trial.report(self.reported, step=self.full[-1][0])
+        if self.trial.should_prune():
+            self.stopped = "pruned"
+        return self.stopped is not None
 
     def tick(self) -> None:
         self.progress.tick(self.trial.number, self.stage, time.monotonic() - self.t0)
+
+
+def supply_verdict(windows: list[float], stop_when: dict[str, Any]) -> str | None:
+    """Why a supply measurement may stop before it settles, or None: its latest ``windows`` full windows all above
+    ``above`` (it feeds more than the model can take) or all below ``below`` (out of reach of the best)."""
+    n = int(stop_when.get("windows") or 3)
+    latest = windows[-n:]
+    if len(latest) < n:
+        return None
+    if stop_when.get("above") is not None and min(latest) > stop_when["above"]:
+        return f"above the ceiling ({stop_when['above']:,.0f} imgs/s) in {n} windows"
+    if stop_when.get("below") is not None and max(latest) < stop_when["below"]:
+        return f"out of reach ({stop_when['below']:,.0f} imgs/s) in {n} windows"
+    return None

@@ -119,6 +119,15 @@ class Plan:
     optimizer_line: str = ""
     """Which optimizer the trials run and why (the spec's, the model family's recipe, or the command line's)."""
 
+    measures_ceiling: bool = True
+    """The job can run its model on a synthetic batch (the built-in job can; a user's script when its loader goes
+    through the runtime, which replays its first batch on the device): the stages measure the ceiling."""
+
+    measures_supply: bool = True
+    """The job's input pipeline can run alone (the built-in job's can; a user's script's when it hands its loader
+    to the runtime): the stages measure each pipeline's supply. With neither, the search runs the sampler alone and
+    says so."""
+
     script: Any = None
     """For a user's script: what its first run found (``autotune.search.script.Probe``); None for the built-in job
     (and for a script until then)."""
@@ -138,19 +147,6 @@ class Plan:
     def is_script(self) -> bool:
         return self.probe.script.given
 
-    @property
-    def measures_ceiling(self) -> bool:
-        """The model can be measured alone: the built-in job on any data; a script whose loader goes through the
-        runtime (its first batch replayed on the device)."""
-        return not self.is_script or bool(self.script and self.script.loader)
-
-    @property
-    def measures_supply(self) -> bool:
-        """The input pipeline can be measured alone: the built-in job on image files; a script whose loader goes
-        through the runtime."""
-        if self.is_script:
-            return bool(self.script and self.script.loader)
-        return self.probe.data.kind != "synthetic"
 
 
 def prepare(o: SearchOptions, say=print) -> Plan:

@@ -133,10 +133,13 @@ class Progress:
             left = min(left, max(0.0, self.timeout_s - (time.monotonic() - self.t0)))
         return left
 
-    def trial_done(self, *, number: int, stage: str, params: dict[str, Any], outcome: str, ips: float | None,
-                   util: float | None, best: tuple[int, float] | None, baseline: float | None, wall: float) -> None:
-        self.done += 1
-        self.walls.append(wall)
+    def trial_done(self, *, number: int | str, stage: str, params: dict[str, Any], outcome: str, ips: float | None,
+                   util: float | None, best: tuple[int | str, float] | None, baseline: float | None, wall: float,
+                   counted: bool = True) -> None:
+        """``counted``: the trial is one of the budget's (a draw pruned before launch is not)."""
+        if counted:
+            self.done += 1
+            self.walls.append(wall)
         self.best, self.current = best, {}
         util_txt = "util n/a" if util is None else f"util {util:.0f}%"
         best_txt = "best -"

@@ -1,10 +1,11 @@
 """Record a trial's evaluation in the study: its attributes, its Optuna state and constraints, and — for a failure
 of the configuration with a repair — its draw enqueued once more, repaired (``autotune.search.repair``).
 
-States: a measurement is COMPLETE (an end-to-end one feasible; a stage measurement held infeasible by the
-``measures_a_part`` constraint, so it never counts as an answer); a configuration failure is COMPLETE and infeasible
-(``failed`` constraint: the sampler learns the combination fails); a pruned trial is PRUNED; an environment
-failure is FAIL (the sampler learns nothing from it).
+``study`` is the study the trial belongs to: the main one, or for a measurement of a part the parts study
+(``autotune.study.view``), where its repair is enqueued too. States: a measurement is COMPLETE; a configuration
+failure is COMPLETE and infeasible (``failed`` constraint: the sampler learns the combination fails); a pruned trial
+is PRUNED, its value the median of the windows the pruner judged (what it shows), or none when it was pruned before
+launch; an environment failure is FAIL (the sampler learns nothing from it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from autotune.search.evaluate import Evaluation
 from autotune.search.repair import batch_choices, repair_for
 from autotune.space import SearchSpace
 from autotune.study.storage import CONFIG_KEY, record_on_trial
-from autotune.study.view import FAILED_CONSTRAINT, MEASUREMENT_STAGES, STAGE_CONSTRAINT
+from autotune.study.view import FAILED_CONSTRAINT, MEASUREMENT_STAGES, REQUEST_ATTRS
 
 
 def record(study, trial, ev: Evaluation, objective: Objective, space: SearchSpace,
@@ -38,7 +39,6 @@ def record(study, trial, ev: Evaluation, objective: Objective, space: SearchSpac
         if v is not None or k == "util_mean":
             trial.set_user_attr(k, v)
     if state in ("complete", "infeasible"):
-        trial.set_constraint(STAGE_CONSTRAINT, 1.0 if ev.stage in MEASUREMENT_STAGES else 0.0)
         trial.set_constraint(FAILED_CONSTRAINT, 1.0 if state == "infeasible" else 0.0)
     if state == "complete":
         study.tell(trial, objective.values(attrs))
@@ -68,7 +68,8 @@ def plan_repair(trial, ev: Evaluation, space: SearchSpace,
     fix = repair_for(ev.failure, ev.message, config, batches=batch_choices(space, base_batch), fits=fits)
     if fix is None or (not part and not set(fix.changes) <= set(trial.params)):
         return None
-    attrs: dict[str, Any] = {"stage": ev.stage, "retry_of": trial.number, "repaired": fix.changes,
+    attrs: dict[str, Any] = {**{k: trial.user_attrs[k] for k in REQUEST_ATTRS if k in trial.user_attrs},
+                             "stage": ev.stage, "retry_of": trial.number, "repaired": fix.changes,
                              "repair_reason": fix.why}
     if part:
         attrs["overrides"] = {**(trial.user_attrs.get("overrides") or {}), **fix.changes}

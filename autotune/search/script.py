@@ -186,6 +186,7 @@ def apply(plan, found: Probe) -> None:
                          applies=set(found.applies), max_batch=found.samples_per_rank)
     plan.baseline = baseline_params(plan.space, plan.base.to_dict())
     plan.script = found
+    plan.measures_ceiling = plan.measures_supply = found.loader
     if found.run is not None:  # trial 0 has run: the baseline trial records it instead of running it again
         plan.preloaded["baseline"] = (found.run, found.samples or [])
 

@@ -1,52 +1,82 @@
-"""The stages of a search: measure the bottleneck before searching.
+"""The stages of a search: measure the bottleneck before searching — the likeliest fastest first, an end-to-end answer
+within the first trials, and then only what can still raise the bound.
 
 A trainer is as fast as the slower of two things: what the GPUs can compute (the *ceiling*) and what the input
-pipeline can feed them (its *supply*). Both are cheap to measure on their own, and together they say where to look:
+pipeline can feed them (its *supply*). Both are cheap to measure on their own, and together they bound every
+end-to-end run (at most the smaller of the two), so they say where to look. Before each trial the planner looks at
+what is known and enqueues the next thing worth running, in this order (``StagePlanner.enqueue_next``):
 
-1. **ceiling** — the model alone, on synthetic data made on the devices, for each precision and layout in the space
-   at the largest batch (lower on an OOM), then at smaller batches for the fastest pair while it keeps its pace. On a
-   GPU the first of these runs twice, with and without cuDNN's per-shape algorithm search, and the search keeps the
-   search off for every later trial when it buys nothing (it makes a trial's first step seconds long).
-2. **supply** — each input pipeline alone (``training.mode: loader``, no model) at the ceiling's batch with the most
-   loader workers. A hybrid pipeline decodes its two shares side by side, so its supply follows from its ends'.
-3. **candidates** — end-to-end trials at the ceiling's precision, layout and batch for the pipelines whose supply
-   best meets the ceiling (an end-to-end run is at most the smaller of the two); the other knobs at the baseline's
-   values.
-4. **refine** — the sampler draws everything else (batch, accumulation, loader, DDP, ...) with the pipeline,
-   precision and layout of the best end-to-end trials held, round-robin over those within reach of the best.
+1. **first ceiling** — the model alone on synthetic data at the largest batch (lower after an OOM), for the precision
+   and layout the ceiling's grid (``CEILING_GRID``) ranks likeliest fastest. On a GPU it is measured without and with
+   cuDNN's per-shape algorithm search, each on shapes its worker has not run (``autotune.search.evaluate`` starts a
+   fresh worker where it has): cuDNN's plan cache is keyed without the search flag, so a second run in the same worker
+   would reuse the first's plans and show no difference.
+2. **first supply** — the input pipeline likeliest fastest alone (``training.mode: loader``, no model) at that batch
+   with the most loader workers.
+3. **candidates** — end-to-end trials at the ceiling's precision, layout and batch for the pipelines whose bound
+   (min(supply, ceiling)) is within ``REACH`` of the best: one per decode family, the best of each (ties broken by
+   measured headroom), the best bound first; and one at each precision and layout the ceiling cannot tell from the
+   fastest (within the spread target: the end-to-end runs tell them apart, and the stages go on from the one that did
+   best). The first runs as soon as one ceiling and one supply are known. A candidate whose every trial fails (OOM at
+   its batch and at the repair's, an invalid combination) is replaced by the next; a precision whose end-to-end trials
+   diverge and never train is dropped for the next-fastest one.
+4. **trial 0 again** — when its windows never agreed, in a fresh process: the gain over trial 0 is the headline.
+5. **cuDNN per precision and layout** — for every precision and layout a candidate runs at, the measurement without
+   the algorithm search beside the one with it; the search stays on for that pair only where it buys ``CUDNN_KEEP``.
+6. **what limits the bound** — while the input pipelines bound every run below the ceiling, the next pipeline's
+   supply; otherwise the ceiling's grid, one dimension at a time from the fastest pair, along the dimension's order
+   until a step is clearly slower (the rest of that direction is then taken as dominated: the order is the prior, the
+   measurement confirms it); then the pipelines not measured yet (they can only tie, and ties are run end to end).
+   A supply stops early, in-band, once its latest full windows are all above the ceiling or all clearly out of reach
+   (``stop_when``).
+7. **smaller batches** of the fastest pair, halving, while they keep ``PLATEAU`` of its pace: the smallest on the
+   plateau becomes the candidates' batch, and a batch below it bounds what a trial there can reach.
+8. **uncertain pipelines** — one dropped on a supply whose windows never agreed, but whose fastest steady window
+   reaches the band, gets an end-to-end trial.
+9. **refine** — the sampler draws the other knobs (batch, accumulation, loader, DDP, the hybrid share, ...) with the
+   pipeline, precision and layout of the best end-to-end trials held, round-robin over those within ``REACH`` of the
+   best. A draw whose measured ceiling (its precision, layout and batch) or supply is already below the best is not
+   launched (``bound``): it is told to Optuna as pruned, so the sampler learns it, and costs no trial of the budget.
 
-Every stage trial is a trial of the study (dashboard, report, resume and many workers work as for any trial). The
-measurements of stages 1 and 2 carry their settings in ``user_attrs["overrides"]`` and no Optuna parameters, so the
-sampler learns nothing from them about end-to-end settings (``autotune.study.view``).
+**The budget.** Measurements of parts spend at most ``PARTS_SHARE`` of this search's trials and of its time (the
+first ceiling and supply excepted): the rest is end to end. A budget too small for the first ceiling, the first
+supply and one end-to-end trial runs no stages, and one too small for the cuDNN comparison leaves cuDNN at its
+default; either is said (``outline``, ``take_notes``), never skipped silently.
+
+**What a job can measure.** A job measures its ceiling only if it can make a synthetic batch, its supply only if the
+runtime gets its DataLoader (``Plan.measures_ceiling`` / ``Plan.measures_supply``, both true for the built-in job);
+with neither, the search runs the sampler alone and says so.
+
+Every measurement of a part is a trial of the parts study (``autotune.study.view``): dashboard, show, report, resume
+and many workers work as for any trial, while Optuna's own view of the main study holds end-to-end trials only.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from dataclasses import dataclass, field
 from typing import Any
 
 from optuna.trial import TrialState
 
+from autotune.search.bounds import CEILING_GRID, NOT_ITS_FAULT, PLATEAU, Measured, Pipe, pair_label
 from autotune.space import Param, get_path
-from autotune.study.view import TrialView, ceiling, feasible, stage, supplies
-
-PLATEAU = 0.98
-"""A smaller batch keeps the ceiling's pace when it reaches this share of the best: it is then preferred (less
-memory, and fewer images per step for the input pipeline to deliver in one go)."""
+from autotune.study.view import TrialView, feasible, views
 
 CUDNN_KEEP = 0.99
-"""cuDNN's algorithm search stays on only when it is worth more than 1 % of the steady pace."""
+"""cuDNN's algorithm search stays on only when it is worth more than 1 % of the steady pace (it makes the first step
+of every new shape seconds long)."""
 
 REACH = 0.90
 """Candidates and refinement cover what is within this share of the best bound / the best trial."""
 
-END_TO_END_RESERVE = 2
-"""End-to-end trials a search's budget keeps for after the measurements of parts (or all it has, if fewer)."""
+PARTS_SHARE = 0.5
+"""Measurements of parts spend at most this share of a search's trials and time; the rest is end to end."""
 
-SUPPLY_MAX_WINDOWS = 5
-"""Windows of a supply measurement at most (a loader alone delivers in bursts: its windows rarely agree)."""
-
-IDENTITY = ("data.decode", "data.hybrid_cpu_fraction", "training.precision", "training.channels_last")
-"""What the refine stage holds of a good end-to-end trial: its pipeline, precision and layout."""
+IDENTITY = ("data.decode", "training.precision", "training.channels_last")
+"""What the refine stage holds of a good end-to-end trial: its pipeline family, precision and layout. The hybrid share
+is left to the sampler, within what the supplies bound."""
 
 SHOWN = ("training.mode", "data.decode", "data.hybrid_cpu_fraction", "training.precision", "training.channels_last",
          "training.batch_size", "loader.num_workers", "training.cudnn_benchmark")
@@ -55,228 +85,376 @@ SHOWN = ("training.mode", "data.decode", "data.hybrid_cpu_fraction", "training.p
 CEILING_FIXED = {"data.kind": "synthetic", "training.accum_steps": 1, "loader.num_workers": 0,
                  "loader.prefetch_factor": None, "loader.persistent_workers": False}
 
+BLOCKED = "blocked"
+"""A step waits for a measurement another search worker is running."""
 
-class StagePlanner:
-    """Decides, before each trial is asked for, what the stages want run next, and enqueues it."""
 
-    def __init__(self, plan, study):
-        self.plan, self.study = plan, study
-        self.space = plan.space.by_path()
-        self.base = plan.probe.to_dict()
-        self.on_gpu = bool(plan.entries)
-        self.left: int | None = None
+@dataclass(kw_only=True)
+class Budget:
+    """What this search may still spend, as the planner sees it before a trial."""
 
-    def enqueue_next(self, left: int | None = None) -> str | None:
-        """Enqueue the next stage trial(s) unless one is already waiting; returns the stage enqueued (None: the
-        sampler draws the next trial freely). ``left``: trials this search still runs, this one included: a
-        measurement of a part is started only while it leaves room for end-to-end trials."""
+    trials: int
+    """Trials this search runs in all (``--trials``)."""
+
+    left: int
+    """Trials it still runs, the next one included."""
+
+    seconds: float | None = None
+    """Its time budget (``--timeout``), if any."""
+
+    left_s: float | None = None
+    parts_run: int = 0
+    """Measurements of parts this search has run."""
+
+    parts_s: float = 0.0
+    """Seconds they took."""
+
+
+@dataclass
+class StagePlanner(Measured):
+    """Decides, before each trial is asked for, what the stages want run next, and enqueues it (parts into the parts
+    study, end-to-end trials into the main one)."""
+
+    plan: Any
+    study: Any
+    parts: Any
+    notes: list[str] = field(default_factory=list)
+    budget: Budget | None = None
+    _noted: set[str] = field(default_factory=set)
+
+    def __post_init__(self):
+        self.read_plan(self.plan)
+
+    # ---- what the job and the data allow ------------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return self.plan.spec.stages.enabled and (self.ceilings or self.supplies)
+
+    # ---- the plan -----------------------------------------------------------------------------------------------
+
+    def core(self) -> list[str]:
+        """The smallest staged plan: what it measures before the first end-to-end candidate."""
+        steps = []
+        if self.ceilings:
+            steps.append("ceiling")
+        if self.supplies:
+            steps.append("supply")
+        return steps
+
+    def _core_fits(self, budget: Budget, extra: int = 0, vs: list[TrialView] | None = None) -> bool:
+        """Whether the smallest staged plan (and ``extra`` measurements more) fits: in trials, and — once a trial's
+        time is known — in the time left, with one end-to-end trial after it."""
+        n = len(self.core()) + extra
+        if budget.left < n + 1:
+            return False
+        if budget.left_s is None or vs is None:
+            return True
+        part, e2e = self.cost(vs, part=True), self.cost(vs, part=False)
+        return part is None or e2e is None or n * part + e2e <= budget.left_s
+
+    def outline(self, budget: Budget) -> str:
+        """The stage plan for this budget, in a line (``budget.left``: the trials after the ones already enqueued,
+        such as trial 0)."""
         if not self.plan.spec.stages.enabled:
+            return "stages: off (the spec's stages.enabled); the sampler alone, from the baseline"
+        if not self.enabled:
+            return ("stages: not run: this job can measure neither the model alone (a synthetic batch) nor its input "
+                    "pipeline alone (its DataLoader); the sampler alone, from the baseline")
+        vs = views(self.study, self.parts)
+        share = f"{PARTS_SHARE:.0%} of this search's trials" + (" and time" if budget.seconds else "")
+        if self._started(vs):
+            n = sum(1 for v in vs if v.part)
+            return (f"stages: resumed from {n} measurement(s) of parts; further ones only while they can raise the "
+                    f"bound, within {share}; then end to end, the sampler refining from the end-to-end trials")
+        if not self._core_fits(budget):
+            need = len(self.core()) + 1
+            return (f"stages: not run: {budget.left} trial(s) left for them, fewer than the {need} the smallest staged "
+                    f"plan needs ({self._core_words()}, one end-to-end trial); the sampler alone, from the baseline "
+                    f"(--trials {budget.trials - budget.left + need} or more runs them)")
+        first = self.pairs()[0]
+        parts = []
+        if self.ceilings:
+            cudnn = (" without and with cuDNN's algorithm search" if self._compare_first(budget) else
+                     " (cuDNN's algorithm search not compared: too few trials; cuDNN's default stays)"
+                     if self.on_gpu else "")
+            parts.append(f"the model alone at {pair_label(first)} batch {max(self.choices('training.batch_size'))}"
+                         f"{cudnn}")
+        if self.supplies:
+            parts.append(f"the {self.decodes()[0]} pipeline alone")
+        return (f"stages: first the likeliest fastest — {', then '.join(parts)} — then end to end; further "
+                f"precisions, layouts, pipelines and batches only while they can raise the bound, within {share}; "
+                "the sampler refines from the end-to-end trials")
+
+    def _core_words(self) -> str:
+        return ", ".join({"ceiling": "the model alone", "supply": "a pipeline alone"}[s] for s in self.core())
+
+    def take_notes(self) -> list[str]:
+        """What the planner decided to leave out since last asked, one line each."""
+        out, self.notes = self.notes, []
+        return out
+
+    def note(self, key: str, text: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            self.notes.append(text)
+
+    def enqueue_next(self, budget: Budget | None = None) -> str | None:
+        """Enqueue the next stage trial unless one is already waiting; returns the stage enqueued (None: the sampler
+        draws the next trial freely)."""
+        if not self.enabled:
+            if self.plan.spec.stages.enabled:
+                self.note("none", "stages: not run: this job can measure neither the model alone nor its input "
+                                  "pipeline alone; the sampler alone, from the baseline")
             return None
-        self.left = left
-        trials = self.study.get_trials(deepcopy=False)
-        if any(t.state == TrialState.WAITING for t in trials):
+        self.budget = budget = budget or Budget(trials=10 ** 6, left=10 ** 6)
+        if any(s.get_trials(deepcopy=False, states=(TrialState.WAITING,)) for s in (self.study, self.parts)):
             return None
-        vs = [TrialView.of(t) for t in trials]
-        for step in (self._ceiling, self._supply, self._candidates, self._refine):
+        vs = views(self.study, self.parts)
+        self._decide_cudnn(vs)
+        if not self._started(vs) and not self._core_fits(budget, vs=vs):
+            left = f"{budget.left} trial(s)" + (f" and {budget.left_s:.0f} s" if budget.left_s is not None else "")
+            self.note("small", f"stages: not run: {left} left, too little for the smallest staged plan "
+                               f"({self._core_words()}, one end-to-end trial); the sampler alone")
+            return None
+        for step in (self._first_ceiling, self._first_supply, self._candidates, self._baseline_again,
+                     self._cudnn_evidence, self._limiting, self._batches, self._uncertain, self._refine):
             name = step(vs)
+            if name == BLOCKED:
+                return None
             if name:
                 return name
         return None
 
-    # ---- what is searched ---------------------------------------------------------------------------------------
+    def _started(self, vs: list[TrialView]) -> bool:
+        return any(v.stage in ("ceiling", "supply") for v in vs)
 
-    def choices(self, path: str) -> list[Any]:
-        """The values a knob may take here: its choices or range ends, else the base value alone."""
-        p = self.space.get(path)
-        if p is None:
-            return [get_path(self.base, path)]
-        return list(p.choices) if p.kind == "categorical" else sorted({p.low, p.high})
+    # ---- measurements: what exists of each, and asking for one -------------------------------------------------
 
-    def decided(self) -> dict[str, Any]:
-        """Settings the stages decided for every later trial (cuDNN's algorithm search)."""
-        return dict(self.study.user_attrs.get("decided") or {})
-
-    def affords(self, n: int) -> bool:
-        """Whether ``n`` more measurements of parts leave room for end-to-end trials in this search's budget: a
-        small budget spent on measurements alone would end where it began, at the baseline."""
-        return self.left is None or self.left - n >= min(END_TO_END_RESERVE, self.plan.spec.stages.candidates)
-
-    def _enqueue(self, stage_name: str, *, params: dict[str, Any] | None = None,
-                 overrides: dict[str, Any] | None = None) -> None:
-        attrs: dict[str, Any] = {"stage": stage_name}
-        if overrides is not None:
-            attrs["overrides"] = overrides
-        self.study.enqueue_trial(params or {}, user_attrs=attrs, skip_if_exists=False)
-
-    # ---- 1. ceiling ---------------------------------------------------------------------------------------------
-
-    def _ceiling(self, vs: list[TrialView]) -> str | None:
-        mine = [v for v in vs if v.stage == "ceiling"]
-        if any(v.outcome in ("running", "waiting") for v in mine):
-            return "ceiling"  # the rest depends on these (another search worker runs them)
-        grid = [(p, cl) for p in self.choices("training.precision") for cl in self.choices("training.channels_last")]
-        top = max(self.choices("training.batch_size"))
-        if not mine:
-            if not self.affords(len(grid) + self.on_gpu):
-                return None  # too few trials left for the grid: the sampler alone, from the baseline
-            first = self._ceiling_overrides(*grid[0], top)
-            if self.on_gpu:  # the cuDNN decision: the same measurement with and without the algorithm search
-                self._enqueue("ceiling", overrides={**first, "training.cudnn_benchmark": True})
-                self._enqueue("ceiling", overrides={**first, "training.cudnn_benchmark": False})
-            else:
-                self._enqueue("ceiling", overrides=first)
-            return "ceiling"
-        if self.on_gpu and "decided" not in self.study.user_attrs:
-            self._decide_cudnn(mine)
-        measured = {(v.setting("training.precision"), v.setting("training.channels_last")) for v in mine}
-        todo = [pair for pair in grid if pair not in measured]
-        if todo:
-            for pair in todo:
-                self._enqueue("ceiling", overrides=self._ceiling_overrides(*pair, top))
-            return "ceiling"
-        return self._ceiling_batches(vs)
-
-    def _ceiling_overrides(self, precision, channels_last, batch) -> dict[str, Any]:
-        return {**CEILING_FIXED, **self.decided(), "training.precision": precision,
-                "training.channels_last": channels_last, "training.batch_size": batch,
-                "data.num_classes": self.plan.data.classes if self.plan.data else None,
-                "measure.window_s": min(self.plan.spec.stages.ceiling_window_s, self.plan.probe.measure.window_s)}
-
-    def _decide_cudnn(self, mine: list[TrialView]) -> None:
-        """Keep cuDNN's algorithm search only when the measurement with it beat the one without by more than 1 %."""
-        pair: dict[bool, TrialView] = {}
-        for v in mine:
-            setting = (v.attrs.get("overrides") or {}).get("training.cudnn_benchmark")
-            if setting is not None and v.outcome == "part" and v.imgs_per_s is not None:
-                pair.setdefault(setting, v)
-        on, off = pair.get(True), pair.get(False)
-        decision = True if on is None or off is None else off.imgs_per_s < CUDNN_KEEP * on.imgs_per_s
-        evidence = {k: {"trial": v.number, "imgs_per_s": v.imgs_per_s, "first_step_s": v.attrs.get("first_step_s")}
-                    for k, v in (("with_search", on), ("without_search", off)) if v is not None}
-        self.study.set_user_attr("decided", {"training.cudnn_benchmark": decision})
-        self.study.set_user_attr("cudnn_decision", evidence)
-
-    def _ceiling_batches(self, vs: list[TrialView]) -> str | None:
-        """Smaller batches for the fastest precision and layout, halving, while they keep the pace."""
-        best = ceiling(vs)
-        if best is None:
+    def _want(self, vs: list[TrialView], stage_name: str, overrides: dict[str, Any], *, part_budget: bool = True,
+              attrs: dict[str, Any] | None = None) -> str | None:
+        """Enqueue the measurement unless it exists (None), runs elsewhere (BLOCKED) or the budget says no (None,
+        noted)."""
+        status = self.status(vs, stage_name, self.request_key(stage_name, overrides))
+        if status == "pending":
+            return BLOCKED
+        if status in ("done", "given_up"):
             return None
-        p, cl = best.setting("training.precision"), best.setting("training.channels_last")
-        same = [v for v in stage(vs, "ceiling") if (v.setting("training.precision"),
-                                                     v.setting("training.channels_last")) == (p, cl)]
-        smallest = min(same, key=lambda v: v.setting("training.batch_size"))
-        if smallest.imgs_per_s < PLATEAU * best.imgs_per_s:
+        if part_budget and not self.affords_part(vs):
             return None
-        lower = [b for b in self.choices("training.batch_size") if b <= smallest.setting("training.batch_size") // 2]
-        tried = {v.setting("training.batch_size") for v in vs if v.stage == "ceiling"
-                 and (v.setting("training.precision"), v.setting("training.channels_last")) == (p, cl)}
-        if not lower or max(lower) in tried or not self.affords(1):
-            return None
-        self._enqueue("ceiling", overrides=self._ceiling_overrides(p, cl, max(lower)))
-        return "ceiling"
+        self.parts.enqueue_trial({}, user_attrs={"stage": stage_name, "overrides": overrides, **(attrs or {})},
+                                 skip_if_exists=False)
+        return stage_name
 
-    def ceiling_choice(self, vs: list[TrialView]) -> dict[str, Any] | None:
-        """The ceiling's settings for the rest of the search: the fastest precision and layout, at the smallest
-        batch that keeps PLATEAU of their pace."""
-        best = ceiling(vs)
-        if best is None:
-            return None
-        p, cl = best.setting("training.precision"), best.setting("training.channels_last")
-        plateau = [v for v in stage(vs, "ceiling") if (v.setting("training.precision"),
-                                                        v.setting("training.channels_last")) == (p, cl)
-                   and v.imgs_per_s >= PLATEAU * best.imgs_per_s]
-        chosen = min(plateau, key=lambda v: v.setting("training.batch_size"))
-        return {"training.precision": p, "training.channels_last": cl,
-                "training.batch_size": chosen.setting("training.batch_size"), "imgs_per_s": best.imgs_per_s}
+    # ---- the budget -----------------------------------------------------------------------------------------------
 
-    # ---- 2. supply ------------------------------------------------------------------------------------------------
+    def cost(self, vs: list[TrialView], part: bool) -> float | None:
+        """Median seconds of a trial of that kind in this study (the other kind's, else None)."""
+        for kind in (part, not part):
+            walls = [float(v.attrs["wall_s"]) for v in vs if v.attrs.get("wall_s") is not None
+                     and (v.stage in ("ceiling", "supply")) == kind]
+            if walls:
+                return statistics.median(walls)
+        return None
 
-    def _supply(self, vs: list[TrialView]) -> str | None:
-        if self.plan.probe.data.kind == "synthetic":
+    def affords_part(self, vs: list[TrialView]) -> bool:
+        """Whether one more measurement of a part fits: at least one end-to-end trial after it, and parts within
+        ``PARTS_SHARE`` of this search's trials and time."""
+        b = self.budget
+        if b is None:
+            return True
+        if b.left < 2:
+            return False  # the search's last trial is end to end
+        ok = b.parts_run + 1 <= PARTS_SHARE * b.trials
+        cost = self.cost(vs, part=True)
+        if ok and b.seconds is not None and cost is not None:
+            e2e = self.cost(vs, part=False) or cost
+            ok = b.parts_s + cost <= PARTS_SHARE * b.seconds and (b.left_s is None or b.left_s - cost >= e2e)
+        if not ok:
+            used = f"{b.parts_run} of {b.trials} trials" + (f", {b.parts_s:.0f} of {b.seconds:.0f} s" if b.seconds
+                                                              else "")
+            self.note("budget", f"stages: no further measurement of parts: they have had their share of this "
+                                f"search's budget ({used}); end to end from here")
+        return ok
+
+    # ---- 1. the ceiling -------------------------------------------------------------------------------------------
+
+    def ceiling_overrides(self, pair: tuple, batch: int, cudnn: bool | None) -> dict[str, Any]:
+        o = {**CEILING_FIXED, **dict(zip((d.path for d in CEILING_GRID), pair, strict=True)),
+             "training.batch_size": batch, "data.num_classes": self.plan.data.classes if self.plan.data else None,
+             "measure.window_s": min(self.plan.spec.stages.ceiling_window_s, self.measure.window_s)}
+        if cudnn is not None:
+            o["training.cudnn_benchmark"] = cudnn
+        return o
+
+    def _compare_first(self, budget: Budget, vs: list[TrialView] | None = None) -> bool:
+        """Whether the first ceiling is measured with and without cuDNN's algorithm search (GPU; the budget)."""
+        return self.on_gpu and self._core_fits(budget, extra=1, vs=vs)
+
+    def _first_ceiling(self, vs: list[TrialView]) -> str | None:
+        """The likeliest fastest pair at the largest batch (the next pair where one cannot run at any batch)."""
+        if not self.ceilings:
             return None
-        mine = [v for v in vs if v.stage == "supply"]
-        if any(v.outcome in ("running", "waiting") for v in mine):
-            return "supply"
-        decodes = self._measured_decodes()
-        n = sum(len(self.choices("data.hybrid_cpu_fraction")) if d == "hybrid" else 1 for d in decodes)
-        if mine or not self.affords(n):
-            return None
+        for pair in self.pairs():
+            state, request = self.pair_state(vs, pair)
+            if state == "pending":
+                return BLOCKED
+            if state == "impossible" or self.pair_dead(vs, pair):
+                continue
+            if state == "retry":
+                return self._want(vs, "ceiling", request, part_budget=False,
+                                  attrs={"cudnn_evidence": True} if self.on_gpu else None)
+            top = self.top_batch()
+            evidence = any(v.attrs.get("cudnn_evidence") for v in vs
+                           if v.stage == "ceiling" and self.pair_of(v) == pair)
+            compare = self.on_gpu and (evidence or self._compare_first(self.budget, vs))
+            if self.on_gpu and not compare:
+                self.note("cudnn", "stages: cuDNN's algorithm search is not compared (too little budget left): it "
+                                   "stays at cuDNN's default (on)")
+            if compare:  # without first: the measurement with it then gets a fresh worker, which lives on
+                name = self._want(vs, "ceiling", self.ceiling_overrides(pair, top, False), part_budget=False,
+                                  attrs={"cudnn_evidence": True})
+                if name:
+                    return name
+            return self._want(vs, "ceiling", self.ceiling_overrides(pair, top, True if self.on_gpu else None),
+                              part_budget=False, attrs={"cudnn_evidence": True} if compare else None)
+        return None
+
+    # ---- 2. the supplies ------------------------------------------------------------------------------------------
+
+    def supply_overrides(self, vs: list[TrialView], decode: str, fraction: float | None) -> dict[str, Any]:
         chosen = self.ceiling_choice(vs) or {}
-        batch = chosen.get("training.batch_size", get_path(self.base, "training.batch_size"))
-        layout = chosen.get("training.channels_last", get_path(self.base, "training.channels_last"))
-        workers = max(self.choices("loader.num_workers"))
-        for decode in decodes:
-            # A supply ranks pipelines against the ceiling: five bursty windows say enough, eight cost a minute.
-            overrides = {"training.mode": "loader", "data.decode": decode, "training.batch_size": batch,
-                         "training.channels_last": layout, "loader.num_workers": workers,
-                         "loader.persistent_workers": False, "loader.prefetch_factor": None,
-                         "measure.max_windows": min(SUPPLY_MAX_WINDOWS, self.plan.probe.measure.max_windows)}
-            if decode == "hybrid":  # measured directly only when its two ends are not
-                for f in self.choices("data.hybrid_cpu_fraction"):
-                    self._enqueue("supply", overrides={**overrides, "data.hybrid_cpu_fraction": f})
-            else:
-                self._enqueue("supply", overrides=overrides)
-        return "supply"
+        o = {"training.mode": "loader", "data.decode": decode,
+             "training.batch_size": chosen.get("training.batch_size", get_path(self.base, "training.batch_size")),
+             "training.channels_last": chosen.get("training.channels_last",
+                                                  get_path(self.base, "training.channels_last")),
+             "loader.num_workers": max(self.choices("loader.num_workers")), "loader.persistent_workers": False,
+             "loader.prefetch_factor": None}
+        if fraction is not None:
+            o["data.hybrid_cpu_fraction"] = fraction
+        return o
 
-    def _measured_decodes(self) -> list[str]:
-        decodes = self.choices("data.decode")
-        ends = {"torchvision-cpu", "nvjpeg-gpu"}
-        if "hybrid" in decodes and ends <= set(decodes):
-            decodes = [d for d in decodes if d != "hybrid"]
-        return decodes
+    def stop_when(self, vs: list[TrialView]) -> dict[str, Any]:
+        """When a supply measurement may stop before it settles (``autotune.search.evaluate.Watch``): its latest
+        ``windows`` full windows all above the ceiling (it feeds more than the model takes: the ceiling bounds it),
+        or all below what could still come within ``REACH`` of the best bound."""
+        best = self.best_pair(vs)
+        ceiling = best[1] if best else None
+        bounds = [min(p.point, ceiling or math.inf) for p in self.pipes(vs)]
+        out: dict[str, Any] = {"windows": self.measure.windows}
+        if ceiling is not None:
+            out["above"] = round(ceiling * (1 + self.measure.spread_target), 3)
+        if bounds:
+            out["below"] = round(REACH * max(bounds) * (1 - self.measure.spread_target), 3)
+        return out
 
-    def supply_of(self, vs: list[TrialView], decode: str, fraction: float | None) -> float | None:
-        """imgs/s the pipeline can feed (all ranks): measured, or for hybrid, from its ends: its CPU and GPU shares
-        decode at once, each at its own rate, so a batch takes the longer of the two."""
-        measured = supplies(vs)
-        if decode != "hybrid":
-            v = measured.get(decode)
-            return v.imgs_per_s if v else None
-        direct = [v for v in stage(vs, "supply") if v.setting("data.decode") == "hybrid"
-                  and v.setting("data.hybrid_cpu_fraction") == fraction]
-        if direct:
-            return direct[0].imgs_per_s
-        cpu, gpu = measured.get("torchvision-cpu"), measured.get("nvjpeg-gpu")
-        if cpu is None or gpu is None or fraction is None:
+    def _supply_requests(self) -> list[tuple[str, float | None]]:
+        out: list[tuple[str, float | None]] = []
+        for d in self.decodes():
+            out += [(d, f) for f in self.choices("data.hybrid_cpu_fraction")] if d == "hybrid" else [(d, None)]
+        return out
+
+    def _next_supply(self, vs: list[TrialView], *, part_budget: bool = True, only_first: bool = False) -> str | None:
+        if not self.supplies:
             return None
-        return 1.0 / max(fraction / cpu.imgs_per_s, (1.0 - fraction) / gpu.imgs_per_s)
+        for decode, fraction in self._supply_requests()[:1] if only_first else self._supply_requests():
+            status = self.status(vs, "supply", (decode, fraction))
+            if status == "pending":
+                return BLOCKED
+            if status in ("done", "given_up"):
+                continue
+            return self._want(vs, "supply", self.supply_overrides(vs, decode, fraction), part_budget=part_budget,
+                              attrs={"stop_when": self.stop_when(vs)})
+        return None
 
-    # ---- 3. candidates ----------------------------------------------------------------------------------------------
+    def _first_supply(self, vs: list[TrialView]) -> str | None:
+        if self.pipes(vs):
+            return None
+        return self._next_supply(vs, part_budget=False, only_first=True)
+
+    # ---- 3. candidates --------------------------------------------------------------------------------------------
+
+    def ranking(self, vs: list[TrialView]) -> tuple[list[Pipe], list[Pipe], float] | None:
+        """(the best pipeline of each family within REACH of the best bound, best first; the families only an
+        unsettled supply keeps out of it; the ceiling they are capped at) — None before both are known."""
+        best = self.best_pair(vs) if self.ceilings else None
+        if self.ceilings and best is None:
+            return None
+        ceiling = best[1] if best else math.inf
+        pipes = self.pipes(vs) if self.supplies else [Pipe(settings={}, point=math.inf, upper=math.inf,
+                                                           settled=True)]
+        if not pipes:
+            return None
+        top = max(min(p.point, ceiling) for p in pipes)
+        by_family: dict[str, Pipe] = {}
+        for p in sorted(pipes, key=lambda p: (-min(p.point, ceiling), -p.point)):  # ties: the most headroom
+            by_family.setdefault(p.family, p)
+        sure = [p for p in by_family.values() if min(p.point, ceiling) >= REACH * top]
+        unsure = [p for p in by_family.values() if p not in sure and not p.settled
+                  and min(p.upper, ceiling) >= REACH * top]
+        return sure, unsure, ceiling
+
+    def identity_of(self, fixed: dict[str, Any]) -> tuple:
+        """The identity (``IDENTITY``) of the trial ``fixed`` would enqueue: its settings, else what it inherits."""
+        params = self.complete(fixed)
+        return tuple(params[k] if k in params else get_path(self.base, k) for k in IDENTITY)
+
+    def identity_state(self, vs: list[TrialView], ident: tuple) -> str:
+        """``untried``, ``pending``, ``alive`` (it trained: measured or pruned) or ``dead`` (every trial failed)."""
+        mine = [v for v in vs if v.end_to_end and not v.baseline and not v.part
+                and tuple(v.setting(k) for k in IDENTITY) == ident and v.failure_class not in NOT_ITS_FAULT]
+        if not mine:
+            return "untried"
+        if any(v.outcome in ("measured", "pruned") for v in mine):
+            return "alive"
+        if any(v.outcome in ("running", "waiting") for v in mine):
+            return "pending"
+        return "dead"
+
+    def candidate_settings(self, vs: list[TrialView], pipe: Pipe, pair: tuple | None = None) -> dict[str, Any]:
+        best = (pair, None) if pair is not None else self.best_pair(vs)
+        if best is not None:
+            chosen = self.ceiling_choice(vs, best[0])
+            fixed = {k: v for k, v in chosen.items() if k != "imgs_per_s"}
+        else:  # no ceiling: the baseline's precision, layout and batch
+            fixed = {d.path: self.plan.baseline.get(d.path, get_path(self.base, d.path)) for d in CEILING_GRID}
+        fixed.update(pipe.settings)
+        if "loader.num_workers" in self.space:
+            fixed["loader.num_workers"] = max(self.choices("loader.num_workers"))
+        if "training.accum_steps" in self.space:
+            fixed["training.accum_steps"] = min(self.choices("training.accum_steps"))
+        return fixed
 
     def _candidates(self, vs: list[TrialView]) -> str | None:
-        if any(v.stage == "candidate" for v in vs):
+        ranked = self.ranking(vs)
+        if ranked is None:
             return None
-        chosen = self.ceiling_choice(vs)
-        if chosen is None:
-            return None
-        bounds = self.bounds(vs, chosen["imgs_per_s"])
-        if not bounds:
-            pipelines = [{}]  # synthetic data (or nothing measured): one candidate at the ceiling's settings
-        else:
-            top = max(b for _, b in bounds)
-            ranked = sorted(bounds, key=lambda x: -x[1])
-            pipelines = [pipe for pipe, b in ranked if b >= REACH * top][:self.plan.spec.stages.candidates]
-        for pipe in pipelines:
-            fixed = {k: v for k, v in chosen.items() if k != "imgs_per_s"}
-            fixed.update(pipe)
-            if "loader.num_workers" in self.space:
-                fixed["loader.num_workers"] = max(self.choices("loader.num_workers"))
-            if "training.accum_steps" in self.space:
-                fixed["training.accum_steps"] = min(self.choices("training.accum_steps"))
-            self._enqueue("candidate", params=self.complete(fixed))
-        return "candidate"
+        sure, _, _ = ranked
+        running = 0
+        for pipe in sure:
+            fixed = self.candidate_settings(vs, pipe)
+            state = self.identity_state(vs, self.identity_of(fixed))
+            if state == "dead":
+                continue  # replaced by the next (it does not count against the cap)
+            running += 1
+            if running > self.plan.spec.stages.candidates:
+                break
+            if state == "untried":
+                self.main_enqueue(fixed, {"stage": "candidate"})
+                return "candidate"
+        # Pairs the ceiling cannot tell from the best: broken by running the best pipeline at each.
+        best = self.best_pair(vs)
+        for pair, _ in self.tied_pairs(vs) if sure and best is not None else []:
+            tried = any(v.end_to_end and not v.baseline and self.pair_of(v) == pair
+                        and v.failure_class not in NOT_ITS_FAULT for v in vs)
+            if pair != best[0] and not tried:
+                self.main_enqueue(self.candidate_settings(vs, sure[0], pair),
+                                  {"stage": "candidate", "tie_of": pair_label(best[0])})
+                return "candidate"
+        return None
 
-    def bounds(self, vs: list[TrialView], ceiling_ips: float) -> list[tuple[dict[str, Any], float]]:
-        """(pipeline settings, the most an end-to-end run with it can reach) for each pipeline with a supply."""
-        out = []
-        for decode in self.choices("data.decode") if "data.decode" in self.space else []:
-            fractions = self.choices("data.hybrid_cpu_fraction") if decode == "hybrid" else [None]
-            for f in fractions:
-                supply = self.supply_of(vs, decode, f)
-                if supply is not None:
-                    pipe = {"data.decode": decode, **({"data.hybrid_cpu_fraction": f} if f is not None else {})}
-                    out.append((pipe, min(supply, ceiling_ips)))
-        return out
+    def main_enqueue(self, fixed: dict[str, Any], attrs: dict[str, Any]) -> None:
+        self.study.enqueue_trial(self.complete(fixed), user_attrs=attrs, skip_if_exists=False)
 
     def complete(self, fixed: dict[str, Any]) -> dict[str, Any]:
         """Optuna params for every active knob: ``fixed`` where given, else the baseline's value (the library
@@ -290,10 +468,175 @@ class StagePlanner:
             params[p.path] = _value(p, fixed, self.plan.baseline, self.base)
         return params
 
-    # ---- 4. refine --------------------------------------------------------------------------------------------------
+    # ---- 4. trial 0 again -----------------------------------------------------------------------------------------
+
+    def _baseline_again(self, vs: list[TrialView]) -> str | None:
+        runs = [v for v in vs if v.baseline and not v.part]
+        if (not runs or any(v.outcome in ("running", "waiting") for v in runs)
+                or any(v.attrs.get("remeasure_of") is not None for v in runs)):
+            return None
+        first = runs[0]
+        if first.outcome != "measured" or first.attrs.get("settled") is not False or self.budget.left < 2:
+            return None
+        self.note("baseline", f"stages: trial {first.label}'s windows never agreed (spread {first.spread or 0:.1%}): "
+                              "measured again in a fresh process; the faster figure is the baseline")
+        self.study.enqueue_trial(dict(first.params), user_attrs={"stage": "baseline", "remeasure_of": first.number},
+                                 skip_if_exists=False)
+        return "baseline"
+
+    # ---- 5. cuDNN per precision and layout -------------------------------------------------------------------------
+
+    def _cudnn_evidence(self, vs: list[TrialView]) -> str | None:
+        """The measurement without the algorithm search beside the one with it, for each pair a candidate uses."""
+        if not (self.on_gpu and self.ceilings):
+            return None
+        decided = self.decisions()
+        used = {self.pair_of(v) for v in vs if v.stage == "candidate" and not v.part}
+        for pair in self.pairs():
+            if pair not in used or pair_label(pair) in decided:
+                continue
+            on = [v for v in self.ceilings_of(vs, pair) if v.setting("training.cudnn_benchmark") is True]
+            if not on:
+                continue
+            batch = max(v.setting("training.batch_size") for v in on)
+            name = self._want(vs, "ceiling", self.ceiling_overrides(pair, batch, False),
+                              attrs={"cudnn_evidence": True})
+            if name:
+                return name
+        return None
+
+    def _decide_cudnn(self, vs: list[TrialView]) -> None:
+        """Record the decision for every pair measured at one batch with and without the search."""
+        if not self.on_gpu:
+            return
+        decided = self.decisions()
+        changed = False
+        for pair in self.pairs():
+            label = pair_label(pair)
+            if label in decided:
+                continue
+            by_batch: dict[int, dict[bool, TrialView]] = {}
+            for v in self.ceilings_of(vs, pair):
+                flag = (v.attrs.get("overrides") or {}).get("training.cudnn_benchmark")
+                # Without the search, only a measurement made as evidence (on shapes new to its worker) counts.
+                if flag is True or (flag is False and v.attrs.get("cudnn_evidence")):
+                    slot = by_batch.setdefault(v.setting("training.batch_size"), {})
+                    if flag not in slot or v.imgs_per_s > slot[flag].imgs_per_s:
+                        slot[flag] = v
+            for batch, slot in sorted(by_batch.items(), reverse=True):
+                if True in slot and False in slot:
+                    on, off = slot[True], slot[False]
+                    decided[label] = {"benchmark": off.imgs_per_s < CUDNN_KEEP * on.imgs_per_s, "batch": batch,
+                                      "with_search": evidence(on), "without_search": evidence(off)}
+                    changed = True
+                    break
+        if changed:
+            self.study.set_user_attr("cudnn", decided)
+
+    def decisions(self) -> dict[str, Any]:
+        """cuDNN's algorithm search, decided per precision and layout (``pair_label``): ``benchmark`` and the two
+        measurements it stands on."""
+        return dict(self.study.user_attrs.get("cudnn") or {})
+
+    def decision(self, pair: tuple) -> bool | None:
+        d = self.decisions().get(pair_label(pair))
+        return d["benchmark"] if d else None
+
+    def cudnn_for(self, config: dict[str, Any]) -> bool | None:
+        """cuDNN's algorithm search for a config's precision and layout, where the stages decided it."""
+        return self.decision(tuple(get_path(config, dim.path) for dim in CEILING_GRID))
+
+    # ---- 6. what limits the bound -----------------------------------------------------------------------------------
+
+    def _limiting(self, vs: list[TrialView]) -> str | None:
+        best = self.best_pair(vs) if self.ceilings else None
+        pipes = self.pipes(vs) if self.supplies else []
+        if self.supplies and not pipes:
+            return self._next_supply(vs)
+        if best is not None and pipes and max(p.point for p in pipes) < best[1] * (1 - self.tolerance):
+            name = self._next_supply(vs)
+            if name:
+                return name
+            self.note("input-bound", f"stages: no other precision or layout is measured: the input pipelines (at "
+                                     f"most {max(p.point for p in pipes):,.0f} imgs/s) bound every trial below the "
+                                     f"ceiling ({best[1]:,.0f})")
+            return None
+        if best is not None:
+            name = self._explore(vs, best[0])
+            if name:
+                return name
+        return self._next_supply(vs)
+
+    def _explore(self, vs: list[TrialView], best: tuple) -> str | None:
+        """One dimension at a time from the fastest pair: each direction along the dimension's order until a step
+        measures clearly slower."""
+        top_ips = self.pair_ceiling(vs, best)
+        for i, dim in enumerate(CEILING_GRID):
+            order = dim.order(self.choices(dim.path), self.on_gpu)
+            pos = order.index(best[i])
+            for step in (1, -1):
+                k = pos + step
+                while 0 <= k < len(order):
+                    q = (*best[:i], order[k], *best[i + 1:])
+                    state, request = self.pair_state(vs, q)
+                    if state == "pending":
+                        return BLOCKED
+                    if state in (None, "retry"):
+                        return self._want(vs, "ceiling", request or self.ceiling_overrides(
+                            q, self.top_batch(), True if self.on_gpu else None))
+                    ips = self.pair_ceiling(vs, q)
+                    if ips is not None and ips < top_ips * (1 - self.measure.spread_target):
+                        rest = order[k + 1:] if step > 0 else order[:k][::-1]
+                        if rest:
+                            words = ", ".join(dim.word(x) for x in rest)
+                            self.note(f"dominated:{dim.path}:{q}", f"stages: {words} not measured: "
+                                      f"{dim.word(order[k])} already ran slower than {dim.word(best[i])} at "
+                                      f"{pair_label(best)}'s other settings ({ips:,.0f} against {top_ips:,.0f} "
+                                      f"imgs/s), and the order ranks {words} below it")
+                        break
+                    k += step
+        return None
+
+    # ---- 7. smaller batches -----------------------------------------------------------------------------------------
+
+    def _batches(self, vs: list[TrialView]) -> str | None:
+        best = self.best_pair(vs) if self.ceilings else None
+        if best is None:
+            return None
+        pair, top = best
+        by_batch: dict[int, float] = {}
+        for v in self.ceilings_of(vs, pair):
+            b = v.setting("training.batch_size")
+            by_batch[b] = max(by_batch.get(b, 0.0), v.imgs_per_s)
+        smallest = min(by_batch)
+        if by_batch[smallest] < PLATEAU * top:
+            return None
+        lower = [b for b in self.choices("training.batch_size") if b <= smallest // 2]
+        if not lower:
+            return None
+        flag = self.decision(pair)
+        return self._want(vs, "ceiling", self.ceiling_overrides(
+            pair, max(lower), (True if flag is None else flag) if self.on_gpu else None))
+
+    # ---- 8. uncertain pipelines -------------------------------------------------------------------------------------
+
+    def _uncertain(self, vs: list[TrialView]) -> str | None:
+        ranked = self.ranking(vs)
+        if ranked is None or self.budget.left < 2:
+            return None
+        for pipe in ranked[1]:
+            fixed = self.candidate_settings(vs, pipe)
+            if self.identity_state(vs, self.identity_of(fixed)) == "untried":
+                self.note(f"uncertain:{pipe.family}", f"stages: {pipe.family}'s supply never settled "
+                          f"({pipe.point:,.0f} imgs/s, up to {pipe.upper:,.0f}): run end to end as well")
+                self.main_enqueue(fixed, {"stage": "candidate", "uncertain": True})
+                return "candidate"
+        return None
+
+    # ---- 9. refine --------------------------------------------------------------------------------------------------
 
     def _refine(self, vs: list[TrialView]) -> str | None:
-        good = feasible(vs)
+        good = [v for v in feasible(vs) if not v.part]
         if not good:
             return None
         best = max(v.imgs_per_s for v in good)
@@ -305,11 +648,23 @@ class StagePlanner:
             if v.stage == "refine" and self.identity(v) in identities:
                 identities[self.identity(v)] += 1
         least = min(identities, key=lambda k: identities[k])  # round-robin: the least refined so far
-        self._enqueue("refine", params=dict(least))
+        self.study.enqueue_trial(dict(least), user_attrs={"stage": "refine"}, skip_if_exists=False)
         return "refine"
 
     def identity(self, v: TrialView) -> tuple:
         return tuple((k, v.params[k]) for k in IDENTITY if k in self.space and k in v.params)
+
+    # ---- what a draw can reach --------------------------------------------------------------------------------------
+
+    def bound(self, config: dict[str, Any]) -> tuple[float, str] | None:
+        """What the stages measured bounds an end-to-end run of ``config`` at (``Measured.bound_of``)."""
+        return self.bound_of(views(self.study, self.parts), config)
+
+
+def evidence(v: TrialView) -> dict[str, Any]:
+    """A measurement a cuDNN decision stands on, as the study records it."""
+    return {"trial": v.label, "imgs_per_s": v.imgs_per_s, "first_step_s": v.attrs.get("first_step_s"),
+            "shapes_new_to_worker": v.attrs.get("shapes_new_to_worker")}
 
 
 def _value(p: Param, fixed: dict[str, Any], baseline: dict[str, Any], base: dict[str, Any]) -> Any:

@@ -110,13 +110,16 @@ def stale_reason(t, *, stale_after_s: float = STALE_AFTER_S, now: float | None =
     return None
 
 
-def reclaim_stale(study, storage, *, stale_after_s: float = STALE_AFTER_S) -> list[str]:
+def reclaim_stale(study, storage, *, stale_after_s: float = STALE_AFTER_S, prefix: str = "") -> list[str]:
     """Mark every RUNNING trial whose owner is gone FAIL (``failure_class: stale``, the reason in
     ``failure_message``) and enqueue its parameters again, once (the new trial carries ``retry_of``; a retry that
     goes stale is not retried). Returns one line per trial, to print. Safe with several searches doing it at once:
-    the database lets one of them finish the trial, and only that one enqueues."""
+    the database lets one of them finish the trial, and only that one enqueues. ``prefix``: how lines name the
+    study's trials (``p`` for the parts study: ``trial p3``)."""
     import optuna
     from optuna.trial import TrialState
+
+    from autotune.study.view import REQUEST_ATTRS
 
     me = owner()
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -137,17 +140,17 @@ def reclaim_stale(study, storage, *, stale_after_s: float = STALE_AFTER_S) -> li
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # finished meanwhile, by its owner or by another search reclaiming it
-        line = f"trial {t.number}: stale ({reason}): marked FAIL"
+        line = f"trial {prefix}{t.number}: stale ({reason}): marked FAIL"
         retried = {u.user_attrs.get("retry_of") for u in study.get_trials(deepcopy=False)}
         if t.user_attrs.get("retry_of") is not None:
-            line += f"; not run again (it was already the re-run of trial {t.user_attrs['retry_of']})"
+            line += f"; not run again (it was already the re-run of trial {prefix}{t.user_attrs['retry_of']})"
         elif not t.params and not t.user_attrs.get("overrides"):
             line += "; nothing to run again (no parameter had been chosen)"
         elif t.number in retried:
             line += "; already enqueued again"
         else:
             # What the trial was (its stage, a stage measurement's settings) goes with its parameters.
-            same = {k: t.user_attrs[k] for k in ("stage", "overrides", "start", "baseline") if k in t.user_attrs}
+            same = {k: t.user_attrs[k] for k in REQUEST_ATTRS if k in t.user_attrs}
             study.enqueue_trial(dict(t.params), user_attrs={**same, "retry_of": t.number})
             line += "; its parameters run again as a new trial"
         lines.append(line)

@@ -1,4 +1,5 @@
-"""Creating a study or joining one: the sampler, the pruner, the spec recorded with the study, trial 0.
+"""Creating a study or joining one: the sampler, the pruner, the spec recorded with the study, trial 0, and its
+parts study (the stages' measurements of the model alone and of each input pipeline alone, ``autotune.study.view``).
 
 Running ``autotune search`` again loads the same study and adds trials; so does a second search started while the
 first runs: they share the study, and TPE's constant liar keeps them from trying the same thing at once. The study
@@ -21,6 +22,7 @@ from autotune.objective import Objective
 from autotune.spec import StudySpec
 from autotune.study.pruning import BestFeasiblePruner
 from autotune.study.storage import SPEC_KEY, first_line, record_on_study
+from autotune.study.view import parts_name
 
 SETUP_WAIT_S = 30.0
 """A search that finds the study just created by another worker waits this long for that worker to record the spec
@@ -45,7 +47,20 @@ def make_pruner(spec: StudySpec, multi_objective: bool) -> optuna.pruners.BasePr
     # Optuna cannot prune multi-objective studies (trial.report refuses them).
     if p.kind == "none" or multi_objective:
         return optuna.pruners.NopPruner()
-    return BestFeasiblePruner(tolerance=p.tolerance, min_windows=p.min_windows)
+    measure = spec.base_config("<generated>" if spec.generates_data else None).measure
+    return BestFeasiblePruner(tolerance=p.tolerance, min_windows=p.min_windows, settle_windows=measure.windows + 1,
+                              spread_target=measure.spread_target)
+
+
+def parts_study(study: optuna.Study) -> optuna.Study:
+    """The parts study of ``study`` (created when missing; several workers may race to, one wins). Its trials have no
+    Optuna parameters and are never pruned: no sampler or pruner of its own learns or decides anything."""
+    try:
+        return optuna.create_study(study_name=parts_name(study.study_name), storage=study._storage,
+                                   load_if_exists=True, direction="maximize", sampler=optuna.samplers.RandomSampler(),
+                                   pruner=optuna.pruners.NopPruner())
+    except Exception as e:
+        raise StorageError(f"study {parts_name(study.study_name)}: {first_line(e)}; check the storage") from None
 
 
 def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Objective, nproc: int,
@@ -69,6 +84,7 @@ def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Obje
     except Exception as e:
         raise StorageError(f"study {study_name}: {first_line(e)}; check the storage") from None
     if created:
+        parts_study(study)  # before setup_complete: a joining worker finds both
         _record_setup(study, spec, fp, objective, nproc, attrs, baseline, starts)
         return study
     ua = _wait_for_setup(study)
@@ -90,6 +106,7 @@ def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Obje
     base_seed = spec.sampler.seed if seed is None else seed
     if base_seed is not None:
         study.sampler = make_sampler(spec, worker_seed(base_seed, len(study.get_trials(deepcopy=False))))
+    parts_study(study)
     return study
 
 

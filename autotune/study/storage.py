@@ -180,7 +180,10 @@ def load(study_name: str | None, storage_url: str):
         raise StorageError(f"storage {display_url(storage_url)}: {first_line(e)}; is it an autotune/Optuna "
                            "study storage?") from None
     shown = display_url(storage_url)
-    if study_name is None:
+    from autotune.study.view import PARTS_SUFFIX
+
+    if study_name is None:  # a study's parts study is not a study to pick
+        names = [n for n in names if not (n.endswith(PARTS_SUFFIX) and n[:-len(PARTS_SUFFIX)] in names)]
         if not names:
             raise StorageError(f"{shown} holds no study yet: run `autotune search --storage {shown}` first")
         if len(names) != 1:

@@ -2,9 +2,13 @@
 what it measured, and which trials count — feasible, the best, the baseline, the ceiling, the supplies.
 
 A trial's stage says what it measured. ``ceiling`` (the model on synthetic data) and ``supply`` (an input pipeline
-alone, no model) are measurements of the parts, not training configurations: they never count as an answer, and
-Optuna holds them as infeasible so that its sampler learns nothing from them about end-to-end settings. Every other
-stage (``baseline``, ``start``, ``candidate``, ``refine``, ``retry``, ``search``) is an end-to-end training run.
+alone, no model) are measurements of the parts, not training configurations: they never count as an answer. They live
+in a companion Optuna study of the same storage, ``<study>.parts`` (``parts_name``), so that everything that reads the
+main study with Optuna's own tools — optuna-dashboard's best, history and importances, ``optuna best-trial``, the
+sampler — sees end-to-end trials only. ``views(study)`` merges both, in the order they ran: a part is labelled
+``p<N>`` (its number in the parts study), an end-to-end trial by its number. Every other stage (``baseline``,
+``start``, ``candidate``, ``refine``, ``retry``, ``search``) is an end-to-end training run. (Studies made before the
+parts study held their stage measurements in the main study; they read the same.)
 """
 
 from __future__ import annotations
@@ -20,8 +24,13 @@ from trainer.protocol import Failure
 MEASUREMENT_STAGES = ("ceiling", "supply")
 """Stages that measure a part of the job (not an end-to-end configuration)."""
 
-STAGE_CONSTRAINT = "measures_a_part"
-"""The Optuna constraint (1.0) that keeps a stage measurement from counting as a feasible answer."""
+PARTS_SUFFIX = ".parts"
+"""The parts study of study ``x`` is ``x.parts``, in the same storage."""
+
+REQUEST_ATTRS = ("stage", "overrides", "start", "baseline", "remeasure_of", "cudnn_evidence", "stop_when",
+                 "uncertain")
+"""The user attrs that say what a trial was asked to be (a stage, a measurement's settings, how it may stop): a
+trial run again (repaired, or after its search vanished) carries them over."""
 
 FAILED_CONSTRAINT = "failed"
 """The Optuna constraint (1.0) of a trial whose configuration failed (OOM, invalid, diverged)."""
@@ -30,6 +39,8 @@ FAILED_CONSTRAINT = "failed"
 @dataclass(frozen=True, kw_only=True)
 class TrialView:
     number: int
+    """The trial's number in its own study (the main one, or the parts study for a measurement of a part)."""
+
     state: TrialState
     stage: str
     outcome: str
@@ -47,8 +58,11 @@ class TrialView:
     config: dict[str, Any] = field(default_factory=dict)
     """The trial's full TrainConfig as a mapping ({} for a trial that never built one)."""
 
+    part: bool = False
+    """A trial of the parts study (``parts_name``)."""
+
     @classmethod
-    def of(cls, t: FrozenTrial) -> TrialView:
+    def of(cls, t: FrozenTrial, *, part: bool = False) -> TrialView:
         a = t.user_attrs
         stage = a.get("stage") or ("baseline" if a.get("baseline") else "start" if a.get("start") is not None
                                    else "retry" if a.get("retry_of") is not None else "search")
@@ -57,7 +71,12 @@ class TrialView:
                    spread=finite(a.get("spread")),
                    value=t.values[0] if t.values else None, failure_class=a.get("failure_class"),
                    failure_message=a.get("failure_message"), params=dict(t.params), attrs=dict(a),
-                   config=t.system_attrs.get(CONFIG_KEY) or a.get("config") or {})
+                   config=t.system_attrs.get(CONFIG_KEY) or a.get("config") or {}, part=part)
+
+    @property
+    def label(self) -> str:
+        """How lines and tables name the trial: its number, ``p<N>`` for a trial of the parts study."""
+        return f"p{self.number}" if self.part else str(self.number)
 
     @property
     def end_to_end(self) -> bool:
@@ -108,8 +127,29 @@ def finite(x) -> float | None:
     return v if v == v and v not in (float("inf"), float("-inf")) else None
 
 
-def views(study) -> list[TrialView]:
-    return [TrialView.of(t) for t in study.get_trials(deepcopy=False)]
+def parts_name(study_name: str) -> str:
+    return study_name + PARTS_SUFFIX
+
+
+def parts_of(study):
+    """The parts study of ``study`` (same storage), or None when it has none."""
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=parts_name(study.study_name), storage=study._storage)
+    except KeyError:
+        return None
+
+
+def views(study, parts=None) -> list[TrialView]:
+    """Every trial of ``study`` and of its parts study (``parts``; found in the storage when not given), in the
+    order they started (waiting ones last, in the order they were enqueued)."""
+    parts = parts if parts is not None else parts_of(study)
+    both = [(t, False) for t in study.get_trials(deepcopy=False)]
+    if parts is not None:
+        both += [(t, True) for t in parts.get_trials(deepcopy=False)]
+    both.sort(key=lambda tp: (tp[0].datetime_start is None, tp[0].datetime_start or 0, tp[0]._trial_id))
+    return [TrialView.of(t, part=p) for t, p in both]
 
 
 def feasible(trials: list[TrialView]) -> list[TrialView]:
@@ -122,8 +162,12 @@ def fastest(trials: list[TrialView]) -> TrialView | None:
 
 
 def baseline(trials: list[TrialView]) -> TrialView | None:
-    """Trial 0 as measured (None until it is)."""
-    return next((v for v in feasible(trials) if v.baseline), None)
+    """Trial 0 as measured (None until it is): the fastest of its settled measurements (trial 0 and its re-measures
+    in fresh processes), else the fastest of all of them. A baseline whose windows never agreed is measured again, and
+    the faster figure stands: an uncertain baseline never inflates the gain over it."""
+    runs = [v for v in feasible(trials) if v.baseline]
+    settled = [v for v in runs if v.attrs.get("settled") is not False]
+    return max(settled or runs, key=lambda v: v.imgs_per_s, default=None)
 
 
 def stage(trials: list[TrialView], name: str) -> list[TrialView]:

@@ -1,120 +1,333 @@
-"""The stages' decisions, on a real Optuna study whose measurements are recorded by the search's own recording step:
-what the ceiling measures, when cuDNN's algorithm search stays off, which pipelines become candidates, and that a
-small budget keeps room for end-to-end trials."""
+"""The stages' decisions, on a real in-memory Optuna study (and its parts study) searched by the search's own engine,
+stage planner, evaluator, pruner and recording step; only the trials' runs are simulated (``tests.helpers.machine``).
+
+What is checked: the first end-to-end trial comes right after one ceiling and one supply; cuDNN's search is decided
+on shapes new to their worker, per precision and layout; candidates are picked by measurement, one per decode family;
+a pipeline dropped on an unsettled supply still runs end to end; a precision whose end-to-end trials diverge gives way
+to the next; a small budget runs a smaller plan and says which; measurements of parts keep to their share of a time
+budget; an interrupted supply is measured again by the next search; a draw the ceiling bounds below the best is not
+launched; an unsettled trial 0 is measured again; Optuna's view of the main study holds end-to-end trials only."""
 
 from __future__ import annotations
 
+import copy
+import io
 from types import SimpleNamespace
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 
-from autotune.objective import Objective
-from autotune.search.evaluate import Evaluation
-from autotune.search.record import record
-from autotune.search.stages import StagePlanner
-from autotune.space import resolve
-from autotune.spec import StudySpec
-from autotune.study.setup import create_or_load
-from autotune.study.view import views
+from autotune.overview import cudnn_lines, table
+from autotune.search.engine import Engine
+from autotune.search.progress import Progress, fmt_ips
+from autotune.search.stages import REACH, Budget
+from autotune.study import view
+from autotune.study.liveness import owner
+from autotune.study.setup import create_or_load, parts_study
+from tests.helpers.machine import SPEC, FakePool, Machine, constructed_plan
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-SPEC = {"name": "s", "base": {"model": {"name": "resnet18"}, "data": {"kind": "imagefolder", "path": "/d"}},
-        "default_space": False,
-        # fp16 is dropped without a GPU
-        "space": {"training.precision": ["fp32", "bf16", "fp16"], "training.channels_last": [False, True],
-                  "training.batch_size": [64, 128, 256], "data.decode": ["pil", "torchvision-cpu", "nvjpeg-gpu",
-                                                                        "hybrid"],
-                  "data.hybrid_cpu_fraction": {"choices": [0.25, 0.5], "when": "data.decode == hybrid"},
-                  "loader.num_workers": {"low": 2, "high": 8}},
-        "baseline": {"training.precision": "fp32", "training.batch_size": 64, "data.decode": "pil"}}
+GPU = {("fp16", True): 6000.0, ("fp16", False): 4000.0, ("bf16", True): 5400.0, ("bf16", False): 3600.0,
+       ("fp32", True): 2400.0, ("fp32", False): 2000.0}
+"""A model that likes fp16 and channels_last (an input to the simulation)."""
+
+FEEDS = {"pil": 1500.0, "torchvision-cpu": 5000.0, "nvjpeg-gpu": 11000.0}
 
 
-def planner(gpu: bool):
-    spec = StudySpec.from_dict(SPEC)
-    space = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=not gpu, cores=32)
-    probe = spec.base_config()
-    plan = SimpleNamespace(spec=spec, space=space, probe=probe, entries=["0", "1"] if gpu else None,
-                           data=SimpleNamespace(classes=10), baseline=space.baseline_params(spec, probe.to_dict()))
-    study = create_or_load(spec=spec, study_name="s", storage=optuna.storages.InMemoryStorage(),
-                           objective=Objective(), nproc=2)
-    return StagePlanner(plan, study), study, space, probe
+@pytest.fixture(autouse=True)
+def _cwd(in_tmp):
+    return in_tmp
 
 
-def run_waiting(study, space, probe, measure):
-    """Ask and record every waiting trial with ``measure(config) -> imgs/s`` as its figure."""
-    while any(t.state == optuna.trial.TrialState.WAITING for t in study.get_trials(deepcopy=False)):
-        trial = study.ask()
-        stage = trial.user_attrs.get("stage", "search")
-        overrides = trial.user_attrs.get("overrides") or space.suggest(trial, probe.to_dict())
-        cfg = probe.with_overrides(overrides)
-        record(study, trial, Evaluation(stage=stage, attrs={"imgs_per_s": measure(cfg)}, config=cfg), Objective(),
-               space)
+def search(machine: Machine, *, gpu: bool = True, trials: int = 30, timeout: float | None = None, spec=SPEC,
+           storage=None, pool: FakePool | None = None):
+    """Run a search of ``spec`` on the simulated machine; returns what a test looks at."""
+    plan = constructed_plan(spec, gpu=gpu, trials=trials, timeout_s=timeout)
+    storage = storage or optuna.storages.InMemoryStorage()
+    study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
+                           nproc=2, baseline=plan.baseline, starts=plan.starts)
+    lines: list[str] = []
+    engine = Engine(plan, study, storage, lines.append)
+    out = io.StringIO()
+    engine.progress = Progress(total=plan.trials, timeout_s=plan.timeout_s, out=out)
+    pool = pool or FakePool(machine, "pool")
+    result = SimpleNamespace(study=study, parts=engine.parts, pool=pool, engine=engine, storage=storage)
+    engine.introduce()
+    try:
+        engine.run(pool)
+    finally:
+        result.out = "\n".join(lines) + "\n" + out.getvalue()
+        result.views = view.views(study)
+    return result
 
 
-def model_speed(cfg):
-    """A model that likes fp16 and channels_last, and keeps its pace down to batch 128."""
-    t = cfg.training
-    return ({"fp32": 1000.0, "bf16": 2000.0, "fp16": 3000.0}[t.precision] * (2 if t.channels_last else 1)
-            * (1.0 if t.batch_size >= 128 else 0.7) * (1.0 if t.cudnn_benchmark else 0.999))
+def stage_of(v) -> str:
+    return v.stage
 
 
-def test_the_ceiling_measures_each_precision_and_layout_then_smaller_batches_of_the_fastest():
-    p, study, space, probe = planner(gpu=False)
-    assert p.enqueue_next(left=20) == "ceiling"  # the first pair alone (on a GPU it decides cuDNN's search) ...
-    run_waiting(study, space, probe, model_speed)
-    assert p.enqueue_next(left=19) == "ceiling"  # ... then the others
-    overrides = [t.user_attrs["overrides"] for t in study.get_trials(deepcopy=False)]
-    assert [(o["training.precision"], o["training.channels_last"], o["training.batch_size"]) for o in overrides] == \
-        [("fp32", False, 256), ("fp32", True, 256), ("bf16", False, 256), ("bf16", True, 256)]
-    assert all(o["data.kind"] == "synthetic" and o["data.num_classes"] == 10 for o in overrides)
-    run_waiting(study, space, probe, model_speed)
-    assert p.enqueue_next(left=16) == "ceiling"  # batch 128 for bf16 + channels_last: the pace holds
-    run_waiting(study, space, probe, model_speed)
-    assert p.enqueue_next(left=15) == "ceiling"  # and 64, where it does not
-    run_waiting(study, space, probe, model_speed)
-    assert p.ceiling_choice(views(study))["training.batch_size"] == 128  # the smallest batch on the plateau
-    assert p.enqueue_next(left=14) == "supply"
+def parts(r, name: str) -> list:
+    return [v for v in r.views if v.stage == name]
 
 
-def test_on_a_gpu_cudnns_search_is_measured_twice_and_kept_off_when_it_buys_nothing():
-    p, study, space, probe = planner(gpu=True)
-    p.enqueue_next(left=30)
-    first_two = [t.user_attrs["overrides"]["training.cudnn_benchmark"] for t in study.get_trials(deepcopy=False)]
-    assert first_two == [True, False]
-    run_waiting(study, space, probe, model_speed)  # 0.1 % apart: below the 1 % it must buy
-    p.enqueue_next(left=28)
-    assert study.user_attrs["decided"] == {"training.cudnn_benchmark": False}
-    rest = [t.user_attrs["overrides"] for t in study.get_trials(deepcopy=False)][2:]
-    assert len(rest) == 5 and all(o["training.cudnn_benchmark"] is False for o in rest)
+def e2e(r) -> list:
+    return [v for v in r.views if v.end_to_end]
 
 
-def test_candidates_are_the_pipelines_whose_supply_best_meets_the_ceiling_hybrid_derived_from_its_ends():
-    p, study, space, probe = planner(gpu=True)
-    supplies = {"pil": 2000.0, "torchvision-cpu": 4000.0, "nvjpeg-gpu": 9000.0}
-    for left in (40, 38, 34, 33, 32):
-        p.enqueue_next(left=left)
-        run_waiting(study, space, probe, lambda c: supplies[c.data.decode] if c.training.mode == "loader"
-                    else model_speed(c))
-    measured = [v.setting("data.decode") for v in views(study) if v.stage == "supply"]
-    assert sorted(measured) == ["nvjpeg-gpu", "pil", "torchvision-cpu"]  # hybrid: derived from its two ends
-    assert p.enqueue_next(left=30) == "candidate"
-    cands = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("stage") == "candidate"]
-    picked = [(t.system_attrs["fixed_params"]["data.decode"],
-               t.system_attrs["fixed_params"].get("data.hybrid_cpu_fraction")) for t in cands]
-    # Ceiling 6,000 (fp16, CL, batch 128). Bounds, each capped at the ceiling: nvjpeg 9,000 -> 6,000; hybrid 25 %:
-    # 1 / max(0.25 / 4,000, 0.75 / 9,000) = 12,000 -> 6,000; hybrid 50 %: 8,000 -> 6,000; torchvision-cpu 4,000 and
-    # pil 2,000 fall short of 90 % of the best bound.
-    assert sorted(picked, key=str) == sorted([("nvjpeg-gpu", None), ("hybrid", 0.25), ("hybrid", 0.5)], key=str)
-    for t in cands:
-        fixed = t.system_attrs["fixed_params"]
-        assert (fixed["training.precision"], fixed["training.channels_last"], fixed["training.batch_size"]) == \
-            ("fp16", True, 128)
-        assert fixed["loader.num_workers"] == 8  # the most workers the space allows
+def test_the_first_end_to_end_trial_comes_right_after_one_ceiling_and_one_supply():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS, cudnn_gain=1.1))
+    first = r.views[:5]
+    assert [v.stage for v in first] == ["baseline", "ceiling", "ceiling", "supply", "candidate"]
+    # The likeliest fastest first: fp16 and channels_last at the largest batch, then GPU decode.
+    assert {(v.setting("training.precision"), v.setting("training.channels_last"), v.setting("training.batch_size"))
+            for v in first[1:3]} == {("fp16", True, 512)}
+    assert first[3].setting("data.decode") == "nvjpeg-gpu" and first[4].setting("data.decode") == "nvjpeg-gpu"
+    # nvJPEG feeds more than the model can take: its measurement stopped early, a complete measurement all the same.
+    assert first[3].outcome == "part" and "above the ceiling" in first[3].attrs["stopped_early"]
+    assert first[3].attrs["windows"] < SPEC["base"]["measure"]["max_windows"]
+    # The stage measurements are trials of the parts study, the end-to-end ones of the main study.
+    assert all(v.part for v in r.views if v.stage in ("ceiling", "supply"))
+    assert not any(v.part for v in e2e(r))
 
 
-@pytest.mark.parametrize("left, expected", [(3, None), (6, "ceiling")])
-def test_a_small_budget_keeps_room_for_end_to_end_trials(left, expected):
-    p, _, _, _ = planner(gpu=False)
-    assert p.enqueue_next(left=left) == expected  # 4 ceiling measurements need 6 trials left (2 kept end to end)
+def test_what_the_prior_ranks_below_a_clearly_slower_step_is_not_measured():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS))
+    measured = {(v.setting("training.precision"), v.setting("training.channels_last")) for v in parts(r, "ceiling")}
+    # bf16 ran slower than fp16 and NCHW slower than channels_last: fp32 and the NCHW variants of the slower
+    # precisions are dominated, and said so.
+    assert measured == {("fp16", True), ("bf16", True), ("fp16", False)}
+    assert "stages: fp32 not measured: bf16 already ran slower than fp16" in r.out
+
+
+def test_an_input_bound_job_measures_no_further_precision_or_layout():
+    slow = {"pil": 300.0, "torchvision-cpu": 900.0, "nvjpeg-gpu": 1200.0}
+    r = search(Machine(ceilings=GPU, supplies=slow), trials=20)
+    assert len({(v.setting("training.precision"), v.setting("training.channels_last"))
+                for v in parts(r, "ceiling")}) == 1
+    assert "no other precision or layout is measured: the input pipelines" in r.out
+
+
+def test_pairs_the_ceiling_cannot_tell_apart_are_told_apart_end_to_end():
+    # On CPU ranks bf16 ties with and without channels_last on the model alone; end to end channels_last loses.
+    cpu = {("fp32", False): 600.0, ("fp32", True): 560.0, ("bf16", False): 840.0, ("bf16", True): 860.0}
+    r = search(Machine(ceilings=cpu, supplies={"pil": 2600.0, "torchvision-cpu": 5200.0},
+                       e2e_share_at={("bf16", True): 0.4}), gpu=False, trials=16)
+    candidates = [v for v in r.views if v.stage == "candidate"]
+    tie = [v for v in candidates if v.attrs.get("tie_of")]
+    assert len(tie) == 1 and (tie[0].setting("training.precision"), tie[0].setting("training.channels_last")) in \
+        {("bf16", True), ("bf16", False)}
+    # What follows the tie is run at the pair that did better end to end.
+    after = [v for v in r.views[r.views.index(tie[0]) + 1:] if v.end_to_end and v.stage in ("candidate", "refine")]
+    assert after and all((v.setting("training.precision"), v.setting("training.channels_last")) == ("bf16", False)
+                         for v in after)
+    assert (view.fastest(r.views).setting("training.precision"),
+            view.fastest(r.views).setting("training.channels_last")) == ("bf16", False)
+
+
+def test_cudnns_search_is_decided_on_shapes_new_to_their_worker_per_precision_and_layout():
+    # The simulated worker keeps cuDNN's plans keyed without the search flag: a run in a worker that already ran its
+    # shapes gets the first run's plans. Measured there, the search could never show what it buys.
+    r = search(Machine(ceilings=GPU, supplies=FEEDS, cudnn_gain=1.1), trials=12)
+    decided = r.study.user_attrs["cudnn"]["fp16 channels_last"]
+    assert decided["benchmark"] is True
+    assert decided["with_search"]["imgs_per_s"] > decided["without_search"]["imgs_per_s"] / REACH * 0.9
+    for side in ("with_search", "without_search"):
+        assert decided[side]["shapes_new_to_worker"] is True
+    # The one with the search ran in a fresh worker: the first had run its shapes without it.
+    runs = [x for x in r.pool.runs if x["config"].data.kind == "synthetic"][:2]
+    assert [x["config"].training.cudnn_benchmark for x in runs] == [False, True] and runs[1]["fresh"]
+    # Every end-to-end trial at that precision and layout runs with the decision.
+    assert all(v.setting("training.cudnn_benchmark") is True for v in e2e(r)
+               if (v.setting("training.precision"), v.setting("training.channels_last")) == ("fp16", True))
+    # A second precision and layout a candidate runs at is decided on its own: bf16 ties fp16 on the model alone,
+    # so a candidate runs there; its measurement without the search comes after the grid's with it, which had
+    # already run those shapes in the live worker.
+    tied = search(Machine(ceilings={**GPU, ("bf16", True): 5900.0}, supplies=FEEDS, cudnn_gain=1.1), trials=14)
+    bf16 = tied.study.user_attrs["cudnn"]["bf16 channels_last"]
+    assert bf16["benchmark"] is True and bf16["without_search"]["shapes_new_to_worker"] is True
+    # And no run with the search on got the plans a run without it had left in its worker.
+    for result in (r, tied):
+        assert all(x["plans_searched"] for x in result.pool.runs if x["config"].training.cudnn_benchmark)
+    # show gives the two figures the decision stands on.
+    line = next(x for x in cudnn_lines(r.study) if "fp16 channels_last" in x)
+    assert line.startswith("cuDNN's algorithm search, fp16 channels_last: on") and \
+        fmt_ips(decided["without_search"]["imgs_per_s"]) in line and line in table(r.study)
+
+
+def test_cudnns_search_is_left_off_where_it_buys_nothing():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS, cudnn_gain=1.0), trials=12)
+    assert r.study.user_attrs["cudnn"]["fp16 channels_last"]["benchmark"] is False
+    fast = [v for v in e2e(r) if (v.setting("training.precision"), v.setting("training.channels_last"))
+            == ("fp16", True)]
+    assert fast and all(v.setting("training.cudnn_benchmark") is False for v in fast)
+
+
+def test_ties_at_the_ceiling_are_run_one_per_decode_family_the_most_headroom_first():
+    spec = copy.deepcopy(SPEC)
+    # Declared in the order the old cut kept: it must not matter.
+    spec["space"]["data.hybrid_cpu_fraction"]["choices"] = [0.75, 0.5, 0.25]
+    feeds = {"pil": 1500.0, "torchvision-cpu": 5600.0, "nvjpeg-gpu": 11000.0}  # 5,600 >= 90 % of a 6,000 ceiling
+    r = search(Machine(ceilings=GPU, supplies=feeds), spec=spec, trials=16)
+    picked = [(v.setting("data.decode"), v.setting("data.hybrid_cpu_fraction") if v.setting("data.decode") == "hybrid"
+               else None) for v in r.views if v.stage == "candidate"]
+    # Hybrid at 25 %, 50 % and 75 % are all bounded by the ceiling; 25 % has the most headroom.
+    assert picked[0] == ("nvjpeg-gpu", None)
+    assert set(picked) == {("nvjpeg-gpu", None), ("hybrid", 0.25), ("torchvision-cpu", None)}
+
+
+def test_a_pipeline_dropped_on_a_supply_that_never_settled_still_runs_end_to_end():
+    # libjpeg-turbo on the CPU swings 12 % either way: its median falls short of the band, its fast windows reach it.
+    feeds = {"pil": 1500.0, "torchvision-cpu": 5100.0, "nvjpeg-gpu": 11000.0}
+    r = search(Machine(ceilings=GPU, supplies=feeds, noisy={"torchvision-cpu": 0.12}), trials=20)
+    supply = next(v for v in parts(r, "supply") if v.setting("data.decode") == "torchvision-cpu")
+    assert supply.attrs["settled"] is False and supply.imgs_per_s < REACH * GPU[("fp16", True)]
+    run = [v for v in r.views if v.stage == "candidate" and v.setting("data.decode") == "torchvision-cpu"]
+    assert len(run) == 1 and run[0].attrs.get("uncertain") is True and run[0].outcome == "measured"
+    assert "torchvision-cpu's supply never settled" in r.out
+    # A settled supply far below the band gets none; its measurement stopped once it was clearly out of reach.
+    pil = next(v for v in parts(r, "supply") if v.setting("data.decode") == "pil")
+    assert "out of reach" in pil.attrs["stopped_early"]
+    assert not [v for v in r.views if v.stage == "candidate" and v.setting("data.decode") == "pil"]
+
+
+def test_when_a_precision_diverges_end_to_end_the_next_fastest_takes_over():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS, diverges={"fp16"}, cudnn_gain=1.1), trials=24)
+    fp16 = [v for v in e2e(r) if v.setting("training.precision") == "fp16"]
+    assert fp16 and all(v.failure_class == "diverged" for v in fp16)
+    good = [v for v in r.views if v.stage == "candidate" and v.feasible]
+    assert good and all(v.setting("training.precision") == "bf16" for v in good)
+    # Refinement holds the pipeline, precision and layout of the best end-to-end trial, not the baseline's.
+    refine = [v for v in r.views if v.stage == "refine"]
+    assert refine and {(v.params["training.precision"], v.params["training.channels_last"]) for v in refine} == \
+        {("bf16", True)}
+    assert view.fastest(r.views).setting("training.precision") == "bf16"
+    # cuDNN decided for the precision and layout the candidates moved to, as for the first.
+    assert set(r.study.user_attrs["cudnn"]) == {"fp16 channels_last", "bf16 channels_last"}
+
+
+def test_a_candidate_whose_every_trial_fails_is_replaced_by_the_next():
+    spec = copy.deepcopy(SPEC)
+    spec["stages"]["candidates"] = 2
+    feeds = {"pil": 1500.0, "torchvision-cpu": 5600.0, "nvjpeg-gpu": 11000.0}
+    r = search(Machine(ceilings=GPU, supplies=feeds, oom_decodes={"nvjpeg-gpu"}), spec=spec, trials=20)
+    nvjpeg = [v for v in e2e(r) if v.setting("data.decode") == "nvjpeg-gpu" and not v.baseline]
+    assert nvjpeg and all(v.outcome == "infeasible" and v.failure_class == "oom" for v in nvjpeg)
+    # nvJPEG ran out of memory at its batch and at the repair's: the two candidates that count are the next two.
+    ran = {v.setting("data.decode") for v in r.views if v.stage == "candidate" and v.outcome in ("measured", "pruned")}
+    assert ran == {"hybrid", "torchvision-cpu"}
+    assert {v.params["data.decode"] for v in r.views if v.stage == "refine"} <= {"hybrid", "torchvision-cpu"}
+
+
+@pytest.mark.parametrize("trials, ceilings, supplies, said", [
+    (4, 1, 1, "cuDNN's algorithm search not compared: too few trials"),
+    (2, 0, 0, "stages: not run: 1 trial(s) left for them, fewer than the 3 the smallest staged plan needs"),
+])
+def test_a_small_budget_runs_a_smaller_plan_and_says_which(trials, ceilings, supplies, said):
+    r = search(Machine(ceilings=GPU, supplies=FEEDS), trials=trials)
+    assert len(parts(r, "ceiling")) == ceilings and len(parts(r, "supply")) == supplies
+    assert said in r.out
+    assert len(e2e(r)) == trials - ceilings - supplies
+    if ceilings:
+        assert [v.stage for v in r.views] == ["baseline", "ceiling", "supply", "candidate"]
+
+
+def test_measurements_of_parts_keep_to_their_share_of_a_time_budget():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS), trials=3)
+    planner = r.engine.stages
+    planner.cost = lambda vs, part: 10.0  # seconds a trial of either kind takes here
+    vs = view.views(r.study)
+    planner.budget = Budget(trials=30, left=20, seconds=100.0, left_s=60.0, parts_run=3, parts_s=35.0)
+    assert planner.affords_part(vs)  # 45 s of parts within half of 100 s
+    planner.budget = Budget(trials=30, left=20, seconds=100.0, left_s=60.0, parts_run=4, parts_s=45.0)
+    assert not planner.affords_part(vs)
+    assert any("they have had their share of this search's budget (4 of 30 trials, 45 of 100 s)" in n
+               for n in planner.take_notes())
+
+
+def test_an_interrupted_supply_is_measured_again_when_the_search_resumes():
+    storage = optuna.storages.InMemoryStorage()
+    machine = Machine(ceilings=GPU, supplies=FEEDS, interrupt={"loader"})
+    with pytest.raises(KeyboardInterrupt):
+        search(machine, trials=10, storage=storage)
+    r = search(machine, trials=6, storage=storage)  # the same study, resumed
+    assert "stages: resumed from 3 measurement(s) of parts" in r.out  # both ceilings and the interrupted supply
+    supplies = [v for v in r.views if v.stage == "supply" and v.attrs["overrides"]["data.decode"] == "nvjpeg-gpu"]
+    assert [v.outcome for v in supplies] == ["fail", "part"]
+    assert supplies[0].failure_class == "interrupted"
+    assert view.ceiling(r.views) is not None and any(v.stage == "candidate" for v in r.views)
+
+
+def test_a_stale_measurement_of_a_part_is_run_again_as_a_measurement():
+    storage = optuna.storages.InMemoryStorage()
+    r = search(Machine(ceilings=GPU, supplies=FEEDS), trials=2, storage=storage)
+    parts_of = parts_study(r.study)
+    parts_of.enqueue_trial({}, user_attrs={"stage": "supply", "overrides": {"data.decode": "pil"}})
+    t = parts_of.ask()
+    for k, v in {**owner(), "owner_pid": 2 ** 22 - 1}.items():  # a search that is gone
+        t.set_user_attr(k, v)
+    lines = r.engine.reclaim()
+    assert len(lines) == 1 and lines[0].startswith(f"trial p{t.number}: stale")
+    again = parts_of.get_trials(states=(TrialState.WAITING,))
+    assert len(again) == 1 and again[0].user_attrs["overrides"] == {"data.decode": "pil"}
+    assert again[0].user_attrs["retry_of"] == t.number and again[0].user_attrs["stage"] == "supply"
+
+
+def test_a_draw_the_ceiling_bounds_below_the_best_is_not_launched_and_costs_no_trial():
+    storage = optuna.storages.InMemoryStorage()
+    r = search(Machine(ceilings=GPU, supplies=FEEDS), trials=20, storage=storage)
+    small = [v for v in parts(r, "ceiling") if v.setting("training.batch_size") < 128]
+    assert small, "the batch ladder reached below the plateau"
+    # A draw at batch 64 (where the model alone already runs slower than the best trial) ...
+    best = view.fastest(r.views)
+    r.study.enqueue_trial({**best.params, "training.batch_size": 64, "training.accum_steps": 1},
+                          user_attrs={"stage": "refine"})
+    again = search(Machine(ceilings=GPU, supplies=FEEDS), trials=1, storage=storage)
+    skipped = [v for v in again.views if v.attrs.get("pruned_before_launch")]
+    assert len(skipped) == 1 and skipped[0].state == TrialState.PRUNED and skipped[0].imgs_per_s is None
+    assert "batch 64" in skipped[0].attrs["pruned_before_launch"] and "not launched" in again.out
+    t = again.study.trials[skipped[0].number]
+    assert t.intermediate_values == {} and t.value is None  # the sampler sees a pruned draw that never ran
+    assert len(again.views) == len(r.views) + 2  # ... and the search still ran its one trial
+    assert len(again.pool.runs) == 1
+
+
+def test_a_baseline_whose_windows_never_agreed_is_measured_again_and_the_faster_stands():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS, noisy={"pil": 0.1}), trials=10)
+    runs = [v for v in r.views if v.baseline]
+    assert len(runs) == 2 and runs[1].attrs["remeasure_of"] == 0
+    assert runs[0].attrs["settled"] is False
+    # Trial 0 may measure twice the windows of other trials before it stands on an unsettled figure.
+    assert runs[0].attrs["windows"] == 2 * SPEC["base"]["measure"]["max_windows"]
+    fresh = [x["fresh"] for x in r.pool.runs if x["config"].data.decode == "pil"
+             and x["config"].data.kind != "synthetic" and x["config"].training.mode != "loader"]
+    assert fresh == [True, True]
+    assert view.baseline(r.views).imgs_per_s == max(v.imgs_per_s for v in runs)
+    # It comes after the first end-to-end candidate: the first answer is not delayed.
+    stages = [v.stage for v in r.views]
+    assert stages.index("candidate") < len(stages) - 1 - stages[::-1].index("baseline")
+
+
+def test_optunas_view_of_the_main_study_holds_end_to_end_trials_only():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS), trials=14)
+    main = r.study.get_trials()
+    assert main and not any(t.user_attrs.get("stage") in ("ceiling", "supply") for t in main)
+    assert {t.user_attrs["stage"] for t in r.parts.get_trials()} == {"ceiling", "supply"}
+    assert r.study.best_trial.number == view.fastest(r.views).number
+    # The project's own view still has both, in the order they ran.
+    assert {v.stage for v in r.views} >= {"baseline", "ceiling", "supply", "candidate", "refine"}
+
+
+def test_a_job_that_can_measure_neither_part_runs_the_sampler_alone_and_says_so():
+    plan = constructed_plan(trials=3)
+    plan.measures_ceiling = plan.measures_supply = False
+    storage = optuna.storages.InMemoryStorage()
+    study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
+                           nproc=2, baseline=plan.baseline)
+    lines: list[str] = []
+    engine = Engine(plan, study, storage, lines.append)
+    engine.progress = Progress(total=3, timeout_s=None, out=io.StringIO())
+    engine.introduce()
+    engine.run(FakePool(Machine(ceilings=GPU, supplies=FEEDS), "pool"))
+    assert any("stages: not run: this job can measure neither the model alone" in x for x in lines)
+    assert not engine.parts.get_trials() and len(study.get_trials()) == 3

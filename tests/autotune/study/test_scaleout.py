@@ -114,7 +114,8 @@ def test_the_worker_that_creates_the_study_enqueues_the_baseline_and_the_others_
     with pytest.raises(StorageError, match="exists with objective directions"):  # --objective pareto
         create_or_load(spec=spec, study_name="s", storage=storage, objective=Objective(kind="pareto"),
                                  nproc=2)
-    assert len(study.get_trials()) == 1 and optuna.get_all_study_names(storage) == ["s"]
+    # Nothing was written by the refused workers: the study, its one trial, and the parts study made with it.
+    assert len(study.get_trials()) == 1 and optuna.get_all_study_names(storage) == ["s", "s.parts"]
 
 
 def test_a_worker_waits_for_the_study_set_up_then_adopts_a_study_nobody_sets_up(tmp_path, monkeypatch):

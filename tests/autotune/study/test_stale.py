@@ -104,11 +104,10 @@ def test_stale_trials_are_failed_and_their_params_run_again_once(running):
     t0 = make({"training.batch_size": 64}, baseline=True, **gone)
     make({"training.batch_size": 32}, **{**gone, "heartbeat": time.time()})  # alive elsewhere: untouched
 
-    lines = study_mod.reclaim_stale(study, storage)
-    # The heartbeat's age is read from the clock: on a loaded machine a second may pass between making and reading.
-    assert len(lines) == 1 and re.fullmatch(
-        rf"trial {t0.number}: stale \(no heartbeat from its search \(pid 1 on node-7\) for 60[01] s \(limit 180 s\)\): "
-        r"marked FAIL; its parameters run again as a new trial", lines[0]), lines
+    (line,) = study_mod.reclaim_stale(study, storage)
+    # 600 s and the time this test took to get here (seconds on a loaded machine)
+    assert re.fullmatch(rf"trial {t0.number}: stale \(no heartbeat from its search \(pid 1 on node-7\) for 6\d\d s "
+                        r"\(limit 180 s\)\): marked FAIL; its parameters run again as a new trial", line), line
     trials = study.get_trials()
     assert trials[0].state == S.FAIL and trials[0].user_attrs["failure_class"] == "stale"
     assert "no heartbeat" in trials[0].user_attrs["failure_message"]

@@ -1,0 +1,304 @@
+"""What the measurements of parts say: the ceiling at each point of the grid the model alone is measured over, each
+input pipeline's supply (measured, or for hybrid derived from its ends), which points are still live (a precision
+that diverged end to end is not), and the bound all this puts on an end-to-end configuration.
+
+A reading of the trials (``autotune.study.view``) for the stage planner (``autotune.search.stages``, which decides
+what to run) and for the evaluator (which does not launch what is bounded below the best): it enqueues nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import product
+from typing import Any
+
+from autotune.space import get_path
+from autotune.study.view import TrialView, feasible
+from trainer.protocol import Failure
+
+PLATEAU = 0.98
+"""A smaller batch keeps the ceiling's pace when it reaches this share of the best: it is then preferred (less
+memory, and fewer images per step for the input pipeline to deliver in one go)."""
+
+ENV_RETRIES = 1
+"""A measurement that failed for the environment (hang, crash, NCCL, loader) is run again this many times; one that
+was interrupted or whose search vanished is always run again: it says nothing about the measurement."""
+
+NOT_ITS_FAULT = (str(Failure.INTERRUPTED), str(Failure.STALE), str(Failure.SEARCH))
+
+@dataclass(frozen=True, kw_only=True)
+class Dimension:
+    """One dimension the ceiling (or the supply) is measured along, with its values in the order they are measured:
+    the likeliest fastest first. The order is a prior, never an answer: it decides only what is measured first and,
+    once a step along it measures clearly slower, what is left out as dominated."""
+
+    path: str
+    gpu: tuple[Any, ...]
+    """Order on GPUs: lower precision runs on tensor cores, and channels_last is their native convolution layout."""
+
+    cpu: tuple[Any, ...]
+    """Order on CPU ranks: no tensor cores; fp32 is the native arithmetic, NCHW the native layout."""
+
+    words: tuple[tuple[Any, str], ...] = ()
+    """How a value reads in lines (default: the value itself)."""
+
+    trains: bool = False
+    """Whether the model trains depends on this dimension's value: end-to-end trials that diverged at a value, none
+    of which trained, rule the value out at every other setting."""
+
+    def word(self, value: Any) -> str:
+        return dict(self.words).get(value, str(value))
+
+    def order(self, choices: list[Any], on_gpu: bool) -> list[Any]:
+        prior = list(self.gpu if on_gpu else self.cpu)
+        return sorted(choices, key=lambda c: prior.index(c) if c in prior else len(prior) + choices.index(c))
+
+
+CEILING_GRID = (
+    Dimension(path="training.precision", gpu=("fp16", "bf16", "fp32"), cpu=("fp32", "bf16", "fp16"), trains=True),
+    Dimension(path="training.channels_last", gpu=(True, False), cpu=(False, True),
+              words=((True, "channels_last"), (False, "NCHW"))),
+)
+"""The ceiling's grid: the settings the model alone is measured over. A dimension is one entry here."""
+
+DECODES = Dimension(path="data.decode", gpu=("nvjpeg-gpu", "hybrid", "torchvision-cpu", "pil"),
+                    cpu=("torchvision-cpu", "pil"))
+"""The order pipelines' supplies are measured in: decode on the GPU first where there is one (it does not compete
+with the loader workers for cores), then decode to tensors on the CPU, then PIL."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipe:
+    """An input pipeline as the supplies measured it."""
+
+    settings: dict[str, Any]
+    """``data.decode`` (and ``data.hybrid_cpu_fraction``)."""
+
+    point: float
+    """Its supply (imgs/s, all ranks): measured, or for hybrid derived from its ends."""
+
+    upper: float
+    """Its fastest steady window when the supply never settled (else ``point``): what it may reach."""
+
+    settled: bool
+
+    @property
+    def family(self) -> str:
+        return self.settings.get("data.decode", "")
+
+
+class Measured:
+    """The reading for a search's plan (its space, its base config, GPUs or CPU ranks, its measurement protocol),
+    over the trials of both studies (``autotune.study.view.views``) given to each method."""
+
+    def read_plan(self, plan) -> None:
+        self.plan = plan
+        self.space = plan.space.by_path()
+        self.base = plan.probe.to_dict()
+        self.on_gpu = bool(plan.entries)
+        self.measure = plan.probe.measure
+        self.tolerance = plan.spec.pruner.tolerance
+
+    @property
+    def ceilings(self) -> bool:
+        return self.plan.measures_ceiling
+
+    @property
+    def supplies(self) -> bool:
+        """Whether pipelines are measured: the job hands its loader over, and there is real data to read."""
+        return self.plan.measures_supply and self.plan.probe.data.kind != "synthetic"
+
+    def choices(self, path: str) -> list[Any]:
+        """The values a knob may take here: its choices or range ends, else the base value alone."""
+        p = self.space.get(path)
+        if p is None:
+            return [get_path(self.base, path)]
+        return list(p.choices) if p.kind == "categorical" else sorted({p.low, p.high})
+
+    def pairs(self) -> list[tuple]:
+        """The ceiling's grid, the likeliest fastest first."""
+        return list(product(*(d.order(self.choices(d.path), self.on_gpu) for d in CEILING_GRID)))
+
+    def decodes(self) -> list[str]:
+        """Pipelines measured alone, in measuring order; hybrid only where its two ends are not both measured (its
+        shares decode side by side, so its supply follows from theirs)."""
+        decodes = DECODES.order(self.choices("data.decode"), self.on_gpu)
+        if "hybrid" in decodes and {"torchvision-cpu", "nvjpeg-gpu"} <= set(decodes):
+            decodes.remove("hybrid")
+        return decodes
+
+    def status(self, vs: list[TrialView], stage_name: str, key: tuple) -> str | None:
+        """``pending`` (waiting or running), ``done`` (measured, or failed for its configuration), ``given_up``
+        (failed for the environment more than ``ENV_RETRIES`` times), ``retry``, or None (never asked)."""
+        mine = [v for v in vs if v.stage == stage_name
+                and self.request_key(stage_name, v.attrs.get("overrides") or {}) == key]
+        if any(v.outcome in ("running", "waiting") for v in mine):
+            return "pending"
+        if any(v.outcome in ("part", "infeasible", "measured") for v in mine):
+            return "done"
+        env = [v for v in mine if v.failure_class not in NOT_ITS_FAULT]
+        if len(env) > ENV_RETRIES:
+            return "given_up"
+        return "retry" if mine else None
+
+    @staticmethod
+    def request_key(stage_name: str, o: dict[str, Any]) -> tuple:
+        """What makes two requests the same measurement: a pipeline (whatever batch it was fed at), or a point of
+        the ceiling's grid at a batch, with or without cuDNN's search."""
+        if stage_name == "supply":
+            return (o.get("data.decode"), o.get("data.hybrid_cpu_fraction"))
+        return (*(o.get(d.path) for d in CEILING_GRID), o.get("training.batch_size"), o.get("training.cudnn_benchmark"))
+
+    def top_batch(self) -> int:
+        return max(self.choices("training.batch_size"))
+
+    def pair_of(self, v: TrialView) -> tuple:
+        return tuple(v.setting(d.path) for d in CEILING_GRID)
+
+    def ceilings_of(self, vs: list[TrialView], pair: tuple) -> list[TrialView]:
+        return [v for v in vs if v.stage == "ceiling" and v.outcome == "part" and v.imgs_per_s is not None
+                and self.pair_of(v) == pair]
+
+    def pair_state(self, vs: list[TrialView], pair: tuple) -> tuple[str | None, dict[str, Any] | None]:
+        """(``measured``, ``pending``, ``impossible`` (failed at the smallest batch it was tried: its repairs ran
+        out), ``retry`` with the request to run again, or None (never asked); the request)."""
+        if self.ceilings_of(vs, pair):
+            return "measured", None
+        mine = [v for v in vs if v.stage == "ceiling" and self.pair_of(v) == pair]
+        if not mine:
+            return None, None
+        if any(v.outcome in ("running", "waiting") for v in mine):
+            return "pending", None
+        last = min(mine, key=lambda v: v.setting("training.batch_size") or 0)
+        request = last.attrs.get("overrides") or {}
+        status = self.status(vs, "ceiling", self.request_key("ceiling", request))
+        return ("retry", request) if status == "retry" else ("impossible", None)
+
+    def pair_ceiling(self, vs: list[TrialView], pair: tuple) -> float | None:
+        return max((v.imgs_per_s for v in self.ceilings_of(vs, pair)), default=None)
+
+    def live_pairs(self, vs: list[TrialView]) -> list[tuple[tuple, float]]:
+        """Measured pairs whose end-to-end trials have not all diverged, fastest first."""
+        out = [(p, self.pair_ceiling(vs, p)) for p in self.pairs()]
+        return sorted([(p, c) for p, c in out if c is not None and not self.pair_dead(vs, p)], key=lambda x: -x[1])
+
+    def tied_pairs(self, vs: list[TrialView]) -> list[tuple[tuple, float]]:
+        """Live pairs within the spread target of the fastest ceiling: measured, they cannot be told apart."""
+        live = self.live_pairs(vs)
+        return [(p, c) for p, c in live if c >= live[0][1] * (1 - self.measure.spread_target)] if live else []
+
+    def best_pair(self, vs: list[TrialView]) -> tuple[tuple, float] | None:
+        """The pair the stages go on from: the fastest live ceiling; among pairs tied with it, the one whose
+        end-to-end trials did best (an end-to-end run is the stronger measurement: channels_last tied on CPU ranks
+        and ran at half the pace end to end)."""
+        tied = self.tied_pairs(vs)
+        if not tied:
+            return None
+        return max(tied, key=lambda pc: (self.pair_best_e2e(vs, pc[0]), pc[1]))
+
+    def pair_best_e2e(self, vs: list[TrialView], pair: tuple) -> float:
+        return max((v.imgs_per_s for v in feasible(vs) if not v.baseline and self.pair_of(v) == pair),
+                   default=-math.inf)
+
+    def pair_dead(self, vs: list[TrialView], pair: tuple) -> bool:
+        """End-to-end trials at one of its values that decide training (``Dimension.trains``: the precision)
+        diverged — the loss left the finite numbers — and none at that value trained: it does not train this model,
+        whatever its speed."""
+        for i, dim in enumerate(CEILING_GRID):
+            if not dim.trains:
+                continue
+            e2e = [v for v in vs if v.end_to_end and not v.baseline and v.setting(dim.path) == pair[i]]
+            alive = any(v.outcome in ("measured", "pruned", "running", "waiting") for v in e2e)
+            if not alive and any(v.failure_class == str(Failure.DIVERGED) for v in e2e):
+                return True
+        return False
+
+    def ceiling_choice(self, vs: list[TrialView], pair: tuple | None = None) -> dict[str, Any] | None:
+        """The ceiling's settings for ``pair`` (default: the fastest live one): its precision and layout, at the
+        smallest batch that keeps PLATEAU of its pace."""
+        if pair is None:
+            best = self.best_pair(vs)
+            if best is None:
+                return None
+            pair = best[0]
+        mine = self.ceilings_of(vs, pair)
+        if not mine:
+            return None
+        top = max(v.imgs_per_s for v in mine)
+        chosen = min((v for v in mine if v.imgs_per_s >= PLATEAU * top), key=lambda v: v.setting("training.batch_size"))
+        return {**dict(zip((d.path for d in CEILING_GRID), pair, strict=True)),
+                "training.batch_size": chosen.setting("training.batch_size"), "imgs_per_s": top}
+
+    def pipes(self, vs: list[TrialView]) -> list[Pipe]:
+        """Every pipeline with a supply: measured, or hybrid derived from its two ends (its CPU and GPU shares decode
+        at once, each at its own rate, so a batch takes the longer of the two)."""
+        measured: dict[tuple, Pipe] = {}
+        for v in vs:
+            if v.stage != "supply" or v.outcome != "part" or v.imgs_per_s is None:
+                continue
+            decode = v.setting("data.decode")
+            fraction = v.setting("data.hybrid_cpu_fraction") if decode == "hybrid" else None
+            pipe = Pipe(settings={"data.decode": decode, **({"data.hybrid_cpu_fraction": fraction}
+                                                           if fraction is not None else {})},
+                        point=v.imgs_per_s, upper=supply_upper(v), settled=v.attrs.get("settled") is not False)
+            key = (decode, fraction)
+            if key not in measured or pipe.point > measured[key].point:
+                measured[key] = pipe
+        cpu, gpu = measured.get(("torchvision-cpu", None)), measured.get(("nvjpeg-gpu", None))
+        if cpu and gpu and "hybrid" in self.choices("data.decode"):
+            for f in self.choices("data.hybrid_cpu_fraction"):
+                if ("hybrid", f) in measured or f is None:
+                    continue
+
+                def mix(a: float, b: float, f=f) -> float:
+                    return 1.0 / max(f / a, (1.0 - f) / b)
+
+                measured[("hybrid", f)] = Pipe(settings={"data.decode": "hybrid", "data.hybrid_cpu_fraction": f},
+                                               point=mix(cpu.point, gpu.point), upper=mix(cpu.upper, gpu.upper),
+                                               settled=cpu.settled and gpu.settled)
+        return list(measured.values())
+
+    def supply_of(self, vs: list[TrialView], decode: str, fraction: float | None) -> float | None:
+        """imgs/s the pipeline can feed (all ranks), measured or derived; None when unknown."""
+        for p in self.pipes(vs):
+            if p.family == decode and (decode != "hybrid" or p.settings.get("data.hybrid_cpu_fraction") == fraction):
+                return p.point
+        return None
+
+    def bound_of(self, vs: list[TrialView], config: dict[str, Any]) -> tuple[float, str] | None:
+        """The most an end-to-end run of ``config`` can reach by what the stages measured, and why; None when they
+        measured nothing that bounds it. Its ceiling: the pace of its precision and layout at the smallest measured
+        batch not below its images per step (a smaller batch is not faster); its supply: what its pipeline fed at
+        most (the fastest steady window of a supply that never settled), with the most loader workers."""
+        out: list[tuple[float, str]] = []
+        pair = tuple(get_path(config, d.path) for d in CEILING_GRID)
+        per_step = int(get_path(config, "training.batch_size")) * int(get_path(config, "training.accum_steps") or 1)
+        above = [v for v in self.ceilings_of(vs, pair) if v.setting("training.batch_size") >= per_step]
+        if above:
+            b = min(v.setting("training.batch_size") for v in above)
+            ips = max(v.imgs_per_s for v in above if v.setting("training.batch_size") == b)
+            out.append((ips, f"the model alone at {pair_label(pair)} batch {b} runs {ips:,.0f} imgs/s"))
+        if self.supplies:
+            decode = get_path(config, "data.decode")
+            fraction = get_path(config, "data.hybrid_cpu_fraction") if decode == "hybrid" else None
+            for p in self.pipes(vs):
+                if p.family == decode and p.settings.get("data.hybrid_cpu_fraction") == fraction:
+                    out.append((p.upper, f"the {decode} pipeline feeds at most {p.upper:,.0f} imgs/s"))
+        return min(out, default=None)
+
+
+def supply_upper(v: TrialView) -> float:
+    """What a supply may reach: its figure when its windows agreed, else the fastest of its latest half (the windows
+    an unsettled result stands on)."""
+    windows = [float(x) for x in v.attrs.get("imgs_per_s_windows") or [] if x is not None]
+    if v.attrs.get("settled") is not False or not windows:
+        return float(v.imgs_per_s)
+    return max([*windows[-max(1, len(windows) // 2):], float(v.imgs_per_s)])
+
+
+def pair_label(pair: tuple) -> str:
+    """A point of the ceiling's grid as a person reads it: ``fp16 channels_last``, ``fp32 NCHW``."""
+    return " ".join(d.word(v) for d, v in zip(CEILING_GRID, pair, strict=True))
+
+

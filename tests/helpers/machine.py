@@ -1,0 +1,230 @@
+"""A simulated machine behind a stand-in worker pool, for searches run on a constructed study.
+
+The search's own engine, stage planner, evaluator (its checks, fresh-worker rules, the live Watch and its pruner
+calls) and recording step run unchanged on an in-memory Optuna study; only the trial's run is simulated: ``FakePool``
+answers ``WorkerPool.run`` with the records a job would stream (start, ready, first step, warm-up, windows, summary
+or error), computed by ``Machine`` from the trial's config. The windows follow the meter's protocol
+(``trainer.meter``): until the latest ``windows`` + 1 agree within the spread target, at most ``max_windows``; the
+figure is the median of the latest ``windows`` when they did, else of the latest half. A cancel (the Watch returning
+True) ends the run at its next window with a summary, as a live worker does.
+
+The figures a machine is built with are inputs of a test, not measurements of anything.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.hw.nvml import Nvml
+from autotune.objective import Objective
+from autotune.runner.torchrun import Torchrun
+from autotune.runner.trial import TrialRun, classify
+from autotune.search.prepare import DataSummary, Plan, SearchOptions
+from autotune.space import resolve
+from autotune.spec import StudySpec
+
+
+@dataclass(kw_only=True)
+class Machine:
+    ceilings: dict[tuple[str, bool], float]
+    """imgs/s of the model alone per (precision, channels_last), cuDNN's search on, at a batch >= ``plateau``."""
+
+    supplies: dict[str, float] = field(default_factory=dict)
+    """imgs/s each decode path feeds at the most loader workers (hybrid: from its ends)."""
+
+    plateau: int = 128
+    small_batch: float = 0.6
+    """The pace below ``plateau`` images per step, as a share of the pace at it."""
+
+    cudnn_gain: float = 1.0
+    """The pace with cuDNN's plans found by its search over the pace with the heuristics' plans."""
+
+    noisy: dict[str, float] = field(default_factory=dict)
+    """Decode paths whose windows swing by this share either way (they never settle)."""
+
+    diverges: set[str] = field(default_factory=set)
+    """Precisions whose end-to-end loss leaves the finite numbers (synthetic data trains fine)."""
+
+    max_batch: int | None = None
+    """Larger micro-batches run out of memory."""
+
+    oom_decodes: set[str] = field(default_factory=set)
+    """Decode paths whose end-to-end runs run out of memory at every batch (their buffers beside the model's)."""
+
+    interrupt: set[str] = field(default_factory=set)
+    """Kinds of run (``loader``, ``synthetic``, ``e2e``) that raise KeyboardInterrupt at their first window, once."""
+
+    e2e_share: float = 0.95
+    """An end-to-end run's pace as a share of min(compute, supply)."""
+
+    e2e_share_at: dict[tuple[str, bool], float] = field(default_factory=dict)
+    """``e2e_share`` for some (precision, channels_last): a layout the model alone runs as fast as another may run
+    slower end to end (the inputs' conversion)."""
+
+    max_workers: int = 8
+
+    def compute(self, cfg, searched: bool) -> float:
+        t = cfg.training
+        ips = self.ceilings[(t.precision, t.channels_last)]
+        if t.batch_size * t.accum_steps < self.plateau:
+            ips *= self.small_batch
+        return ips if searched else ips / self.cudnn_gain
+
+    def supply(self, cfg) -> float:
+        d = cfg.data.decode
+        if d == "hybrid":
+            f = cfg.data.hybrid_cpu_fraction
+            ips = 1.0 / max(f / self.supplies["torchvision-cpu"], (1 - f) / self.supplies["nvjpeg-gpu"])
+        else:
+            ips = self.supplies[d]
+        return ips * min(1.0, max(1, cfg.loader.num_workers) / self.max_workers)
+
+    def kind(self, cfg) -> str:
+        return "loader" if cfg.training.mode == "loader" else "synthetic" if cfg.data.kind == "synthetic" else "e2e"
+
+    def pace(self, cfg, searched: bool) -> float:
+        kind = self.kind(cfg)
+        if kind == "loader":
+            return self.supply(cfg)
+        if kind == "synthetic":
+            return self.compute(cfg, searched)
+        share = self.e2e_share_at.get((cfg.training.precision, cfg.training.channels_last), self.e2e_share)
+        return share * min(self.compute(cfg, searched), self.supply(cfg))
+
+    def window(self, cfg, i: int, steady: float) -> float:
+        """Window ``i``'s pace: a short ramp, then steady (swinging for a noisy pipeline)."""
+        swing = self.noisy.get(cfg.data.decode, 0.0) if self.kind(cfg) != "synthetic" else 0.0
+        if swing:
+            return steady * (1 + swing * (1 if i % 2 else -1))
+        return steady * (0.9 if i == 0 else 1.0)
+
+
+class FakeWorker:
+    def __init__(self, name: str):
+        self.name, self.plans = name, {}
+        """cuDNN's plan cache of this worker: shape -> whether its search found them (keyed without the flag)."""
+
+    def alive(self) -> bool:
+        return True
+
+
+class FakePool:
+    """``WorkerPool``'s interface over a ``Machine``: a worker lives on until a failure or a fresh request."""
+
+    def __init__(self, machine: Machine, root: Path):
+        self.machine, self.root = machine, Path(root)
+        self.worker: FakeWorker | None = None
+        self.launched = 0
+        self.runs: list[dict[str, Any]] = []
+        """One entry per run: the config, the worker, whether it was a fresh one, and whether the cuDNN plans it ran
+        on were found by the search."""
+
+    def run(self, job, *, fresh: bool = False, on_record=None, on_poll=None) -> TrialRun:
+        m, cfg = self.machine, job.config
+        if fresh or self.worker is None:
+            self.launched += 1
+            self.worker = FakeWorker(f"worker-{self.launched}")
+        w = self.worker
+        d = Path(job.trial_dir)
+        run = TrialRun(log_path=d / "log.txt", result_path=d / "result.jsonl", worker=w.name, t_launch=time.time())
+        shape = (cfg.training.precision, cfg.training.channels_last, cfg.training.batch_size)
+        searched = w.plans.setdefault(shape, cfg.training.cudnn_benchmark) if m.kind(cfg) != "loader" else True
+        self.runs.append({"config": cfg, "worker": w.name, "fresh": fresh, "plans_searched": searched})
+        stop = False
+
+        def emit(rec: dict) -> None:
+            nonlocal stop
+            run.records.append(rec)
+            if on_record is not None and on_record(rec) and run.stopped is None:
+                run.stopped, stop = "pruned", True
+
+        t = time.time()
+        emit({"kind": "start", "t": t, "worker_trial": True})
+        if (m.max_batch is not None and m.kind(cfg) != "loader" and cfg.training.batch_size > m.max_batch) or \
+                (m.kind(cfg) == "e2e" and cfg.data.decode in m.oom_decodes):
+            emit({"kind": "error", "t": t, "class": "oom", "rank": 0, "message": "CUDA out of memory (simulated)"})
+            self.worker = None
+            return self._end(run)
+        emit({"kind": "ready", "t": t + 1.0})
+        emit({"kind": "first_step", "t": t + 2.0 + (3.0 if searched else 0.0), "first_batch_s": 0.1})
+        emit({"kind": "warmup_done", "t": t + 6.0})
+        if m.kind(cfg) in m.interrupt:
+            m.interrupt.discard(m.kind(cfg))
+            self.worker = None
+            raise KeyboardInterrupt
+        mc, steady = cfg.measure, m.pace(cfg, searched)
+        rates: list[float] = []
+        stop_at = None
+        while True:
+            i = len(rates)
+            rates.append(m.window(cfg, i, steady))
+            emit({"kind": "window", "window": i, "t0": t + 6 + i * mc.window_s, "t1": t + 6 + (i + 1) * mc.window_s,
+                  "seconds": mc.window_s, "imgs_per_s": rates[-1], "images": int(rates[-1] * mc.window_s)})
+            if stop and stop_at is None:
+                stop_at = i + 1  # cancelled: the job stops at the end of the window after the decision
+            if stop_at is not None and i >= stop_at:
+                break
+            if stop_at is None and (settled(rates, mc) or len(rates) >= mc.max_windows):
+                break
+        used = rates[-mc.windows:] if settled(rates, mc) else rates[-max(mc.windows, len(rates) // 2):]
+        med = statistics.median(used)
+        finite = not (m.kind(cfg) == "e2e" and cfg.training.precision in m.diverges)
+        emit({"kind": "summary", "imgs_per_s": med, "imgs_per_s_windows": rates, "settled": settled(rates, mc),
+              "spread": (max(used) - min(used)) / med, "loss_finite": finite, "loss_start": 2.0,
+              "loss_end": 1.9 if finite else float("nan"), "loss_nonfinite_in_windows": 0 if finite else 3,
+              "cancelled": stop})
+        return self._end(run)
+
+    def _end(self, run: TrialRun) -> TrialRun:
+        run.t_end = time.time()
+        run.failure_class, run.failure_message = classify(run)
+        return run
+
+    def close(self) -> list[int]:
+        self.worker = None
+        return []
+
+
+def settled(rates: list[float], mc) -> bool:
+    tail = rates[-(mc.windows + 1):]
+    if len(tail) < mc.windows + 1:
+        return False
+    med = statistics.median(tail)
+    return (max(tail) - min(tail)) / med <= mc.spread_target
+
+
+SPEC: dict[str, Any] = {
+    "name": "sim",
+    "base": {"model": {"name": "resnet18"}, "data": {"kind": "imagefolder", "path": "/sim", "image_size": 64},
+             "measure": {"window_s": 1.0, "windows": 3, "max_windows": 8, "spread_target": 0.05}},
+    "default_space": False,
+    "space": {"training.precision": ["fp32", "bf16", "fp16"], "training.channels_last": [False, True],
+              "training.batch_size": [64, 128, 256, 512], "training.accum_steps": [1, 2],
+              "data.decode": ["pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid"],
+              "data.hybrid_cpu_fraction": {"choices": [0.25, 0.5, 0.75], "when": "data.decode == hybrid"},
+              "loader.num_workers": {"low": 2, "high": 8}, "ddp.bucket_cap_mb": {"low": 5, "high": 100}},
+    "baseline": {"training.precision": "fp32", "training.channels_last": False, "training.batch_size": 64,
+                 "training.accum_steps": 1, "data.decode": "pil", "loader.num_workers": 4, "ddp.bucket_cap_mb": 25},
+    "sampler": {"seed": 0, "n_startup_trials": 4},
+    "pruner": {"kind": "best", "tolerance": 0.05, "min_windows": 2},
+    "stages": {"enabled": True, "candidates": 3},
+}
+
+
+def constructed_plan(spec: dict[str, Any] = SPEC, *, gpu: bool = True, trials: int = 30,
+                     timeout_s: float | None = None) -> Plan:
+    """The plan ``autotune.search.prepare`` would make of ``spec`` on 2 ranks (GPUs or CPU ranks), with a data
+    folder of 10 classes that need not exist."""
+    s = StudySpec.from_dict(spec)
+    space = resolve(s, world_size=2, nproc_per_node=2, cpu_only=not gpu, cores=16)
+    base = s.base_config()
+    return Plan(options=SearchOptions(), spec=s, name=s.name, objective=Objective(), nproc=2,
+                torchrun=Torchrun.parse([]), entries=["0", "1"] if gpu else None, gpus=[],
+                nvml=Nvml(), util_reason="no GPU", space=space, base=base, probe=base,
+                baseline=space.baseline_params(s, base.to_dict()), starts=[],
+                data=DataSummary(path="/sim", train=10000, val=0, classes=10),
+                storage_url="sqlite:///studies/sim.db", trials=trials, timeout_s=timeout_s, trial_timeout_s=60.0)
