@@ -11,22 +11,29 @@
 #   final          the search's best exported and re-measured in a fresh process, two more trials re-measured (the
 #                  best with a CPU decode, the best with a GPU decode), and HAND rows (bench/run.py) if named
 #   RUN            any bench/run.py row by name
+#   search=N[@S]   as above, with a time budget of its own (S seconds, never past the call's deadline)
+#   script=N[@S]   a fresh search of the seed example script (examples/seed_ddp.py, a fresh torchrun per trial) on
+#                  the same JPEGs; script-fn=N[@S]: the same script as a function on a live worker (seed_ddp.py:main)
+#   model=NAME[@S] a fresh 16-trial search of a torchvision classifier by name (--model NAME) on the same JPEGs
+#   hand=ROWS      bench/run.py rows into hand.json; hand-NAME=ROWS: the same rows with --set model.name=NAME (and
+#                  the model family's optimizer: AdamW 1e-3 for convnext/vit/swin/maxvit)
+#   Every study of these stages lives in one database, studies.db; `autotune show` of each goes to tables.txt.
 #   rows=A,B,...   several bench/run.py rows in one run: one rows.json and one table (issue #22's rows: ceil-*,
 #                  supply-*, e2e-*; bench/run.py says each row's estimated wall time)
 #   profile        bench/profile_step.py: ResNet-50's step, eager vs compiled vs CUDA graphs, top kernels
 #                  (profile.json; PROFILE_MODES, default eager,compile,cudagraphs; ~4 min cold, not measured)
 #   pipeline       bench/pipeline_gpu.py --hw on: where the nvjpeg-hw path's time goes (pipeline.json, ~2 min)
 #
-# Everything comes back in at most 8 files under $OUT: call.log (all output), compare.json, final.json, best.yaml,
-# search.db (the whole study: `autotune show --storage sqlite:///search.db`), search-table.txt, workers.tgz.
-# A study also resumes on a fresh machine from bench/state/resnet50.db when that is carried.
+# Everything comes back in at most 8 files under $OUT: call.log (all output), studies.db (every study: `autotune show
+# --storage sqlite:///studies.db --study NAME`), tables.txt, trials.tgz, and the JSON of the bench stages run.
+# Studies also resume on a fresh machine from bench/state/studies.db when that is carried.
 # DRY=1: the same stages on a machine without GPUs at toy sizes (ResNet-18, 32 px): checks the plumbing only.
 set -uo pipefail
 t0=$(date +%s)
 out=$(realpath -m "${OUT:-bench/out}"); mkdir -p "$out"
 exec > >(tee -a "$out/call.log") 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-data=${DATA:-/tmp/jpegs}; state=/tmp/state; db="sqlite:///$state/resnet50.db"
+data=${DATA:-/tmp/jpegs}; state=/tmp/state; db="sqlite:///$state/studies.db"
 call_s=${CALL_S:-570}
 rows=${ROWS:-synthetic-fp16 strong-synthetic strong-nvjpeg-fp16 strong-nvjpeg-bf16 strong-hybrid-fp16-25}
 old_rows=${OLD_ROWS:-synthetic-fp16 strong-synthetic strong-nvjpeg-bf16}
@@ -49,7 +56,7 @@ python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchv
 git log -1 --format='tree: %h %s' 2>/dev/null || true
 # A study carried from an earlier call (a machine that was given back in between) continues here.
 mkdir -p "$state"
-[ -f "$state/resnet50.db" ] || [ ! -f bench/state/resnet50.db ] || cp bench/state/resnet50.db "$state/"
+[ -f "$state/studies.db" ] || [ ! -f bench/state/studies.db ] || cp bench/state/studies.db "$state/"
 # ImageNet-like JPEGs in 100 class folders, made once per machine.
 python3 -m autotune make-data "$data" --images "$images" --classes 100 --no-progress 2>&1 | tail -1
 
@@ -77,27 +84,49 @@ for f in ("compare-new.json", "compare-old.json"):
     (out / f).unlink(missing_ok=True)
 PY
       ;;
-    search=*)
-      n=${stage#search=}
-      budget=$(( $(left) - 60 ))  # the trial in flight when it runs out still ends inside the call
-      if [ "$budget" -gt 30 ]; then
-        python3 -m autotune search --spec resnet50 --data "$data" --storage "$db" --trials "$n" --timeout "$budget" \
-          "${search_set[@]}" 2>&1 | quiet
-      else
-        echo "search: only $(left) s left in this call; not started"
-      fi
-      python3 -m autotune show --storage "$db" > "$out/search-table.txt"
-      tail -4 "$out/search-table.txt"
-      cp "$state/resnet50.db" "$out/search.db"
-      tar czf "$out/workers.tgz" -C "$state" --exclude='*.pt' --exclude='*.db' . || true
-      ;;
     final)
-      python3 bench/remeasure.py --storage "$db" --out "$out/final.json" --yaml "$out/best.yaml" --timeout 150
+      python3 bench/remeasure.py --storage "$db" --study "${FINAL_STUDY:-resnet50}" --out "$out/final.json" \
+        --yaml "$out/best.yaml" --timeout 150
       if [ -n "$hand" ]; then
         python3 bench/run.py --data "$data" --out "$out/hand.json" --trials-dir /tmp/bench-hand --timeout 150 \
           "${bench_set[@]}" $hand 2>&1 | quiet
       fi
       ;;
+    search=*|script=*|script-fn=*|model=*)
+      kind=${stage%%=*}; arg=${stage#*=}; n=${arg%@*}; secs=${arg#*@}; [ "$secs" = "$arg" ] && secs=
+      budget=$(( $(left) - 45 ))  # the trial in flight when it runs out still ends inside the call
+      [ -n "$secs" ] && [ "$secs" -lt "$budget" ] && budget=$secs
+      case "$kind" in
+        search) name=resnet50; what=(--spec resnet50 --data "$data" "${search_set[@]}") ;;
+        script) name=seed-script; what=(--script examples/seed_ddp.py) ;;
+        script-fn) name=seed-fn; what=(--script examples/seed_ddp.py:main) ;;
+        model) name="held-$n"; what=(--spec resnet50 --model "$n" --data "$data" "${search_set[@]}"); n=16 ;;
+      esac
+      extra=()
+      if [ "$kind" = script ] || [ "$kind" = script-fn ]; then
+        what+=(--trial-timeout "${TRIAL_TIMEOUT:-90}"); [ -n "${DRY:-}" ] && what+=(--nproc-per-node 1)
+        extra=(-- --data "$data/train"); [ -n "${DRY:-}" ] && extra+=(--model resnet18 --image-size 32)
+      fi
+      if [ "$budget" -gt 30 ]; then
+        python3 -m autotune search --storage "$db" --study "$name" --trials "$n" --timeout "$budget" "${what[@]}" \
+          "${extra[@]}" 2>&1 | quiet
+      else
+        echo "$stage: only $(left) s left in this call; not started"
+      fi
+      { echo "== $stage"; python3 -m autotune show --storage "$db" --study "$name"; } >> "$out/tables.txt" 2>&1
+      tail -6 "$out/tables.txt"
+      cp "$state/studies.db" "$out/studies.db" 2>/dev/null
+      tar czf "$out/trials.tgz" -C "$state" --exclude='*.pt' --exclude='*.db' --exclude='compile-cache' . || true
+      ;;
+    hand=*|hand-*=*)
+      list=${stage#*=}; model=${stage%%=*}; model=${model#hand}; model=${model#-}; hset=()
+      if [ -n "$model" ]; then
+        hset=(--set "model.name=$model")
+        case "$model" in convnext*|vit*|swin*|maxvit*) hset+=(--set optimizer.name=adamw --set optimizer.lr=0.001
+                                                              --set optimizer.weight_decay=0.05) ;; esac
+      fi
+      python3 bench/run.py --data "$data" --out "$out/hand-${model:-resnet50}.json" --trials-dir /tmp/bench-hand \
+        --timeout 150 "${bench_set[@]}" "${hset[@]}" ${list//,/ } 2>&1 | quiet ;;
     rows=*)
       list=${stage#rows=}
       python3 bench/run.py --data "$data" --out "$out/rows.json" --trials-dir /tmp/bench-rows --timeout 180 \
