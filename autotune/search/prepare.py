@@ -19,7 +19,7 @@ from autotune.hw.nvml import Gpu, Nvml
 from autotune.hw.placement import gpu_count, parse_gpu_list, place, to_nvml, visible_entries
 from autotune.objective import Objective
 from autotune.runner.torchrun import Torchrun
-from autotune.space import SearchSpace, get_path, resolve
+from autotune.space import SearchSpace, resolve
 from autotune.spec import StudySpec, load_spec
 from autotune.study.liveness import HEARTBEAT_S
 from autotune.study.storage import default_storage
@@ -355,7 +355,3 @@ def describe_model(plan: Plan) -> str:
     size = "--image-size" if plan.options.image_size else "the spec"
     return (f"model {cfg.model.name} (from {source}) at {cfg.data.image_size} px (from {size}; --model and "
             "--image-size change them)")
-
-
-def base_value(plan: Plan, dotted: str) -> Any:
-    return get_path(plan.probe.to_dict(), dotted)
