@@ -16,6 +16,7 @@ from autotune.runner.trial import TrialJob, TrialRun
 from autotune.search.progress import Progress
 from autotune.space import predicted_oom
 from autotune.study.liveness import Heartbeat, owner
+from autotune.study.storage import set_trial_attrs
 from autotune.study.view import MEASUREMENT_STAGES, TrialView
 from trainer.config import ConfigError, TrainConfig
 from trainer.protocol import Failure, Kind, nonfinite_reason
@@ -42,8 +43,7 @@ class Evaluator:
         self.me = owner()
 
     def __call__(self, trial, decided: dict[str, Any]) -> Evaluation:
-        for k, v in self.me.items():
-            trial.set_user_attr(k, v)
+        set_trial_attrs(trial, self.me)
         heartbeat = Heartbeat(trial)
         heartbeat.beat(force=True)
         stage = trial.user_attrs.get("stage") or "search"
