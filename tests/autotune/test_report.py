@@ -100,7 +100,7 @@ def test_report_has_every_section_and_is_self_contained(tmp_path):
     make_study(storage)
     r = report(tmp_path, "--storage", storage, "--out", "out/report.html")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "12 trials" in r.stdout
+    assert "12 trials" in r.stdout and "autotune: making folder out for the report" in r.stdout  # said, not silent
     page = (tmp_path / "out" / "report.html").read_text()
     # It opens with the three numbers: the ceiling, what each pipeline feeds, how close the best gets.
     head = page[page.index('<table class="summary">'):page.index("</table>")]
