@@ -77,9 +77,13 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     devices = view.devices(study)
     best, top, feeds = view.fastest(trials), view.ceiling(trials), view.supplies(trials)
     out: list[tuple[str, str]] = []
-    decode = best.setting("data.decode") if best is not None else None
+    synthetic = best is not None and best.setting("data.kind") == "synthetic"
+    decode = best.setting("data.decode") if best is not None and not synthetic else None
     feed = feeds.get(decode) if decode is not None else None
-    if top is not None and feed is not None:
+    if synthetic:
+        out.append(("what limits it", f"the model's compute on the {devices}: the data is synthetic (made on the "
+                                      "device), so no input pipeline takes part"))
+    elif top is not None and feed is not None:
         limit, other = ((f"the input pipeline: {decode} alone feeds {fmt_ips(feed.imgs_per_s)} imgs/s, less than "
                          f"the model alone computes on the {devices} ({fmt_ips(top.imgs_per_s)})", feed)
                         if feed.imgs_per_s < top.imgs_per_s else
@@ -90,7 +94,9 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
                                       f"{best.imgs_per_s / other.imgs_per_s:.0%} of that"))
     elif top is not None:
         out.append(("what limits it", f"the {devices} run the model alone at {fmt_ips(top.imgs_per_s)} imgs/s (the "
-                                      "ceiling); no input pipeline was measured alone"
+                                      "ceiling); "
+                    + (f"its input pipeline ({decode}) was not measured alone" if decode else
+                       "no input pipeline was measured alone")
                     + (f"; the tuned configuration reaches {best.imgs_per_s / top.imgs_per_s:.0%} of it" if best
                        else "")))
     else:
@@ -107,9 +113,10 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
                           "`autotune train --config best.yaml`"))
     windows = len(best.attrs.get("imgs_per_s_windows") or [])
     spread = f"spread {best.spread:.1%}" if best.spread is not None else "spread not recorded"
-    sure = (f"the median of its latest windows ({windows} measured), {spread}; "
-            + ("its windows never settled within the spread target, so the figure is less certain"
-               if unsettled(best) else "its windows settled within the spread target"))
+    sure = (f"the median of its latest windows ({windows} measured), {spread}"
+            + ("; its windows never settled within the spread target, so the figure is less certain"
+               if unsettled(best) else "; its windows settled within the spread target" if best.attrs.get("settled")
+               else ""))
     again = remeasures(study).get(best.number)
     if again and again.get("imgs_per_s") is not None:
         sure += f"; in a fresh process it measured {fmt_ips(again['imgs_per_s'])} ({again['ratio']:.0%} of it)"

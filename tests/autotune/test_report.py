@@ -39,7 +39,7 @@ TRIALS = [
 
 
 def make_study(storage: str, name: str = "gpu-study", *, pareto: bool = False, util: bool = True,
-               trials=TRIALS, stages: bool = True) -> optuna.Study:
+               trials=TRIALS, stages: bool = True, stage_trials=None) -> optuna.Study:
     study = optuna.create_study(study_name=name, storage=storage,
                                 directions=["maximize", "maximize"] if pareto else ["maximize"])
     study.set_user_attr("objective", "pareto" if pareto else "throughput")
@@ -70,7 +70,7 @@ def make_study(storage: str, name: str = "gpu-study", *, pareto: bool = False, u
         else:
             values, st = None, TrialState.PRUNED if state == "pruned" else TrialState.FAIL
         study.add_trial(create_trial(state=st, values=values, params=params, distributions=DIST, user_attrs=attrs))
-    for stage, overrides, ips in STAGE_TRIALS if stages else ():
+    for stage, overrides, ips in (stage_trials or STAGE_TRIALS) if stages else ():
         attrs = {"stage": stage, "overrides": overrides, "imgs_per_s": ips, "imgs_per_s_windows": [ips], "spread": 0.0,
                  "config": {"training": {"precision": overrides.get("training.precision", "bf16"),
                                          "batch_size": 256, "channels_last": True},
@@ -192,6 +192,18 @@ def test_a_cpu_study_speaks_of_cpu_ranks_and_the_spread_caption_names_a_trial_it
     drawn = {x for trace in by["spread"].figure.data for x in trace.x}
     assert drawn == {"#0", "#1"} and list(by["spread"].figure.layout.xaxis.categoryarray) == ["#0", "#1"]
     assert "Largest spread: trial 0, 3.0%." in by["spread"].caption  # (1700 - 1650) / 1681, not the supply's 67 %
+
+
+def test_what_limits_the_job_is_the_smaller_of_the_ceiling_and_its_pipelines_supply(tmp_path):
+    from autotune.overview import conclusions
+
+    slow_feed = [STAGE_TRIALS[0], ("supply", {"training.mode": "loader", "data.decode": "nvjpeg-gpu"}, 9000.0)]
+    study = make_study(f"sqlite:///{tmp_path / 'feed.db'}", stage_trials=slow_feed)
+    limit = dict(conclusions(study))["what limits it"]
+    assert limit == ("the input pipeline: nvjpeg-gpu alone feeds 9,000 imgs/s, less than the model alone computes on "
+                     "the GPUs (11,645); the tuned configuration reaches 8,625, 96% of that")
+    none = make_study(f"sqlite:///{tmp_path / 'none.db'}", "plain", stages=False)
+    assert dict(conclusions(none))["what limits it"].startswith("not measured: this study has no stage measurements")
 
 
 def test_missing_study_is_one_line(tmp_path):
