@@ -28,10 +28,11 @@ import yaml
 from autotune.exceptions import StorageError
 from autotune.hw.nvml import Nvml
 from autotune.hw.placement import gpu_count, to_nvml, visible_entries
+from autotune.outputs import write_atomic
 from autotune.runner.torchrun import Torchrun
 from autotune.runner.trial import TrialJob, run_trial
 from autotune.study import view
-from autotune.study.storage import study_record
+from autotune.study.storage import record_on_study, study_record
 from autotune.study.view import TrialView
 from trainer.config import TrainConfig
 from trainer.protocol import nonfinite_reason
@@ -41,6 +42,10 @@ PICKS = ("best", "fastest", "util", "balanced")
 
 GAP_WARNING = 0.03
 """A fresh-process re-measure further than this from the search's figure is reported."""
+
+REMEASURED_KEY = "autotune:remeasured:"
+"""A study system attr per re-measured trial (``REMEASURED_KEY + number``): what ``autotune export`` measured for it
+in a fresh process, for ``autotune show`` and the report."""
 
 
 def pareto_front(trials: list[TrialView]) -> list[TrialView]:
@@ -171,7 +176,6 @@ def script_batch_note(cfg: TrainConfig, *, reference: int | None, world: int) ->
 
 def write(data: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     a, m = data["autotune"], data["autotune"]["measured"]
     again = m.get("remeasured") or {}
     head = (f"# Exported by `autotune export` from study {a['study']}, trial {a['trial']}: "
@@ -180,9 +184,7 @@ def write(data: dict[str, Any], path: str | Path) -> Path:
             + (f"; re-measured in a fresh process: {again['imgs_per_s']:,.1f}" if again.get("imgs_per_s") else "")
             + f".\n# Run: {a['torchrun']['command'].replace('<this file>', str(path))}\n"
               "# (or `autotune train --config " + str(path) + "`; the `autotune:` section is ignored by the job)\n")
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(head + yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    write_atomic(path, head + yaml.safe_dump(data, sort_keys=False))
     return path
 
 
@@ -211,17 +213,52 @@ def remeasure(study, trial: TrialView, data: dict[str, Any], folder: Path, *, ti
         why = run.failure_message or nonfinite_reason(s)
         data["autotune"]["measured"]["remeasured"] = {"failed": str(run.failure_class or "diverged"), "why": why}
         return f"re-measure FAILED in a fresh process ({run.failure_class or 'diverged'}: {why}); log {run.log_path}"
+    return record_remeasure(study, trial, data, s)
+
+
+def record_remeasure(study, trial: TrialView, data: dict[str, Any], s: dict[str, Any]) -> str:
+    """A fresh-process measurement of ``trial`` (``s``: its job's summary) recorded in ``data`` and with the study,
+    set against the search's figure and trial 0's; returns the line to print."""
     ips, searched = float(s["imgs_per_s"]), float(trial.imgs_per_s)
     ratio = ips / searched
-    data["autotune"]["measured"]["remeasured"] = {
-        "imgs_per_s": ips, "ratio": round(ratio, 4), "spread": s.get("spread"), "loss_start": s.get("loss_start"),
-        "loss_end": s.get("loss_end"), "fresh_process": True, "search_worker": trial.attrs.get("worker")}
+    again = {"imgs_per_s": ips, "ratio": round(ratio, 4), "spread": s.get("spread"), "settled": s.get("settled"),
+             "loss_start": s.get("loss_start"), "loss_end": s.get("loss_end"), "fresh_process": True,
+             "search_worker": trial.attrs.get("worker")}
+    base = view.baseline(view.views(study))
+    if base is not None and base.number != trial.number and ips < base.imgs_per_s:
+        # Trial 0 ran in a fresh process as well: this is the one comparison of like with like.
+        again["below_baseline"] = {"trial": base.number, "imgs_per_s": base.imgs_per_s}
+    data["autotune"]["measured"]["remeasured"] = again
     line = f"re-measured in a fresh process: {ips:,.1f} imgs/s = {ratio:.1%} of the search's {searched:,.1f}"
     if abs(ratio - 1) > GAP_WARNING:
         line += (f" — WARNING: more than {GAP_WARNING:.0%} apart; the search's figure for this config is not what a "
                  "fresh job reaches here (another load on the machine, or a trial that profited from an earlier "
                  "one in its worker): trust the re-measure")
+    try:
+        record_on_study(study, f"{REMEASURED_KEY}{trial.number}", {
+            k: again.get(k) for k in ("imgs_per_s", "ratio", "spread", "settled", "below_baseline")})
+    except Exception as e:  # a read-only storage: the YAML still carries both figures
+        line += f" (not recorded in the study: {type(e).__name__})"
     return line
+
+
+def below_baseline_warning(trial: TrialView, data: dict[str, Any]) -> str | None:
+    """The warning for a trial whose fresh-process figure is below trial 0's (None when it is not)."""
+    again = data["autotune"]["measured"].get("remeasured") or {}
+    below = again.get("below_baseline")
+    if not below:
+        return None
+    return (f"trial {trial.number} re-measured at {again['imgs_per_s']:,.1f} imgs/s in a fresh process, below trial "
+            f"{below['trial']} (the baseline, {below['imgs_per_s']:,.1f}): here the tuned configuration is not "
+            f"faster than the baseline; export the baseline with `--pick {below['trial']}`, or search again on a "
+            "quieter machine")
+
+
+def remeasures(study) -> dict[int, dict[str, Any]]:
+    """What ``autotune export`` re-measured in a fresh process, by trial number."""
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    return {int(k[len(REMEASURED_KEY):]): v for k, v in attrs.items()
+            if k.startswith(REMEASURED_KEY) and k[len(REMEASURED_KEY):].isdigit() and isinstance(v, dict)}
 
 
 def _not_here(fp: dict[str, Any], gpus: list, nproc: int, config: dict[str, Any]) -> str | None:

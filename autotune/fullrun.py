@@ -410,6 +410,13 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
     else:
         lines.append(f"measured: {ips:,.1f} imgs/s (median of {s.get('windows')} windows, spread "
                      f"{float(s.get('spread') or 0):.1%})")
+        spread, target = float(s.get("spread") or 0), p.config.measure.spread_target
+        if spread > target:
+            warnings.append(f"the run's windows spread {spread:.1%}, more than measure.spread_target "
+                            f"({target:.0%}): its pace changed along the way (epoch starts, another load on the "
+                            f"machine), so its median is a less certain figure; each window's imgs/s is in "
+                            f"{p.result_path}")
+    lines.append(f"loss: {loss_line(s)}")
     g = r.gpu
     if g.get("util_available"):
         lines.append(f"GPU: NVML utilization {g['util_mean']:.0f} % (p50 per GPU: {g.get('util_p50_per_gpu')}), "
@@ -427,15 +434,28 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
             if ratio < 1 - SLOWER_WARNING:
                 warnings.append(f"this run is {1 - ratio:.1%} slower than the search measured for the same config "
                                 f"({ips:,.1f} vs {searched:,.1f} imgs/s): check that the host, GPUs, data location "
-                                "and concurrent load match the search's (`autotune show`), and the log "
-                                f"{p.log_path}")
+                                "and concurrent load match the search's (`autotune show`); each window's imgs/s "
+                                f"is in {p.result_path}")
         else:
             lines.append(f"search ({src}): {searched:,.1f} imgs/s{util} at another world size: not compared")
     summary = {"imgs_per_s": ips, "spread": s.get("spread"), "windows": s.get("windows"), "epochs": s.get("epochs"),
+               "loss_start": s.get("loss_start"), "loss_end": s.get("loss_end"), "loss": s.get("loss"),
+               "loss_finite": s.get("loss_finite"),
                "steps": s.get("steps"), "val": last_val, "gpu": g, "searched": m or None, "ratio": ratio,
                "comparable": p.comparable, "wall_s": round(r.wall_s, 3), "returncode": r.returncode,
                "checkpoints": [c.get("path") for c in r.checkpoints]}
     return lines, warnings, summary
+
+
+def loss_line(s: dict[str, Any]) -> str:
+    """The training loss over the run's windows and at its end: a full run that does not learn is not done."""
+    if s.get("loss_finite") is False:
+        return "not finite (NaN/inf): the run diverged; lower optimizer.lr or use bf16/fp32"
+    start, end, last = s.get("loss_start"), s.get("loss_end"), s.get("loss")
+    if start is None and end is None and last is None:
+        return "not recorded"
+    span = f"{start:.4g} -> {end:.4g} over the timed windows" if start is not None and end is not None else ""
+    return ", ".join(x for x in (span, f"{last:.4g} at the last step" if last is not None else "") if x)
 
 
 def failure_message(p: TrainPlan, r: TrainResult) -> str:

@@ -1,7 +1,8 @@
-"""A study in words: the three numbers a user wants first — what the GPUs (or CPU ranks) can do (the ceiling), what
-each input pipeline can feed (its supply), how close the tuned configuration gets — then every trial as a table, where
-a trial's time goes, and what pruning saved. ``autotune show`` prints it; the report and the search's last line use
-its parts.
+"""A study in words: what a user wants first — what limits the job, the tuned configuration and the commands that
+export and run it, how sure its figure is; the three numbers behind that (what the GPUs or CPU ranks can do, the
+ceiling; what each input pipeline can feed, its supply; how close the tuned configuration gets) — then every trial as
+a table, where a trial's time goes, and what pruning saved. ``autotune show`` prints it; the report and the search's
+last line use its parts.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def fmt_loss(attrs: dict) -> str:
     return f"{start:.3g}->{end:.3g}" if start is not None else f"{end:.3g}"
 
 
-def headline(trials: list[TrialView], devices: str = "GPUs") -> list[str]:
+def headline(trials: list[TrialView], devices: str = "GPUs",
+             remeasured: dict[int, dict] | None = None) -> list[str]:
     """Ceiling, supplies, and the tuned configuration against both (lines; fewer when a stage has not run)."""
     lines = []
     top = view.ceiling(trials)
@@ -44,8 +46,88 @@ def headline(trials: list[TrialView], devices: str = "GPUs") -> list[str]:
         share = f" = {best.imgs_per_s / top.imgs_per_s:.0%} of the ceiling" if top else ""
         gain = f", {best.imgs_per_s / base.imgs_per_s:.2f}x trial {base.label} (the baseline, " \
                f"{fmt_ips(base.imgs_per_s)})" if base and base.imgs_per_s else ""
-        lines.append(f"the tuned configuration: trial {best.label}, {fmt_ips(best.imgs_per_s)} imgs/s{share}{gain}")
+        again = (remeasured or {}).get(best.number)
+        fresh = ""
+        if again and again.get("imgs_per_s") is not None:
+            fresh = f"; re-measured in a fresh process: {fmt_ips(again['imgs_per_s'])}"
+            if again.get("below_baseline"):
+                fresh += f" {BELOW} below trial {again['below_baseline']['trial']}"
+        lines.append(f"the tuned configuration: trial {best.label}, {fmt_ips(best.imgs_per_s)} imgs/s{share}{gain}"
+                     f"{fresh}")
     return lines
+
+
+BELOW = "↓"
+"""Marks a trial whose fresh-process re-measure (``autotune export``) fell below trial 0's figure."""
+
+
+def unsettled(v: TrialView) -> bool:
+    """The trial ran its measurement to the end and its windows never settled. A pruned trial was stopped before
+    the end: that it did not settle says nothing."""
+    return v.attrs.get("settled") is False and v.outcome != "pruned"
+
+
+def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | None = None) -> list[tuple[str, str]]:
+    """What a reader should learn first, as (topic, sentence): what limits the job, the tuned configuration's
+    settings, the commands that export and run it, how sure its figure is. ``storage``: the ``--storage`` the
+    commands need (None: the default one finds the study)."""
+    from autotune.export import remeasures
+
+    trials = view.views(study) if trials is None else trials
+    devices = view.devices(study)
+    best, top, feeds = view.fastest(trials), view.ceiling(trials), view.supplies(trials)
+    out: list[tuple[str, str]] = []
+    synthetic = best is not None and best.setting("data.kind") == "synthetic"
+    decode = best.setting("data.decode") if best is not None and not synthetic else None
+    feed = feeds.get(decode) if decode is not None else None
+    if synthetic:
+        out.append(("what limits it", f"the model's compute on the {devices}: the data is synthetic (made on the "
+                                      "device), so no input pipeline takes part"))
+    elif top is not None and feed is not None:
+        limit, other = ((f"the input pipeline: {decode} alone feeds {fmt_ips(feed.imgs_per_s)} imgs/s, less than "
+                         f"the model alone computes on the {devices} ({fmt_ips(top.imgs_per_s)})", feed)
+                        if feed.imgs_per_s < top.imgs_per_s else
+                        (f"the model's compute on the {devices}: alone, on synthetic data, it runs at "
+                         f"{fmt_ips(top.imgs_per_s)} imgs/s, less than {decode} alone feeds "
+                         f"({fmt_ips(feed.imgs_per_s)})", top))
+        out.append(("what limits it", f"{limit}; the tuned configuration reaches {fmt_ips(best.imgs_per_s)}, "
+                                      f"{best.imgs_per_s / other.imgs_per_s:.0%} of that"))
+    elif top is not None:
+        out.append(("what limits it", f"the {devices} run the model alone at {fmt_ips(top.imgs_per_s)} imgs/s (the "
+                                      "ceiling); "
+                    + (f"its input pipeline ({decode}) was not measured alone" if decode else
+                       "no input pipeline was measured alone")
+                    + (f"; the tuned configuration reaches {best.imgs_per_s / top.imgs_per_s:.0%} of it" if best
+                       else "")))
+    else:
+        out.append(("what limits it", "not measured: this study has no stage measurements (the model alone, each "
+                                      "pipeline alone), so it says how fast, not what limits"))
+    if best is None:
+        out.append(("its settings", "none yet: no end-to-end trial has completed; run `autotune search`"))
+        return out
+    settings = fmt_params(best.params) or fmt_params(shown_settings(best.attrs.get("overrides") or {}))
+    out.append(("its settings", f"trial {best.number}: {settings}" + (" (the baseline's own)" if best.baseline
+                                                                     else "")))
+    where = f" --study {study.study_name}" + (f" --storage {storage}" if storage else "")
+    out.append(("run it", f"`autotune export best.yaml{where}` (measures it again in a fresh process), then "
+                          "`autotune train --config best.yaml`"))
+    windows = len(best.attrs.get("imgs_per_s_windows") or [])
+    spread = f"spread {best.spread:.1%}" if best.spread is not None else "spread not recorded"
+    sure = (f"the median of its latest windows ({windows} measured), {spread}"
+            + ("; its windows never settled within the spread target, so the figure is less certain"
+               if unsettled(best) else "; its windows settled within the spread target" if best.attrs.get("settled")
+               else ""))
+    again = remeasures(study).get(best.number)
+    if again and again.get("imgs_per_s") is not None:
+        sure += f"; in a fresh process it measured {fmt_ips(again['imgs_per_s'])} ({again['ratio']:.0%} of it)"
+        if again.get("below_baseline"):
+            b = again["below_baseline"]
+            sure += (f", below trial {b['trial']}'s {fmt_ips(b['imgs_per_s'])}: here it is not faster than the "
+                     "baseline")
+    else:
+        sure += "; not yet measured again in a fresh process (`autotune export` does)"
+    out.append(("how sure", sure))
+    return out
 
 
 def cudnn_lines(study) -> list[str]:
@@ -63,9 +145,13 @@ def cudnn_lines(study) -> list[str]:
     return out
 
 
-def table(study, sort: str = "number", top: int | None = None) -> str:
+def table(study, sort: str = "number", top: int | None = None, *, storage: str | None = None) -> str:
+    from autotune.export import remeasures
+
     trials = view.views(study)
     best, base = view.fastest(trials), view.baseline(trials)
+    again = remeasures(study)
+    below = {n for n, r in again.items() if r.get("below_baseline")}
     counts = {o: sum(1 for v in trials if v.outcome == o) for o in ("measured", "part", "infeasible", "fail",
                                                                     "pruned", "running", "waiting")}
     summary = f"study {study.study_name}: {len(trials)} trials (" + ", ".join(
@@ -75,11 +161,12 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
     for v in shown[:top] if top else shown:
         a = v.attrs
         gain = f"{v.imgs_per_s / base.imgs_per_s:.2f}x" if v.feasible and base else ""
-        spread = f"{v.spread:.1%}" + ("!" if a.get("settled") is False else "") if v.spread is not None else "-"
+        spread = f"{v.spread:.1%}" + ("!" if unsettled(v) else "") if v.spread is not None else "-"
         note = fmt_params(v.params, 90) or fmt_params(shown_settings(a.get("overrides") or {}), 90)
         if v.failure_class and v.outcome != "pruned":
             note = f"{v.failure_class}: {(v.failure_message or '')[:80]}  [{note}]"
-        rows.append((f"{v.label}{'*' if v is best else ''}", v.stage,
+        mark = ("*" if v is best else "") + (BELOW if not v.part and v.number in below else "")
+        rows.append((f"{v.label}{mark}", v.stage,
                      v.outcome, fmt_ips(v.imgs_per_s) if v.imgs_per_s is not None else "-", gain, spread,
                      fmt_loss(a), f"{v.util:.0f}%" if v.util is not None else "n/a",
                      fmt_duration(a.get("wall_s")) if a.get("wall_s") is not None else "-", note))
@@ -87,11 +174,18 @@ def table(study, sort: str = "number", top: int | None = None) -> str:
     lines = ["  ".join(c.rjust(w) if i in (3, 4, 5, 7, 8) else c.ljust(w)
                        for i, (c, w) in enumerate(zip(r[:-1], widths, strict=True))) + "  " + r[-1] for r in rows]
     notes = []
-    if any(v.attrs.get("settled") is False for v in trials):
-        notes.append("! the trial's windows never agreed within the spread target: its figure is the median of its "
-                      "latest windows, and less certain")
-    return "\n".join([summary, *headline(trials, view.devices(study)), *cudnn_lines(study), *lines, *notes,
-                      *trial_time(trials), *pruning(trials)])
+    if any(unsettled(v) for v in trials):
+        notes.append("! the trial's windows never settled: before its window limit, its latest windows and the one "
+                     "before them never agreed within the spread target (that window shows the pace had stopped "
+                     "changing); its figure is the median of its latest windows, and less certain")
+    for n in sorted(below):
+        r = again[n]
+        notes.append(f"{BELOW} trial {n} re-measured in a fresh process (`autotune export`) at "
+                     f"{fmt_ips(r['imgs_per_s'])} imgs/s, below trial {r['below_baseline']['trial']}'s "
+                     f"{fmt_ips(r['below_baseline']['imgs_per_s'])}: its search figure does not hold here")
+    first = [f"{topic}: {text}" for topic, text in conclusions(study, trials, storage=storage)]
+    return "\n".join([summary, *headline(trials, view.devices(study), again), *first, *cudnn_lines(study), *lines,
+                      *notes, *trial_time(trials), *pruning(trials)])
 
 
 LABELS = {"measured": "measured end to end", "part": "stage measurements", "infeasible": "infeasible",

@@ -1,7 +1,9 @@
 """The study as one self-contained HTML page: plotly figures (plotly.js inlined, so it opens offline) of what the
 search found and why.
 
-Sections: optimization history (best so far), parameter importances, parallel coordinates, imgs/s versus NVML
+The first screen says what to do: the tuned configuration, what limits the job, the configuration's settings, the
+commands that export and run it, and how sure its figure is (``autotune.overview.conclusions``); then the study's
+summary. Sections: optimization history (best so far), parameter importances, parallel coordinates, imgs/s versus NVML
 utilization (coloured by precision, symbol by decode path: where users see that utilization alone misleads), window
 throughput per trial (how steady each measurement was), failure counts by class, and the Pareto front when the study
 is multi-objective. Optuna's own figures are used wherever Optuna has one. A section without data says why (a CPU
@@ -25,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.overview import fmt_loss, headline
+from autotune.outputs import write_atomic
+from autotune.overview import conclusions, fmt_loss, headline
 from autotune.study import view
 from autotune.study.view import finite
 
@@ -91,7 +94,7 @@ def trial_rows(study) -> list[TrialRow]:
         rows.append(TrialRow(
             number=v.number, part=v.part, outcome=outcome, stage=v.stage, imgs_per_s=v.imgs_per_s,
             windows=[x for x in map(finite, a.get("imgs_per_s_windows") or []) if x is not None],
-            spread=v.spread, util=v.util, settled=a.get("settled"),
+            spread=v.spread, util=v.util, settled=None if v.outcome == "pruned" else a.get("settled"),
             # The trial's config says what ran, searched or not (a knob the spec fixed, a stage's setting).
             precision=str(v.setting("training.precision", "?")), decode=str(v.setting("data.decode", "?")),
             batch_size=v.setting("training.batch_size"), channels_last=bool(v.setting("training.channels_last")),
@@ -156,7 +159,7 @@ class Section:
     extra_html: str = ""
 
 
-def bottleneck_section(rows: list[TrialRow]) -> Section:
+def bottleneck_section(rows: list[TrialRow], devices: str = "GPUs") -> Section:
     """The stages' measurements side by side: the model alone (ceiling), each pipeline alone (supply), and the
     end-to-end trials as lines — where the time goes, at a glance."""
     import plotly.graph_objects as go
@@ -183,8 +186,8 @@ def bottleneck_section(rows: list[TrialRow]) -> Section:
     fig.update_layout(title="The model alone on synthetic data (ceiling) and each input pipeline alone (supply)",
                       yaxis_title="imgs/s (global)", xaxis_title="stage measurement", barmode="group")
     s.figure = fig
-    s.caption = ("An end-to-end run is at most the smaller of what the GPUs compute (the ceiling) and what its input "
-                 "pipeline feeds (its supply). The search measures both first and starts its end-to-end trials "
+    s.caption = (f"An end-to-end run is at most the smaller of what the {devices} compute (the ceiling) and what its "
+                 "input pipeline feeds (its supply). The search measures both first and starts its end-to-end trials "
                  "where the supply meets the ceiling; the dotted line is how close the tuned configuration gets.")
     return s
 
@@ -331,6 +334,10 @@ def util_section(rows) -> Section:
     return s
 
 
+SPREAD_OUTCOMES = ("complete", "pruned", "infeasible", "fail")
+"""The trials the spread plot draws: end-to-end runs (a stage measurement's windows measure a part)."""
+
+
 def _label(r: TrialRow) -> str:
     """A trial on the spread plot's axis; ``!`` marks one whose windows never agreed."""
     return f"#{r.label}{'!' if r.settled is False else ''}"
@@ -344,9 +351,10 @@ def spread_section(rows) -> Section:
     if not measured:
         s.note = "No trial has measured a window yet."
         return s
+    drawn = [r for r in measured if r.outcome in SPREAD_OUTCOMES]
     fig = go.Figure()
-    for outcome in ("complete", "pruned", "infeasible", "fail"):
-        rs = [r for r in measured if r.outcome == outcome]
+    for outcome in SPREAD_OUTCOMES:
+        rs = [r for r in drawn if r.outcome == outcome]
         if not rs:
             continue
         # Relative to each trial's median, so a 2 % wobble at 9,000 imgs/s is as visible as one at 50 imgs/s.
@@ -361,11 +369,12 @@ def spread_section(rows) -> Section:
                              f"{(r.spread if r.spread is not None else 0):.1%}; loss {r.loss}{unsettled})")
         fig.add_trace(go.Box(x=xs, y=ys, name=outcome, boxpoints="all", jitter=0.3, pointpos=0, hovertext=hover,
                              hoverinfo="text", marker={"color": FAILURE_COLORS.get(outcome, "#1f77b4")}))
-    worst = max((r for r in measured if r.spread is not None), key=lambda r: r.spread, default=None)
+    # The caption names a trial with a box in this plot: stage measurements are not drawn here.
+    worst = max((r for r in drawn if r.spread is not None), key=lambda r: r.spread, default=None)
     fig.update_layout(title="Each timed window's imgs/s relative to its trial's median (the trial's value)",
                       xaxis_title="trial", yaxis_title="window vs trial median (%)", yaxis_ticksuffix=" %",
                       xaxis={"categoryorder": "array",
-                             "categoryarray": [_label(r) for r in measured]})
+                             "categoryarray": [_label(r) for r in drawn]})
     s.figure = fig
     s.caption = ("A trial's value is the median of its windows; spread = (max - min) / median, the height of its "
                  "box. A tall box means an unsteady measurement (the job measures more windows while the spread "
@@ -440,7 +449,7 @@ def pareto_section(study, rows, names) -> Section:
 def build_sections(study) -> tuple[list[TrialRow], list[Section]]:
     rows = trial_rows(study)
     _, names = objective_label(study)
-    builders = [lambda: bottleneck_section(rows), lambda: history_section(study, rows, names),
+    builders = [lambda: bottleneck_section(rows, view.devices(study)), lambda: history_section(study, rows, names),
                 lambda: importances_section(study, rows, names),
                 lambda: parallel_section(study, rows, names), lambda: util_section(rows),
                 lambda: spread_section(rows), lambda: failures_section(rows),
@@ -455,11 +464,13 @@ def build_sections(study) -> tuple[list[TrialRow], list[Section]]:
     return rows, sections
 
 
-def render_html(study, *, storage_url: str | None = None) -> str:
+def render_html(study, *, storage_url: str | None = None, storage_arg: str | None = None) -> str:
+    """The page. ``storage_url``: shown in the summary (no password); ``storage_arg``: the ``--storage`` the page's
+    commands need (None: the default storage finds the study)."""
     from plotly.offline import get_plotlyjs
 
     rows, sections = build_sections(study)
-    body = [_header(study, rows, storage_url)]
+    body = [_first_screen(study, storage_arg), _header(study, rows, storage_url)]
     for s in sections:
         body.append(f'<section id="section-{s.id}"><h2>{html.escape(s.title)}</h2>')
         if s.caption:
@@ -478,14 +489,30 @@ def render_html(study, *, storage_url: str | None = None) -> str:
             f"<body><h1>{html.escape(title)}</h1>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-def write_report(study, out: str | Path, *, storage_url: str | None = None) -> Path:
+def write_report(study, out: str | Path, *, storage_url: str | None = None, storage_arg: str | None = None) -> Path:
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = render_html(study, storage_url=storage_url)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)  # a reader (a browser tab being refreshed) never sees half a page
+    # A browser tab being refreshed never sees half a page.
+    write_atomic(out, render_html(study, storage_url=storage_url, storage_arg=storage_arg))
     return out
+
+
+def _first_screen(study, storage_arg: str | None) -> str:
+    """What a reader should learn before scrolling: the tuned configuration, what limits the job, what to run, how
+    sure the figure is."""
+    from autotune.export import remeasures
+
+    trials = view.views(study)
+    tuned = [tuple(line.split(": ", 1)) for line in headline(trials, view.devices(study), remeasures(study))
+             if line.startswith("the tuned configuration: ")]
+    items = "".join(f"<li><b>{html.escape(topic)}:</b> {_code(text)}</li>"
+                    for topic, text in [*tuned, *conclusions(study, trials, storage=storage_arg)])
+    return f'<section id="verdict"><ul class="verdict">{items}</ul></section>'
+
+
+def _code(text: str) -> str:
+    """``text`` escaped, its `backticked` commands set as code a reader can copy."""
+    parts = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
 def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
@@ -496,8 +523,10 @@ def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
     best = max(feasible, key=lambda r: r.imgs_per_s, default=None)
     base = next((r for r in feasible if r.baseline), None)
     fp = study.user_attrs.get("fingerprint") or {}
+    from autotune.export import remeasures
+
     items = [(line.split(" (", 1)[0].split(":", 1)[0], line.split(": ", 1)[-1] if ": " in line else line)
-             for line in headline(view.views(study), view.devices(study))]
+             for line in headline(view.views(study), view.devices(study), remeasures(study))]
     items += [("study", study.study_name), ("storage", storage_url or ""), ("objective", kind),
               ("trials", ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "none")]
     if best is not None:
@@ -531,4 +560,6 @@ h1{font-size:1.6em}h2{font-size:1.25em;margin-top:2em;border-bottom:1px solid #d
 p.caption{color:#444;max-width:1000px}p.empty{color:#777;font-style:italic;padding:1em;background:#f6f6f6}
 table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:4px 8px;text-align:left}
 table.summary th{background:#f3f3f3}table.failures td:nth-child(3){max-width:600px}
+ul.verdict{font-size:1.1em;line-height:1.5;padding-left:1.2em;max-width:1200px}
+ul.verdict code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
 """

@@ -133,7 +133,7 @@ class StagesSpec:
 @dataclass(kw_only=True)
 class StudySpec:
     name: str
-    """Study name (default storage: ``sqlite:///studies/<name>.db``; trial logs under ``studies/<name>/``)."""
+    """Study name (default storage: ``sqlite:///studies/autotune.db``; trial logs under ``studies/<name>/``)."""
 
     description: str = ""
     base: dict[str, Any] = field(default_factory=dict)

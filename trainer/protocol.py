@@ -100,6 +100,8 @@ def root_cause_rank(cls: str | None) -> int:
 
 
 class WindowRecord(TypedDict):
+    """One timed window (``trainer.meter``), written by rank 0 as it closes."""
+
     kind: str
     window: int
     t0: float
@@ -111,40 +113,84 @@ class WindowRecord(TypedDict):
     """Images of all ranks."""
 
     seconds: float
-    """Duration on the slowest rank."""
+    """Duration on the slowest rank, pauses left out."""
 
     imgs_per_s: float
     loss_start: float | None
     loss_end: float | None
     """Mean over the ranks of the loss before the window's first step and after its last (None: no model)."""
 
+    loss_nonfinite: int
+    """Steps of the window whose loss was NaN or inf on the worst rank."""
+
+    paused_s: float
+    """Time inside the window spent paused (validation, a checkpoint): not in ``seconds``."""
+
 
 class SummaryRecord(TypedDict, total=False):
-    kind: str
-    imgs_per_s: float | None
-    """Median of the windows the result stands on (``windows_used``)."""
+    """The end of a run: the meter's result (``ThroughputMeter.summary``) and what the job adds."""
 
+    kind: str
+    t: float
+    mode: str
+    world_size: int
+    unit: str
+    """What the figures count: images for the built-in job, a user's script's own unit otherwise."""
+
+    imgs_per_s: float | None
+    """Median of the windows the result stands on (``windows_used``), in ``unit`` per second."""
+
+    imgs_per_s_windows: list[float]
     windows_used: list[int]
+    imgs_per_s_min: float | None
+    imgs_per_s_max: float | None
     spread: float
+    windows: int
+    warmup_steps: int
+    warmup_capped: bool
     settled: bool
+    cancelled: bool
+    step_time_s: float
+    loss_start: float | None
+    loss_end: float | None
+    loss_nonfinite_in_windows: int
+    steps: int
+    epochs: int
+    loss: float
+    """The last step's loss."""
+
     loss_finite: bool
     """The figure stands: the loss stayed finite and did not rise across the windows (the name is older than the
     rise rule; ``loss_reason`` says why not)."""
 
     loss_reason: str | None
-    loss_start: float | None
-    loss_end: float | None
+
+    loss_nonfinite_steps: int
+    loss_nonfinite_run: int
     peak_mem_bytes: list[int]
+    """Per rank: peak device memory, or the process's peak RSS on the CPU (``peak_mem_kind``)."""
+
+    peak_mem_kind: str
+    global_batch: int | None
     versions: dict[str, Any]
+    compile_s: float
+    """torch.compile runs only: seconds spent compiling in the run, its compile count, whether its graph was reused."""
+
+    compiles: int
+    compile_reused: bool
 
 
-class ErrorRecord(TypedDict):
-    kind: str
-    t: float
-    rank: int
-    type: str
-    message: str
-    detail: str
+ErrorRecord = TypedDict("ErrorRecord", {
+    "kind": str,
+    "t": float,
+    "class": str,  # a Failure; ``class`` is a keyword, hence the functional form
+    "rank": int,
+    "type": str,
+    "message": str,
+    "detail": str,
+})
+"""Written by any rank that fails, before its process exits non-zero: its failure class, the exception's type, its
+message's first line and the end of its traceback."""
 
 
 # ---- safety --------------------------------------------------------------------------------------------------------
@@ -213,8 +259,19 @@ def classify(exc: BaseException) -> Failure:
     return Failure.CRASH
 
 
-def error_record(exc: BaseException) -> dict[str, Any]:
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+def error_message(exc: BaseException) -> str:
+    """The exception's message in one line. One raised in a DataLoader worker arrives wrapped, its first line
+    ("Caught X in DataLoader worker process 0.") saying nothing of what went wrong: the worker's own last line
+    does."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if lines[0].startswith("Caught ") and len(lines) > 1 and lines[1].startswith("Original Traceback"):
+        return f"{lines[-1]} (in a DataLoader worker)"
+    return lines[0]
+
+
+def error_record(exc: BaseException) -> ErrorRecord:
     detail = "".join(traceback.format_exception(exc)[-6:])
     return {"kind": Kind.ERROR, "t": time.time(), "class": classify(exc), "rank": int(os.environ.get("RANK", 0)),
-            "type": type(exc).__name__, "message": message[:500], "detail": detail[-4000:]}
+            "type": type(exc).__name__, "message": error_message(exc)[:500], "detail": detail[-4000:]}

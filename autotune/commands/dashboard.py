@@ -17,8 +17,9 @@ class DashboardError(AutotuneError):
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage", help="SQLAlchemy URL (default: studies/<study>.db, or the only database in studies/)")
-    p.add_argument("--study", help="pick the default storage by study name (the dashboard shows every study in it)")
+    p.add_argument("--storage", help="SQLAlchemy URL (default: studies/autotune.db, where every study goes)")
+    p.add_argument("--study", help="open the storage under studies/ that holds this study (the dashboard shows "
+                                   "every study in it)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; the dashboard has no login)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
@@ -36,7 +37,7 @@ def run(args) -> int:
 
     from autotune.study.storage import display_url, open_storage, resolve_storage
 
-    url = resolve_storage(args.study, args.storage)
+    url = resolve_storage(args.study, args.storage, every_study=True)
     storage = open_storage(url, create=False)  # an empty new database would show an empty dashboard
     app = optuna_dashboard.wsgi(storage)
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import signal
+import sys
 import threading
 
 from autotune.cli import command
-from autotune.exceptions import Terminated
+from autotune.exceptions import AutotuneError, Terminated
+
+
+class SearchFailed(AutotuneError):
+    """The search ran, and not one end-to-end trial of the study measured a configuration."""
+
+    exit_code = 1
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -25,9 +33,10 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=int, help="trials to run in this call (default: the spec's budget.trials)")
     p.add_argument("--timeout", type=float, help="start no trial after this many seconds")
     p.add_argument("--trial-timeout", type=float, help="end a trial with no measurement window for this long")
-    p.add_argument("--storage", help="SQLAlchemy URL (default: sqlite:///studies/<study>.db; postgresql+psycopg://"
-                                     "user:pass@host/db for many search workers) or journal:///path/x.journal (a "
-                                     "shared file system); resumes the study when it exists")
+    p.add_argument("--storage", help="SQLAlchemy URL (default: sqlite:///studies/autotune.db, which holds every "
+                                     "study; postgresql+psycopg://user:pass@host/db for many search workers) or "
+                                     "journal:///path/x.journal (a shared file system); resumes the study when it "
+                                     "exists")
     p.add_argument("--study", "--study-name", dest="study",
                    help="study name (default: the spec's name, with the --model and --data given)")
     p.add_argument("--nproc-per-node", type=int, help="ranks per node (default: every selected GPU; 2 on CPU)")
@@ -62,11 +71,40 @@ def run(args: argparse.Namespace) -> int:
            if threading.current_thread() is threading.main_thread() else {})
     try:
         study = search(options, say=lambda s: print(s, flush=True))
+    except KeyboardInterrupt as e:
+        # The live status line has no newline of its own: the message would be glued to it.
+        if sys.stdout.isatty():
+            print(flush=True)
+        e.args = (f"{str(e) or 'interrupted'}; finished trials are kept and a running one is recorded as "
+                  "interrupted: run the same command again to resume the study",)
+        raise
     finally:
         for s, h in old.items():
             signal.signal(s, h)
     print(best_line(study), flush=True)
+    cause = all_failed(study)
+    if cause:
+        raise SearchFailed(cause)
     return 0
+
+
+def all_failed(study) -> str | None:
+    """Why no end-to-end trial of the study measured a configuration, when every one that ended failed (None
+    otherwise): their failure classes, and the first one's message and log."""
+    from autotune.study import view
+
+    # A trial stopped from outside (Ctrl-C, its search gone) says nothing about whether its configuration runs.
+    ended = [v for v in view.views(study) if v.end_to_end and v.outcome in ("measured", "infeasible", "fail")
+             and v.failure_class not in ("interrupted", "stale")]
+    if not ended or any(v.feasible for v in ended):
+        return None
+    counts = collections.Counter(v.failure_class or "unknown" for v in ended)
+    first = ended[0]
+    log = first.attrs.get("log_path")
+    return (f"every end-to-end trial of study {study.study_name} failed ({len(ended)}: "
+            + ", ".join(f"{n} {cls}" for cls, n in counts.most_common())
+            + f"); trial {first.number}: {first.failure_class or 'unknown'}: {first.failure_message or '?'}"
+            + (f" (log: {log})" if log else "") + "; fix that and run the search again")
 
 
 def _terminated(signum, frame):

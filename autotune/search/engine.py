@@ -219,5 +219,6 @@ def best_line(study: optuna.Study) -> str:
     top = view.ceiling(trials)
     share = (f", {best.imgs_per_s / top.imgs_per_s:.0%} of the {view.devices(study)}' ceiling "
              f"({top.imgs_per_s:,.0f})") if top else ""
-    return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} imgs/s{gain}{share}. `autotune show` "
-            f"lists the trials; `autotune export best.yaml --study {study.study_name}` writes its config")
+    return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} imgs/s{gain}{share}. `autotune show "
+            f"--study {study.study_name}` lists the trials; `autotune export best.yaml --study {study.study_name}` "
+            "writes its config")

@@ -23,6 +23,7 @@ from autotune.search.progress import Progress
 from autotune.space import predicted_oom
 from autotune.study.liveness import Heartbeat, owner
 from autotune.study.pruning import LIVE_WINDOWS, best_feasible, judged, pace
+from autotune.study.storage import record_on_trial, set_trial_attrs
 from autotune.study.view import MEASUREMENT_STAGES, views
 from trainer.config import ConfigError, TrainConfig
 from trainer.protocol import Failure, Kind, nonfinite_reason
@@ -64,8 +65,7 @@ class Evaluator:
         """Per live worker: the convolution shapes it ran, and whether cuDNN's search was on when they first ran."""
 
     def __call__(self, trial, *, part: bool = False) -> Evaluation:
-        for k, v in self.me.items():
-            trial.set_user_attr(k, v)
+        set_trial_attrs(trial, self.me)
         heartbeat = Heartbeat(trial)
         heartbeat.beat(force=True)
         stage = trial.user_attrs.get("stage") or "search"
@@ -249,7 +249,7 @@ class Watch:
             return self.stopped is not None
         if not self.report or self.stage in MEASUREMENT_STAGES:
             return False
-        self.trial.set_user_attr(LIVE_WINDOWS, [list(w) for w in self.full])
+        record_on_trial(self.trial, LIVE_WINDOWS, [list(w) for w in self.full])  # the pruner's; no person reads it
         self.reported = pace(self.full, self.judged)
         self.trial.report(self.reported, step=self.full[-1][0])
         if self.trial.should_prune():

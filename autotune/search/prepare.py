@@ -10,19 +10,20 @@ import os
 import re
 import statistics
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.exceptions import AutotuneError, DataError, SpecError
+from autotune.exceptions import AutotuneError, DataError, SpecError, StorageError
 from autotune.hw.nvml import Gpu, Nvml
 from autotune.hw.placement import gpu_count, parse_gpu_list, place, to_nvml, visible_entries
 from autotune.objective import Objective
 from autotune.runner.torchrun import Torchrun
-from autotune.space import SearchSpace, get_path, resolve
+from autotune.space import SearchSpace, resolve
 from autotune.spec import StudySpec, load_spec
 from autotune.study.liveness import HEARTBEAT_S
-from autotune.study.storage import default_storage
+from autotune.study.storage import default_storage, missing_folder, writable_problem
 from trainer.config import ConfigError, TrainConfig
 from trainer.data.files import resolve_splits
 from trainer.datagen import make_image_folder
@@ -159,7 +160,7 @@ def prepare(o: SearchOptions, say=print) -> Plan:
         check(o.script)
         spec, optimizer_line = script_spec(o.script, o.script_args, o.study, gpu=bool(visible)), ""
     else:
-        spec, optimizer_line = with_command_line(load_spec(choose_spec(o.spec, len(visible), say)), o)
+        spec, optimizer_line = with_command_line(load_spec(choose_spec(o, len(visible), say)), o)
     entries, nproc = placement(o, spec, visible)
     gpus = to_nvml(nvml, entries) if entries else []
     torchrun = Torchrun.parse(spec.world.torchrun_args)
@@ -176,11 +177,18 @@ def prepare(o: SearchOptions, say=print) -> Plan:
                     synthetic=probe.data.kind == "synthetic")
     baseline = space.baseline_params(spec, probe.to_dict())
     starts = space.start_params(spec)
-    preflight(spec, probe, space, baseline, world)
+    preflight(spec, probe, space, baseline, world, classes=classes_of(spec, probe, data))
     name = o.study or study_name(spec, o)
+    storage_url = o.storage or default_storage(name)
+    problem = writable_problem(storage_url)
+    if problem:
+        raise StorageError(problem)
+    folder = missing_folder(storage_url)
+    if folder is not None:  # every check passed: the search is about to make it
+        say(f"autotune: making folder {folder} for the study storage")
     return Plan(options=o, spec=spec, name=name, objective=objective, nproc=nproc, torchrun=torchrun,
                 entries=entries, gpus=gpus, nvml=nvml, util_reason=util_reason, space=space, base=base, probe=probe,
-                baseline=baseline, starts=starts, data=data, storage_url=o.storage or default_storage(name),
+                baseline=baseline, starts=starts, data=data, storage_url=storage_url,
                 trials=o.trials or spec.budget.trials,
                 timeout_s=o.timeout_s if o.timeout_s is not None else spec.budget.timeout_s,
                 trial_timeout_s=o.trial_timeout_s or spec.budget.trial_timeout_s, optimizer_line=optimizer_line)
@@ -204,16 +212,23 @@ def check_options(o: SearchOptions) -> None:
                             "heartbeats), or a live trial on another machine could be taken for stale")
 
 
-def choose_spec(spec: str | None, n_visible: int, say) -> str:
-    if spec:
-        return spec
-    if n_visible:
-        say(f"autotune: {n_visible} GPU(s) visible: running the built-in resnet50 study (ResNet-50, generated "
-            "ImageNet-like JPEGs) on them; --spec picks another")
-        return "resnet50"
-    say("autotune: no GPU visible: running the built-in cpu-demo study (2 gloo ranks, small model and images); "
-        "on a GPU machine the same command tunes ResNet-50")
-    return "cpu-demo"
+def choose_spec(o: SearchOptions, n_visible: int, say) -> str:
+    if o.spec:
+        return o.spec
+    name = "resnet50" if n_visible else "cpu-demo"
+    where = f"{n_visible} GPU(s) visible" if n_visible else "no GPU visible"
+    if o.model or o.data:
+        what = " on ".join(x for x in (o.model, o.data) if x)
+        say(f"autotune: {where}: tuning {what} with the built-in {name} study's settings ("
+            + ("every visible GPU" if n_visible else "2 gloo ranks on the CPU")
+            + ", its search space and budget); --spec picks another")
+    elif n_visible:
+        say(f"autotune: {where}: running the built-in resnet50 study (ResNet-50, generated ImageNet-like JPEGs) on "
+            "them; --spec picks another")
+    else:
+        say(f"autotune: {where}: running the built-in cpu-demo study (2 gloo ranks, small model and images); on a "
+            "GPU machine the same command tunes ResNet-50")
+    return name
 
 
 def with_command_line(spec: StudySpec, o: SearchOptions) -> tuple[StudySpec, str]:
@@ -278,7 +293,8 @@ def study_name(spec: StudySpec, o: SearchOptions) -> str:
     study (its trials would not compare with the spec's)."""
     parts = [spec.name]
     if o.model:
-        parts.append(o.model.rsplit(":", 1)[-1].rsplit(".", 1)[-1])
+        # A factory by its module too: mypkg.resnets:build and mypkg.vits:build are other models.
+        parts.append(o.model.replace(":", "."))
     if o.data:
         parts.append(Path(o.data).expanduser().resolve().name)
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", "-".join(parts)).strip("-.") or spec.name
@@ -308,6 +324,9 @@ def given_data(spec: StudySpec, data_arg: str | None) -> TrainConfig | None:
     exists and holds images. None when the spec's data is to be generated (``generate_data``)."""
     if data_arg:
         path = Path(data_arg).expanduser().resolve()
+        if path.exists() and not path.is_dir():
+            raise DataError(f"--data {data_arg}: a file, not a folder; point --data at an ImageFolder (a folder "
+                            "with one sub-folder of images per class)")
         if not path.is_dir():
             raise DataError(f"--data {data_arg}: no such folder; make one with `autotune make-data {data_arg} "
                             "--images 1000 --classes 10`, or point --data at an ImageFolder (one sub-folder per "
@@ -320,20 +339,75 @@ def given_data(spec: StudySpec, data_arg: str | None) -> TrainConfig | None:
     if base.data.kind == "imagefolder":
         path = Path(base.data.path).expanduser()
         if not path.is_dir():
-            raise DataError(f"base.data.path {path}: no such folder; fix the spec or pass --data DIR")
+            what = "a file, not a folder" if path.exists() else "no such folder"
+            raise DataError(f"base.data.path {path}: {what}; fix the spec or pass --data DIR")
         base = base.with_overrides({"data.path": str(path.resolve())})
         return _check_images(base, "base.data.path")
     return base
 
 
 def _check_images(base: TrainConfig, where: str) -> TrainConfig:
-    """An ImageFolder with no image (or a validation split that does not match) fails every trial: say so now."""
+    """An ImageFolder with no image (or a validation split that does not match), or with a file that is no image,
+    fails every trial: say so now."""
     try:
-        resolve_splits(base)
+        train, val = resolve_splits(base)
     except ConfigError as e:
         raise DataError(f"{where}: {'; '.join(e.problems)}; it needs one folder per class with JPEG/PNG files in "
                         "them (`autotune make-data DIR --images N --classes C` makes one)") from None
+    paths = [p for split in (train, val) if split is not None for p, _ in split.samples]
+    bad = unreadable_images(paths)
+    if bad:
+        path, why = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise DataError(f"{where}: {path} is not a readable image: {why}{more}; remove or replace "
+                        f"{'it' if len(bad) == 1 else 'them'} (every file of the folder was checked)")
     return base
+
+
+CHECK_TAIL_BYTES = 1024
+"""A JPEG's end marker is looked for in this many last bytes: some writers pad a file after it."""
+
+CHECK_THREADS = 8
+"""Threads checking files: they wait on the disk (a network file system's latency) more than they compute."""
+
+
+def image_problem(path: str) -> str | None:
+    """Why the file cannot be a training image (None: it can): unreadable, empty, a JPEG without its start or end
+    marker (cut short), a PNG without its end chunk, or a header PIL cannot parse. Reads the first and last bytes
+    and the header, never the pixels: bounded work per file."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - CHECK_TAIL_BYTES))
+            tail = f.read()
+            if not head:
+                return "an empty file"
+            if head[:2] == b"\xff\xd8" and b"\xff\xd9" not in tail:
+                return "a JPEG cut short (no end marker)"
+            if head[:8] == b"\x89PNG\r\n\x1a\n" and b"IEND" not in tail:
+                return "a PNG cut short (no end chunk)"
+            f.seek(0)
+            try:
+                with Image.open(f):  # parses the header, never the pixels
+                    pass
+            except (UnidentifiedImageError, ValueError, SyntaxError, EOFError) as e:
+                return f"PIL cannot read its header ({e})"
+    except OSError as e:
+        return f"cannot read it ({e.strerror or e})"
+    return None
+
+
+def unreadable_images(paths: list[str], chunk: int = 512) -> list[tuple[str, str]]:
+    """(path, why) of every file in ``paths`` that ``image_problem`` rejects, in the order given."""
+    def check(part: list[str]) -> list[tuple[str, str]]:
+        return [(p, why) for p in part if (why := image_problem(p)) is not None]
+
+    with ThreadPoolExecutor(CHECK_THREADS) as pool:
+        return [bad for part in pool.map(check, [paths[i:i + chunk] for i in range(0, len(paths), chunk)])
+                for bad in part]
 
 
 def generate_data(spec: StudySpec, say) -> TrainConfig:
@@ -379,11 +453,23 @@ def images_per_rank(spec: StudySpec, data: DataSummary | None, world: int) -> in
 # ---- checks ---------------------------------------------------------------------------------------------------------
 
 
-def preflight(spec: StudySpec, base: TrainConfig, space: SearchSpace, baseline: dict[str, Any], world: int) -> None:
-    """What would otherwise fail trial after trial: model names that do not resolve, knob range ends outside what
-    the config accepts, a baseline config that is invalid, less data than one global batch. One SpecError/DataError
-    listing every problem."""
-    problems = model_problems(space, baseline, base.model.name)
+def classes_of(spec: StudySpec, base: TrainConfig, data: DataSummary | None) -> int:
+    """The classes the model is built for, as the job decides them (``trainer.data.num_classes``), before any run."""
+    if base.data.num_classes is not None:
+        return base.data.num_classes
+    if data is not None:
+        return data.classes
+    if spec.generates_data:
+        return int(spec.data.generate["classes"])
+    return 1000 if base.data.kind == "synthetic" else 1
+
+
+def preflight(spec: StudySpec, base: TrainConfig, space: SearchSpace, baseline: dict[str, Any], world: int, *,
+              classes: int = 1000) -> None:
+    """What would otherwise fail trial after trial: model names that do not resolve, a model factory that raises,
+    knob range ends outside what the config accepts, a baseline config that is invalid, less data than one global
+    batch. One SpecError/DataError listing every problem."""
+    problems = model_problems(space, baseline, base.model.name, classes=classes, kwargs=dict(base.model.kwargs))
     for p in space.params:
         if p.kind == "categorical":
             continue  # choices were checked with the spec
@@ -407,9 +493,10 @@ def preflight(spec: StudySpec, base: TrainConfig, space: SearchSpace, baseline: 
                             f"every rank ({need} = batch x {world} ranks); add images or lower the batch")
 
 
-def model_problems(space: SearchSpace, baseline: dict[str, Any], base_model: str) -> list[str]:
-    """Every model a trial may build must resolve: a torchvision classification model or an importable
-    ``package.module:function``."""
+def model_problems(space: SearchSpace, baseline: dict[str, Any], base_model: str, *, classes: int = 1000,
+                   kwargs: dict[str, Any] | None = None) -> list[str]:
+    """Every model a trial may build must resolve: a torchvision classification model, or an importable
+    ``package.module:function`` that builds a module when called as the job calls it."""
     names = {base_model: "base.model.name"}
     param = space.by_path().get("model.name")
     for c in (param.choices if param is not None else ()):
@@ -421,7 +508,7 @@ def model_problems(space: SearchSpace, baseline: dict[str, Any], base_model: str
         if not isinstance(name, str):
             continue
         if ":" in name:
-            problems += _factory_problems(name, where)
+            problems += _factory_problems(name, where, classes, kwargs or {})
             continue
         known = known or classification_models()
         if name not in known:
@@ -432,13 +519,29 @@ def model_problems(space: SearchSpace, baseline: dict[str, Any], base_model: str
     return problems
 
 
-def _factory_problems(name: str, where: str) -> list[str]:
+def _factory_problems(name: str, where: str, classes: int, kwargs: dict[str, Any]) -> list[str]:
+    """A factory is imported and called once, on the CPU, as every trial would call it: one that raises costs
+    one line now instead of every trial's budget."""
     module, _, fn = name.partition(":")
     try:
         obj = getattr(importlib.import_module(module), fn, None)
     except Exception as e:
         return [f"{where}={name!r}: cannot import {module} ({type(e).__name__}: {e}); is it on PYTHONPATH?"]
-    return [] if callable(obj) else [f"{where}={name!r}: {module} has no function {fn}"]
+    if not callable(obj):
+        return [f"{where}={name!r}: {module} has no function {fn}"]
+    import torch
+
+    call = f"{fn}(num_classes={classes}{''.join(f', {k}={v!r}' for k, v in kwargs.items())})"
+    try:
+        with torch.device("cpu"):
+            model = obj(num_classes=classes, **kwargs)
+    except Exception as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return [f"{where}={name!r}: {call} raised {type(e).__name__}{': ' + text if text else ''}; fix the "
+                "factory (every trial calls it so)"]
+    if not isinstance(model, torch.nn.Module):
+        return [f"{where}={name!r}: {call} returned {type(model).__name__}, not a torch.nn.Module"]
+    return []
 
 
 def describe_model(plan: Plan) -> str:
@@ -456,7 +559,3 @@ def describe_model(plan: Plan) -> str:
     line = (f"model {cfg.model.name} (from {source}) at {cfg.data.image_size} px (from {size}; --model and "
             "--image-size change them)")
     return f"{line}; {plan.optimizer_line}" if plan.optimizer_line else line
-
-
-def base_value(plan: Plan, dotted: str) -> Any:
-    return get_path(plan.probe.to_dict(), dotted)

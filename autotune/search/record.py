@@ -19,7 +19,7 @@ from autotune.objective import Objective, state_for
 from autotune.search.evaluate import Evaluation
 from autotune.search.repair import batch_choices, repair_for
 from autotune.space import SearchSpace
-from autotune.study.storage import CONFIG_KEY, record_on_trial
+from autotune.study.storage import CONFIG_KEY, record_on_trial, set_trial_attrs
 from autotune.study.view import FAILED_CONSTRAINT, MEASUREMENT_STAGES, REQUEST_ATTRS
 
 
@@ -35,9 +35,7 @@ def record(study, trial, ev: Evaluation, objective: Objective, space: SearchSpac
     retry = plan_repair(trial, ev, space, known_oom) if state == "infeasible" else None
     if retry is not None:
         attrs["repaired_by_next"] = retry[1]["repaired"]
-    for k, v in attrs.items():
-        if v is not None or k == "util_mean":
-            trial.set_user_attr(k, v)
+    set_trial_attrs(trial, {k: v for k, v in attrs.items() if v is not None or k == "util_mean"})
     if state in ("complete", "infeasible"):
         trial.set_constraint(FAILED_CONSTRAINT, 1.0 if state == "infeasible" else 0.0)
     if state == "complete":

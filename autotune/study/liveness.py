@@ -14,6 +14,8 @@ import socket
 import time
 from typing import Any
 
+from autotune.study.storage import trial_attrs
+
 HEARTBEAT_S = 10.0
 """How often a running trial's ``heartbeat`` user attr is refreshed."""
 
@@ -86,7 +88,7 @@ def stale_reason(t, *, stale_after_s: float = STALE_AFTER_S, now: float | None =
     """Why the RUNNING trial ``t`` (a FrozenTrial) has no live owner, or None when it may still be running."""
     now = time.time() if now is None else now
     me = owner() if me is None else me
-    a = t.user_attrs
+    a = trial_attrs(t)
     started = t.datetime_start.timestamp() if t.datetime_start else None
     pid, host = a.get("owner_pid"), a.get("owner_host", "?")
     if pid is None:

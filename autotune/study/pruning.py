@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study.view import MEASUREMENT_STAGES, TrialView
 
-LIVE_WINDOWS = "live_windows"
+LIVE_WINDOWS = "autotune:live_windows"
 """The user attr of a running end-to-end trial: its full windows so far, as [step, imgs/s] pairs."""
 
 
@@ -58,7 +58,7 @@ class BestFeasiblePruner(optuna.pruners.BasePruner):
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         if trial.user_attrs.get("stage") in (*MEASUREMENT_STAGES, "baseline"):
             return False
-        latest = judged(trial.user_attrs.get(LIVE_WINDOWS) or [], self.n)
+        latest = judged(trial.system_attrs.get(LIVE_WINDOWS) or [], self.n)
         if not latest:
             return False
         best = best_feasible(study)

@@ -1,6 +1,8 @@
-"""Study storage: URLs, opening them, loading a study, and where trial logs go.
+"""Study storage: URLs, opening them, loading a study, the attributes a trial records, and where trial logs go.
 
-SQLite under ``studies/`` by default (``sqlite:///studies/<name>.db``); any SQLAlchemy URL through Optuna's
+By default every study lives in one SQLite file, ``studies/autotune.db``, so that the stock tools (``optuna studies
+--storage sqlite:///studies/autotune.db``, optuna-dashboard) list them all; a study made in a file of its own
+(``studies/<name>.db``, as earlier versions did) is found and opened there. Any SQLAlchemy URL works through Optuna's
 RDBStorage — PostgreSQL (``postgresql+psycopg://user:pass@host/db``, the ``postgres`` extra) is the one for many
 search workers on one or many nodes; or a journal file (``journal:///path/x.journal``, or a path ending
 ``.journal``) for workers that share only a file system.
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -26,9 +30,24 @@ CONFIG_KEY = "autotune:config"
 
 
 # ---- records a person does not read -----------------------------------------------------------------------------
-# Bulky records (the spec, a trial's whole config) go into Optuna's system attrs: Optuna's CLI tables (`optuna
-# studies`, `optuna trials`) print every user attr on one line, and a spec there made each row 3,000 characters
-# wide. User attrs keep what a person reads: figures, stage, failure. Optuna's storage API is the way to them.
+# Bulky records (the spec, a trial's whole config, its logs, owner, timings, per-window figures) go into Optuna's
+# system attrs: Optuna's CLI tables (`optuna studies`, `optuna trials`) print every user attr on one line, and a spec
+# there made each row 3,000 characters wide, a trial's attributes 1,700. User attrs keep what a person reads in
+# those tables and in the dashboard: stage, figures, failure. Optuna's storage API is the way to the others.
+
+ATTR_PREFIX = "autotune:attr:"
+"""A trial attribute kept out of the user attrs is the system attr ``ATTR_PREFIX + name``."""
+
+PERSON_ATTRS = frozenset({"stage", "imgs_per_s", "spread", "settled", "loss_start", "loss_end", "util_mean",
+                          "wall_s", "failure_class", "failure_message", "owner_host", "owner_pid",
+                          "repaired_by_next", "oom_predicted_from"})
+"""The trial attributes recorded as user attrs (what ``optuna trials`` and the dashboard show); every other one a
+search records is a system attr. What Optuna enqueues with a trial (stage, overrides, retry_of, ...) and the
+heartbeat stay user attrs."""
+
+MESSAGE_WIDTH = 120
+"""A failure message longer than this is cut in the user attrs (one wide row widens the whole ``optuna trials``
+table); the whole message is kept as a system attr."""
 
 
 def record_on_study(study, key: str, value: Any) -> None:
@@ -47,8 +66,66 @@ def record_on_trial(trial, key: str, value: Any) -> None:
     trial.storage.set_trial_system_attr(trial._trial_id, key, value)
 
 
-def default_storage(name: str, root: str | Path = "studies") -> str:
-    return f"sqlite:///{Path(root) / name}.db"
+def set_trial_attrs(trial, attrs: dict[str, Any]) -> None:
+    """Record a running trial's attributes: ``PERSON_ATTRS`` as user attrs, the rest as system attrs."""
+    for key, value in attrs.items():
+        if key not in PERSON_ATTRS:
+            record_on_trial(trial, ATTR_PREFIX + key, value)
+            continue
+        if key == "failure_message" and isinstance(value, str) and len(value) > MESSAGE_WIDTH:
+            record_on_trial(trial, ATTR_PREFIX + key, value)
+            value = value[:MESSAGE_WIDTH - 1] + "…"
+        trial.set_user_attr(key, value)
+
+
+def trial_attrs(t) -> dict[str, Any]:
+    """Every attribute a trial (a FrozenTrial) recorded, wherever it went: its user attrs and the system attrs of
+    ``set_trial_attrs`` (these win: a cut failure message is whole there)."""
+    kept = {k[len(ATTR_PREFIX):]: v for k, v in t.system_attrs.items() if k.startswith(ATTR_PREFIX)}
+    return {**t.user_attrs, **kept}
+
+
+STUDIES = Path("studies")
+"""The folder of the default storage, relative to the working directory."""
+
+DEFAULT_DB = "autotune.db"
+"""The SQLite file every study goes into by default."""
+
+
+def default_storage(name: str, root: str | Path = STUDIES) -> str:
+    """Where a search keeps study ``name``: ``studies/autotune.db``, or the file of its own an earlier version made
+    (``studies/<name>.db``), so that resuming it never starts a second study of that name."""
+    own = Path(root) / f"{name}.db"
+    return f"sqlite:///{own if own.is_file() else Path(root) / DEFAULT_DB}"
+
+
+def missing_folder(url: str) -> Path | None:
+    """The folder a SQLite or journal URL's file would be made in, when it does not exist yet (None otherwise)."""
+    f = sqlite_path(url) or journal_path(url)
+    if f is None:
+        return None
+    folder = f.expanduser().parent
+    return None if folder.exists() else folder
+
+
+def writable_problem(url: str) -> str | None:
+    """Why a search cannot write the SQLite or journal file of ``url`` (None: it can, or it is another kind of
+    storage). SQLite fails a write into a read-only file with an error that blames the data ("invalid data in the
+    commit"), and it needs its folder too, for the journal it writes beside the file."""
+    f = sqlite_path(url) or journal_path(url)
+    if f is None:
+        return None
+    f = f.expanduser()
+    shown = display_url(url)
+    if f.exists() and not os.access(f, os.W_OK):
+        return f"storage {shown}: the file is read-only; make it writable (chmod u+w {f}) or pass another --storage"
+    folder = f.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return (f"storage {shown}: the folder {folder} is not writable (the database and its journal are written "
+                "there); pass --storage in a folder you can write")
+    return None
 
 
 def journal_path(url: str) -> Path | None:
@@ -149,6 +226,8 @@ def open_storage(url: str, *, create: bool = True):
 
 
 def first_line(e: BaseException) -> str:
+    if type(e).__name__ == "StorageInternalError" and e.__cause__ is not None:
+        e = e.__cause__  # Optuna's own text guesses at "invalid data"; the database's says what happened
     text = str(e).strip()
     if text.startswith("(") and ") " in text:  # SQLAlchemy prefixes the driver's exception class: keep the message
         text = text.split(") ", 1)[1]
@@ -194,22 +273,40 @@ def load(study_name: str | None, storage_url: str):
     return optuna.load_study(study_name=study_name, storage=storage)
 
 
-def resolve_storage(study_name: str | None, storage: str | None) -> str:
-    """``--storage`` or the default SQLite file of ``--study``; refuses to invent a database to read from, and says
-    what there is instead."""
+def study_files(root: str | Path = STUDIES) -> dict[Path, list[str]]:
+    """The SQLite files under ``root`` and the studies each holds (the default file first), read without writing
+    anything: a file that is no Optuna storage is left out."""
+    root = Path(root)
+    files = sorted(root.glob("*.db"), key=lambda f: (f.name != DEFAULT_DB, f.name))
+    found = {}
+    for f in files:
+        try:
+            with sqlite3.connect(f"file:{f.resolve()}?mode=ro", uri=True) as db:
+                found[f] = [row[0] for row in db.execute("SELECT study_name FROM studies ORDER BY study_id")]
+        except sqlite3.Error:
+            continue
+    return found
+
+
+def resolve_storage(study_name: str | None, storage: str | None, *, every_study: bool = False) -> str:
+    """``--storage``, else the SQLite file under ``studies/`` that holds ``--study`` (or the only study there);
+    refuses to invent a database to read from, and says what there is instead. ``every_study`` (the dashboard,
+    which shows every study of a storage): without ``--study``, the default file."""
     if storage:
         return storage
-    dbs = sorted(Path("studies").glob("*.db"))
+    files = study_files()
+    names = [n for held in files.values() for n in held]
     if study_name:
-        db = Path("studies") / f"{study_name}.db"
-        if not db.is_file():
-            there = f" (here: {', '.join(d.stem for d in dbs)})" if dbs else ""
+        where = next((f for f, held in files.items() if study_name in held), None)
+        if where is None:
+            there = f" (here: {', '.join(names)})" if names else ""
             raise StorageError(f"no study {study_name} in ./studies{there}; run `autotune search` first, or pass "
                                "--storage URL")
-        return f"sqlite:///{db}"
-    if len(dbs) == 1:
-        return f"sqlite:///{dbs[0]}"
-    if not dbs:
+        return f"sqlite:///{where}"
+    if not names:
         raise StorageError("no study in ./studies: run `autotune search` first (or pass --storage URL)")
-    raise StorageError(f"{len(dbs)} studies in ./studies ({', '.join(d.stem for d in dbs)}): pick one with "
-                       "--study NAME")
+    if every_study and (STUDIES / DEFAULT_DB) in files:
+        return f"sqlite:///{STUDIES / DEFAULT_DB}"
+    if len(names) == 1:
+        return f"sqlite:///{next(f for f, held in files.items() if held)}"
+    raise StorageError(f"{len(names)} studies in ./studies ({', '.join(names)}): pick one with --study NAME")

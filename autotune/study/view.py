@@ -18,7 +18,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study.storage import CONFIG_KEY
+from autotune.study.storage import CONFIG_KEY, trial_attrs
 from trainer.protocol import Failure
 
 MEASUREMENT_STAGES = ("ceiling", "supply")
@@ -63,7 +63,7 @@ class TrialView:
 
     @classmethod
     def of(cls, t: FrozenTrial, *, part: bool = False) -> TrialView:
-        a = t.user_attrs
+        a = trial_attrs(t)
         stage = a.get("stage") or ("baseline" if a.get("baseline") else "start" if a.get("start") is not None
                                    else "retry" if a.get("retry_of") is not None else "search")
         return cls(number=t.number, state=t.state, stage=stage, outcome=_outcome(t, stage),

@@ -37,6 +37,12 @@ def existing(tmp_path_factory):
     study.tell(trial, 1234.5)
     (d / "empty" / "class0").mkdir(parents=True)
     make_jpeg_folder(d / "few", classes=1, per_class=3)
+    make_jpeg_folder(d / "cut", classes=2, per_class=8)
+    cut = d / "cut" / "class1" / "005.jpg"
+    cut.write_bytes(cut.read_bytes()[:300])  # a copy that died half-way
+    make_jpeg_folder(d / "html", classes=2, per_class=8)
+    (d / "html" / "class0" / "002.jpg").write_text("<html>403 Forbidden</html>")  # what a failed download saves
+    (d / "notes.txt").write_text("not a folder")
     return d, url
 
 
@@ -67,7 +73,17 @@ CASES = {
     "missing-data-folder": ({}, ["--data", "{d}/nope"],
                             "--data {d}/nope: no such folder; make one with `autotune make-data {d}/nope --images 1000 "
                             "--classes 10`, or point --data at an ImageFolder (one sub-folder per class)"),
+    "data-is-a-file": ({}, ["--data", "{d}/notes.txt"],
+                       "--data {d}/notes.txt: a file, not a folder; point --data at an ImageFolder"),
     "empty-dataset": ({}, ["--data", "{d}/empty"], "--data: data folder {d}/empty: Found no valid file"),
+    "jpeg-cut-short": ({}, ["--data", "{d}/cut"],
+                       "--data: {d}/cut/class1/005.jpg is not a readable image: a JPEG cut short (no end marker); "
+                       "remove or replace it"),
+    "not-an-image": ({}, ["--data", "{d}/html"], "--data: {d}/html/class0/002.jpg is not a readable image: PIL "
+                                                 "cannot read its header"),
+    "factory-raises": ({"base.model.name": M + "broken"}, [],
+                       f"base.model.name='{M}broken': broken(num_classes=4) raised FileNotFoundError: "
+                       "weights-4.pt: no such file (this factory needs its weights); fix the factory"),
     "less-data-than-a-batch": ({}, ["--data", "{d}/few"],
                                "training.batch_size: every choice is larger than the 1 training images per rank; add "
                                "images or smaller batch choices"),

@@ -7,7 +7,7 @@ import optuna
 import pytest
 import yaml
 
-from autotune import export
+from autotune import export, overview
 from autotune.exceptions import StorageError
 from autotune.objective import Objective
 from autotune.search.evaluate import Evaluation
@@ -16,6 +16,8 @@ from autotune.space import resolve
 from autotune.spec import StudySpec
 from autotune.study import view
 from autotune.study.setup import create_or_load
+from autotune.study.storage import open_storage
+from tests.helpers.cli import autotune
 from trainer.config import TrainConfig
 from trainer.protocol import Failure
 
@@ -26,11 +28,12 @@ SPEC = {"name": "x", "base": {"model": {"name": "resnet50"}, "optimizer": {"lr":
         "export": {"training.mode": "train", "training.epochs": 90}}
 
 
-def make_study(kind: str, rows: list[tuple[int, float | None, float | None, str | None]], stage: str = "search"):
+def make_study(kind: str, rows: list[tuple[int, float | None, float | None, str | None]], stage: str = "search",
+               storage=None):
     """rows: (batch, imgs/s, util, failure class); trial 0 is the baseline."""
     spec = StudySpec.from_dict(SPEC)
     objective = Objective(kind=kind)
-    study = create_or_load(spec=spec, study_name="x", storage=optuna.storages.InMemoryStorage(),
+    study = create_or_load(spec=spec, study_name="x", storage=storage or optuna.storages.InMemoryStorage(),
                            objective=objective, nproc=2,
                            attrs={"fingerprint": {"gpu_model": "NVIDIA H200", "gpu_count": 2},
                                   "torchrun_args": [], "reference_global_batch": 256})
@@ -105,3 +108,47 @@ def test_a_stage_measurement_is_never_an_answer():
     with pytest.raises(StorageError, match="a ceiling measurement, not a training configuration"):
         export.pick_trial(study, "1")
     assert view.fastest(view.views(study)).number == 0 and view.ceiling(view.views(study)).number == 1
+
+
+def test_a_best_trial_that_re_measures_below_trial_0_is_warned_of_and_marked():
+    study = make_study("throughput", [(64, 1000.0, None, None), (256, 3000.0, None, None), (128, 2000.0, None, None)])
+    best = export.pick_trial(study)
+    data, _ = export.build(study, best)
+    line = export.record_remeasure(study, best, data, {"imgs_per_s": 900.0, "spread": 0.02, "settled": True})
+    assert "= 30.0% of the search's 3,000.0" in line and "WARNING" in line
+    warning = export.below_baseline_warning(best, data)
+    assert warning.startswith("trial 1 re-measured at 900.0 imgs/s in a fresh process, below trial 0 (the baseline, "
+                              "1,000.0)") and "`--pick 0`" in warning
+    shown = overview.table(study)
+    rows = shown.splitlines()
+    assert any(row.startswith(f"1*{overview.BELOW} ") for row in rows), shown  # trial 1's row
+    assert f"{overview.BELOW} trial 1 re-measured in a fresh process (`autotune export`) at 900 imgs/s, below trial " \
+           "0's 1,000" in shown
+    assert "re-measured in a fresh process: 900 ↓ below trial 0" in shown  # in the headline too
+    sure = dict(overview.conclusions(study))["how sure"]
+    assert "in a fresh process it measured 900 (30% of it), below trial 0's 1,000" in sure
+
+    # One that holds up is recorded, and not marked.
+    other = next(v for v in view.views(study) if v.number == 2)
+    data, _ = export.build(study, other)
+    export.record_remeasure(study, other, data, {"imgs_per_s": 1990.0})
+    assert export.below_baseline_warning(other, data) is None
+    assert export.remeasures(study)[2] == {"imgs_per_s": 1990.0, "ratio": 0.995, "spread": None, "settled": None,
+                                           "below_baseline": None}
+    assert not any(row.startswith(f"2{overview.BELOW}") for row in overview.table(study).splitlines())
+    assert any(row.startswith("2 ") for row in overview.table(study).splitlines())
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_re_measure(tmp_path):
+    (tmp_path / "studies").mkdir()
+    make_study("throughput", [(64, 1000.0, None, None)],
+               storage=open_storage(f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"))
+    (tmp_path / "notes.txt").write_text("a file")
+    r = autotune("export", "notes.txt/best.yaml", cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert "autotune export: error: output notes.txt/best.yaml: notes.txt is a file, not a folder" in r.stderr
+    assert "re-measure" not in r.stdout
+    r = autotune("export", "out/sub/best.yaml", "--no-remeasure", cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and "autotune export: making folder out/sub" in r.stdout, r.stdout + r.stderr
+    assert (tmp_path / "out" / "sub" / "best.yaml").is_file()
+    assert not list((tmp_path / "out" / "sub").glob(".*.tmp"))

@@ -208,3 +208,25 @@ def test_progress_view_draws_a_bar_with_rate_loss_and_val_lines():
     text = buf.getvalue()
     assert "10/20" in text and "imgs/s=1,234" in text and "loss=2.5000" in text
     assert "epoch 1: val top1 0.2500 top5 0.7500" in text
+
+
+def test_the_verdict_gives_the_loss_and_flags_an_unsteady_or_slower_run(tmp_path):
+    p = tr.plan(tr.TrainOptions(config=export_yaml(tmp_path)))  # the search measured 100 imgs/s
+    steady = {"imgs_per_s": 99.0, "spread": 0.02, "windows": 12, "epochs": 3, "steps": 60, "loss_start": 2.31,
+              "loss_end": 1.42, "loss": 1.40, "loss_finite": True}
+    lines, warnings, summary = tr.verdict(p, tr.TrainResult(returncode=0, summary=steady, wall_s=60.0))
+    assert "loss: 2.31 -> 1.42 over the timed windows, 1.4 at the last step" in lines and warnings == []
+    assert (summary["loss_start"], summary["loss_end"]) == (2.31, 1.42)
+
+    unsteady = {**steady, "imgs_per_s": 80.0, "spread": 0.42}
+    _, warnings, _ = tr.verdict(p, tr.TrainResult(returncode=0, summary=unsteady, wall_s=60.0))
+    spread, slower = warnings
+    assert spread.startswith("the run's windows spread 42.0%, more than measure.spread_target (5%)")
+    assert str(p.result_path) in spread
+    # The log holds the launch lines; each window's figure is in the result stream: point there.
+    assert slower.startswith("this run is 20.0% slower") and str(p.result_path) in slower
+    assert "train.log" not in slower
+
+    diverged = {**steady, "loss_finite": False}
+    lines, _, _ = tr.verdict(p, tr.TrainResult(returncode=0, summary=diverged, wall_s=60.0))
+    assert any(line.startswith("loss: not finite (NaN/inf): the run diverged") for line in lines)

@@ -39,7 +39,7 @@ TRIALS = [
 
 
 def make_study(storage: str, name: str = "gpu-study", *, pareto: bool = False, util: bool = True,
-               trials=TRIALS, stages: bool = True) -> optuna.Study:
+               trials=TRIALS, stages: bool = True, stage_trials=None) -> optuna.Study:
     study = optuna.create_study(study_name=name, storage=storage,
                                 directions=["maximize", "maximize"] if pareto else ["maximize"])
     study.set_user_attr("objective", "pareto" if pareto else "throughput")
@@ -71,7 +71,7 @@ def make_study(storage: str, name: str = "gpu-study", *, pareto: bool = False, u
             values, st = None, TrialState.PRUNED if state == "pruned" else TrialState.FAIL
         study.add_trial(create_trial(state=st, values=values, params=params, distributions=DIST, user_attrs=attrs))
     parts = optuna.create_study(study_name=f"{name}.parts", storage=storage, direction="maximize") if stages else None
-    for stage, overrides, ips in STAGE_TRIALS if stages else ():
+    for stage, overrides, ips in (stage_trials or STAGE_TRIALS) if stages else ():
         attrs = {"stage": stage, "overrides": overrides, "imgs_per_s": ips, "imgs_per_s_windows": [ips], "spread": 0.0,
                  "config": {"training": {"precision": overrides.get("training.precision", "bf16"),
                                          "batch_size": 256, "channels_last": True},
@@ -102,7 +102,7 @@ def test_report_has_every_section_and_is_self_contained(tmp_path):
     make_study(storage)
     r = report(tmp_path, "--storage", storage, "--out", "out/report.html")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "12 trials" in r.stdout
+    assert "12 trials" in r.stdout and "autotune: making folder out for the report" in r.stdout  # said, not silent
     page = (tmp_path / "out" / "report.html").read_text()
     # It opens with the three numbers: the ceiling, what each pipeline feeds, how close the best gets.
     head = page[page.index('<table class="summary">'):page.index("</table>")]
@@ -125,6 +125,15 @@ def test_report_has_every_section_and_is_self_contained(tmp_path):
     assert "Failed trials by class (3 of 12; 1 pruned)" in page
     assert "rank 1: oom happened" in page and "studies/gpu-study/trial-7/log.txt" in page
     assert "fastest" in page and "5.13× trial 0" in page  # 8625 / 1681
+    # Before all that, what to do: what limits the job, the tuned settings, the commands, how sure the figure is.
+    verdict = re.sub(r"<[^>]+>", "", page[page.index('<section id="verdict">'):page.index("</section>")])
+    assert page.index('<section id="verdict">') < page.index('<table class="summary">')
+    assert "what limits it: the model&#x27;s compute on the GPUs: alone, on synthetic data, it runs at 11,645 " \
+           "imgs/s, less than nvjpeg-gpu alone feeds (17,632); the tuned configuration reaches 8,625, 74% of that" \
+           in verdict
+    assert "its settings: trial 3: bs=256 fp16 nvjpeg-gpu bkt=30" in verdict
+    assert f"run it: autotune export best.yaml --study gpu-study --storage {storage}" in verdict
+    assert "how sure: the median of its latest windows (3 measured), spread 2.3%" in verdict
 
 
 def test_pareto_study_gets_its_front(tmp_path):
@@ -168,6 +177,37 @@ def test_sections_without_data_say_so(tmp_path):
                                                "failures", "pareto"))
 
 
+def test_a_cpu_study_speaks_of_cpu_ranks_and_the_spread_caption_names_a_trial_it_draws(tmp_path):
+    from autotune.report import build_sections
+
+    study = make_study(f"sqlite:///{tmp_path / 'cpu.db'}", "cpu-study", util=False, trials=TRIALS[:2])
+    study.set_user_attr("fingerprint", {"gpu_count": 0, "cpu_count": 2})
+    # A stage measurement whose windows spread more than any end-to-end trial's: it has no box in the spread plot.
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[300.0], system_attrs={
+        "constraints:measures_a_part": 1.0}, user_attrs={"stage": "supply", "imgs_per_s": 300.0,
+                                                         "imgs_per_s_windows": [200.0, 300.0, 400.0], "spread": 0.67,
+                                                         "overrides": {"training.mode": "loader"}}))
+    _, sections = build_sections(study)
+    by = {s.id: s for s in sections}
+    assert "what the CPU ranks compute (the ceiling)" in by["bottleneck"].caption and "GPU" not in \
+        by["bottleneck"].caption
+    drawn = {x for trace in by["spread"].figure.data for x in trace.x}
+    assert drawn == {"#0", "#1"} and list(by["spread"].figure.layout.xaxis.categoryarray) == ["#0", "#1"]
+    assert "Largest spread: trial 0, 3.0%." in by["spread"].caption  # (1700 - 1650) / 1681, not the supply's 67 %
+
+
+def test_what_limits_the_job_is_the_smaller_of_the_ceiling_and_its_pipelines_supply(tmp_path):
+    from autotune.overview import conclusions
+
+    slow_feed = [STAGE_TRIALS[0], ("supply", {"training.mode": "loader", "data.decode": "nvjpeg-gpu"}, 9000.0)]
+    study = make_study(f"sqlite:///{tmp_path / 'feed.db'}", stage_trials=slow_feed)
+    limit = dict(conclusions(study))["what limits it"]
+    assert limit == ("the input pipeline: nvjpeg-gpu alone feeds 9,000 imgs/s, less than the model alone computes on "
+                     "the GPUs (11,645); the tuned configuration reaches 8,625, 96% of that")
+    none = make_study(f"sqlite:///{tmp_path / 'none.db'}", "plain", stages=False)
+    assert dict(conclusions(none))["what limits it"].startswith("not measured: this study has no stage measurements")
+
+
 def test_missing_study_is_one_line(tmp_path):
     r = report(tmp_path, "--study", "nope")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "autotune search" in r.stderr
@@ -200,3 +240,36 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert saturated > 0.005 * img.size[0] * img.size[1], saturated
     # The captions came through, not a script error page.
     assert re.search(r"Optimization history", html.read_text())
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (CI installs it)")
+def test_the_reports_first_screen_says_what_limits_the_job_what_to_run_and_how_sure(tmp_path):
+    """What a reader sees before scrolling, as Chromium lays the page out on a laptop's screen."""
+    storage = f"sqlite:///{tmp_path / 'gpu.db'}"
+    make_study(storage)
+    html = tmp_path / "report.html"
+    assert report(tmp_path, "--storage", storage, "--out", str(html)).returncode == 0
+    # The text of every text node whose box starts above the viewport's bottom edge, once the page has loaded.
+    probe = ("<script>window.addEventListener('load', () => { const w = document.createTreeWalker(document.body, "
+             "NodeFilter.SHOW_TEXT); const seen = []; let n; while ((n = w.nextNode())) { const r = "
+             "document.createRange(); r.selectNodeContents(n); const b = r.getBoundingClientRect(); "
+             "if (b.height > 0 && b.top < window.innerHeight && n.textContent.trim()) seen.push(n.textContent); } "
+             "const pre = document.createElement('pre'); pre.id = 'first-screen'; pre.textContent = seen.join(' '); "
+             "document.body.appendChild(pre); });</script>")
+    probed = tmp_path / "probed.html"
+    probed.write_text(html.read_text().replace("</body>", probe + "</body>"))
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                          "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                          "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1366,768",
+                          "--virtual-time-budget=5000", "--dump-dom", probed.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="first-screen">(.*?)</pre>', dom.stdout, re.S)
+    assert found, dom.stderr[-2000:]
+    first = " ".join(found.group(1).replace("&amp;", "&").replace("&#x27;", "'").split())
+    assert "the tuned configuration: trial 3, 8,625 imgs/s = 74% of the ceiling" in first, first
+    assert "what limits it: the model's compute on the GPUs" in first
+    assert "its settings: trial 3: bs=256 fp16 nvjpeg-gpu bkt=30" in first
+    assert f"run it: autotune export best.yaml --study gpu-study --storage {storage}" in first
+    assert "then autotune train --config best.yaml" in first
+    assert "how sure: the median of its latest windows" in first and "fresh process" in first
+    assert "Parallel coordinates" not in first  # far below: the probe does see only the first screen

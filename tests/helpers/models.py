@@ -126,3 +126,8 @@ def block_while(num_classes: int, flag: str) -> nn.Module:
     """Forward blocks while the file ``flag`` exists (touching ``FLAG.rankN`` first), then trains normally: a trial
     stuck mid-flight, touching nothing shared (no collective, no store), that runs fine once the flag is gone."""
     return _BlockWhile(num_classes, flag)
+
+
+def broken(num_classes: int) -> nn.Module:
+    """A factory that raises when called, as one whose weights file is missing does."""
+    raise FileNotFoundError(f"weights-{num_classes}.pt: no such file (this factory needs its weights)")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.jobutil import kinds, make_jpeg_folder, run_job, tiny_config
+from trainer.protocol import ErrorRecord, SummaryRecord, WindowRecord
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +45,9 @@ def test_measure_run_streams_windows_and_counts_every_image(jpegs, tmp_path, dec
     assert (summary["loss_start"], summary["loss_end"]) == (first["loss_start"], last["loss_end"])
     assert len(summary["peak_mem_bytes"]) == 2
     assert summary["global_batch"] == per_step
+    # The records are what trainer.protocol declares, field for field: the contract the tuner reads.
+    assert all(set(w) == set(WindowRecord.__annotations__) for w in windows), windows[0]
+    assert set(summary) == set(SummaryRecord.__annotations__)
 
 
 def test_loader_mode_measures_the_pipeline_alone(jpegs, tmp_path):
@@ -100,3 +104,20 @@ def test_bad_config_fails_with_a_config_error_record(tmp_path):
     errors = kinds(records, "error")
     assert errors and {e["class"] for e in errors} == {"config"}
     assert "make-data" in errors[0]["message"]
+    assert all(set(e) == set(ErrorRecord.__annotations__) for e in errors)
+
+
+@pytest.mark.parametrize("decode", ["pil", "torchvision-cpu"])
+def test_an_unreadable_image_fails_the_run_naming_the_file(tmp_path, decode):
+    folder = make_jpeg_folder(tmp_path / "data", classes=2, per_class=8)
+    bad = folder / "class1" / "003.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])  # cut short, as a copy that died half-way leaves it
+    cfg = tiny_config(**{"data.kind": "imagefolder", "data.path": str(folder), "data.decode": decode,
+                         "loader.num_workers": 1})
+    code, records, log = run_job(cfg, tmp_path / "run")
+    assert code != 0, log
+    errors = kinds(records, "error")
+    assert errors, log
+    # Whichever rank read it says which file, from inside its loader worker, as a loader failure.
+    named = [e for e in errors if str(bad) in e["message"]]
+    assert named and named[0]["class"] == "loader", errors

@@ -191,4 +191,59 @@ def test_a_non_finite_loss_inside_a_window_is_counted_and_voids_the_figure():
         meter.step(torch.tensor(x))
     windows = [r for r in records if r["kind"] == "window"]
     assert sum(w["loss_nonfinite"] for w in windows) == 2  # the first step (warm-up) is not in any window
-    assert meter.summary()["loss_nonfinite_in_windows"] == sum(w.loss_nonfinite for w in meter.steady())
+    # Two windows, too few to settle: the result stands on both, and so on both bad steps.
+    assert len(windows) == 2 and meter.summary()["windows_used"] == [0, 1]
+    assert meter.summary()["loss_nonfinite_in_windows"] == 2
+
+
+def _two_ranks(rank: int, port: int, slow_step_s: float, out) -> None:
+    """One rank of a 2-rank gloo group: rank 1's steps take ``slow_step_s``, rank 0's nothing; each rank reports
+    its windows and how long its own steps took inside them."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        records = []
+        meter = ThroughputMeter(MeasureConfig(warmup_min_steps=2, window_s=0.2, windows=2, max_windows=2,
+                                              spread_target=10.0), images_per_step=8, device=torch.device("cpu"),
+                                emit=records.append)
+        own = [0.0]  # this rank's step time inside the current window
+        while not meter.done:
+            t0 = time.perf_counter()
+            if rank == 1:
+                time.sleep(slow_step_s)
+            measuring = meter.state == "measure"
+            own[-1] += time.perf_counter() - t0 if measuring else 0.0
+            n = len(meter.windows)
+            meter.step()
+            if len(meter.windows) > n:
+                own.append(0.0)
+        out.put((rank, [w.seconds for w in meter.windows], own[:len(meter.windows)],
+                 [r["seconds"] for r in records if r["kind"] == "window"]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_window_lasts_as_long_as_its_slowest_rank():
+    """Rank 0 runs ahead and waits at the window's end; its window is as long as rank 1's steps, not its own."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_two_ranks, args=(r, port, 0.02, out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = {r: rest for r, *rest in (out.get(timeout=120) for _ in procs)}
+    for p in procs:
+        p.join(timeout=30)
+    (fast_windows, fast_own, emitted), (slow_windows, slow_own, _) = got[0], got[1]
+    assert len(fast_windows) == len(slow_windows) == 2
+    assert fast_windows == slow_windows and emitted == [round(x, 6) for x in fast_windows]  # one duration, agreed
+    for seconds, own_fast, own_slow in zip(fast_windows, fast_own, slow_own, strict=True):
+        assert own_fast < 0.1 * own_slow  # rank 0 itself did next to nothing ...
+        assert seconds >= own_slow  # ... and its window holds every step of rank 1

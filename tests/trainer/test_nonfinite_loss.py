@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from autotune.study.storage import trial_attrs
 from tests.helpers.cli import autotune
 from tests.helpers.specs import tiny_spec
 from tests.jobutil import kinds, run_job, tiny_config
@@ -85,9 +86,12 @@ def test_a_diverging_trial_is_infeasible_with_a_config_failure(tmp_path):
     # One trial, the baseline, at a learning rate that turns the weights NaN within a few steps.
     spec = tiny_spec(tmp_path, "diverging", **{"base.optimizer": {"lr": 1.0e20}, "budget.trials": 1})
     r = autotune("search", "--spec", spec, cwd=tmp_path, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    # Its one end-to-end trial did not learn: the search found nothing to export, and says why.
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "every end-to-end trial of study diverging failed (1: 1 diverged); trial 0: diverged: loss NaN/inf" \
+        in r.stderr
     (trial,) = optuna.load_study(study_name="diverging",
-                                 storage=f"sqlite:///{tmp_path / 'studies' / 'diverging.db'}").get_trials()
+                                 storage=f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}").get_trials()
     assert trial.user_attrs["failure_class"] == "diverged" and trial.constraints["failed"] == 1.0
-    message = trial.user_attrs["failure_message"]
+    message = trial_attrs(trial)["failure_message"]
     assert message.startswith("loss NaN/inf")  # in the measured windows, or for the last steps (diverged)

@@ -26,6 +26,13 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # ---- datasets --------------------------------------------------------------------------------------------------------
 
 
+class UnreadableImage(Exception):
+    """A file of the data folder that cannot be decoded; the message names it. Raised inside a loader worker, it
+    reaches the job wrapped by the DataLoader and is recorded as a ``loader`` failure either way."""
+
+    failure = "loader"
+
+
 class ImageFileDataset(Dataset):
     """(transformed image, label) per file; subclasses say how a file becomes an image."""
 
@@ -37,7 +44,12 @@ class ImageFileDataset(Dataset):
 
     def __getitem__(self, i):
         path, label = self.samples[i]
-        return self.transform(self.load(path)), label
+        try:
+            image = self.load(path)
+        except (OSError, RuntimeError, ValueError) as e:  # PIL and torchvision.io say what, never which file
+            raise UnreadableImage(f"cannot decode {path}: {type(e).__name__}: {e}; remove or replace the file") \
+                from None
+        return self.transform(image), label
 
     def load(self, path: str):
         raise NotImplementedError

@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 
-from autotune.study.storage import open_storage
+from autotune.study.storage import open_storage, trial_attrs
 from tests.helpers.cli import REPO, autotune, cli_env
 
 pytestmark = pytest.mark.slow
@@ -28,9 +28,12 @@ def studies_in(cwd: Path) -> list[str]:
     return [n for db in dbs for n in optuna.study.get_all_study_names(open_storage(f"sqlite:///{db}"))]
 
 
+def study_of(cwd: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(f"sqlite:///{cwd / 'studies' / 'autotune.db'}"))
+
+
 def trials_of(cwd: Path, name: str):
-    db = cwd / "studies" / f"{name}.db"
-    return optuna.load_study(study_name=name, storage=open_storage(f"sqlite:///{db}")).get_trials()
+    return study_of(cwd, name).get_trials()
 
 
 def test_the_seed_example_is_tuned_exported_and_trained_as_a_fresh_torchrun_per_trial(tmp_path):
@@ -45,12 +48,11 @@ def test_the_seed_example_is_tuned_exported_and_trained_as_a_fresh_torchrun_per_
     assert base.user_attrs["stage"] == "baseline" and base.user_attrs["imgs_per_s"] > 0
     # Trial 0 ran the script's own defaults, and its params say exactly that.
     assert base.params["training.batch_size"] == 64 and base.params["training.accum_steps"] == 1
-    study = optuna.load_study(study_name="script-seed_ddp",
-                              storage=open_storage(f"sqlite:///{tmp_path / 'studies' / 'script-seed_ddp.db'}"))
+    study = study_of(tmp_path, "script-seed_ddp")
     assert {"batch_size", "num_workers", "precision"} <= set(study.user_attrs["script"]["applies"])
     assert study.user_attrs["unit"] == "images"
     # Every trial was a process of its own: a plain script cannot serve trials.
-    assert all(t.user_attrs.get("worker") is None for t in trials if t.user_attrs.get("launch_s") is not None)
+    assert all(trial_attrs(t).get("worker") is None for t in trials if trial_attrs(t).get("launch_s") is not None)
 
     r = autotune("export", "best.yaml", "--study", "script-seed_ddp", cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -76,9 +78,9 @@ def test_the_language_model_example_is_tuned_on_a_live_worker_in_tokens(tmp_path
     applies = set(trials[0].system_attrs.get("autotune:config", {}).get("script", {}).get("applies", []))
     assert "channels_last" not in applies  # a transformer has no image-shaped weights: no layout to search
     assert {"batch_size", "accum_steps", "precision"} <= applies
-    workers = {t.user_attrs.get("worker") for t in trials[1:] if t.user_attrs.get("launch_s") is not None}
+    workers = {trial_attrs(t).get("worker") for t in trials[1:] if trial_attrs(t).get("launch_s") is not None}
     assert workers and None not in workers  # after trial 0, the function ran on a live worker
-    assert all(t.user_attrs.get("loss_finite") is not False for t in trials)
+    assert all(trial_attrs(t).get("loss_finite") is not False for t in trials)
 
 
 def test_the_examples_run_unchanged_under_plain_torchrun(tmp_path):

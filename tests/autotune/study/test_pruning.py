@@ -15,6 +15,7 @@ from autotune.spec import StudySpec
 from autotune.study import view
 from autotune.study.pruning import LIVE_WINDOWS, BestFeasiblePruner, pace
 from autotune.study.setup import create_or_load, make_pruner
+from autotune.study.storage import record_on_trial, trial_attrs
 from tests.helpers.machine import SPEC, FakePool, Machine, constructed_plan
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -49,7 +50,7 @@ def prunes(study, windows, stage=None, steps=None) -> bool:
     seen: list[list] = []
     for step, w in zip(steps or range(len(windows)), windows, strict=True):
         seen.append([step, w])
-        trial.set_user_attr(LIVE_WINDOWS, seen)
+        record_on_trial(trial, LIVE_WINDOWS, seen)
         trial.report(pace(seen, 4), step=step)
     return trial.should_prune()
 
@@ -111,7 +112,7 @@ def test_a_pruned_trial_stores_the_figure_it_shows_the_median_of_the_windows_jud
     pruned = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.PRUNED]
     assert len(pruned) == 2
     for t in pruned:
-        judged = t.user_attrs["judged_windows"]
+        judged = trial_attrs(t)["judged_windows"]
         assert len(judged) >= SPEC["base"]["measure"]["windows"] + 1
         assert t.value == t.user_attrs["imgs_per_s"] == pytest.approx(statistics.median(judged))
         v = next(v for v in view.views(study) if v.number == t.number and not v.part)

@@ -17,6 +17,7 @@ from autotune.spec import StudySpec
 from autotune.study import setup as study_setup
 from autotune.study import storage as study_mod
 from autotune.study.setup import create_or_load
+from autotune.study.storage import trial_attrs
 from tests.helpers.cli import autotune, start_autotune
 from tests.helpers.specs import tiny_spec
 
@@ -43,7 +44,7 @@ def _assert_consistent(trials, pids: list[int], per_worker: int) -> None:
     assert trials[0].params == {"training.batch_size": 8, "ddp.bucket_cap_mb": 25.0}
     for t in trials:
         assert t.user_attrs["heartbeat"] >= t.datetime_start.timestamp() - 1
-        records = [json.loads(line) for line in Path(t.user_attrs["result_path"]).read_text().splitlines()]
+        records = [json.loads(line) for line in Path(trial_attrs(t)["result_path"]).read_text().splitlines()]
         # One job per trial: one start, one summary (a trial run twice would append a second pair).
         assert [r["kind"] for r in records].count("start") == 1, t.number
         assert [r["kind"] for r in records].count("summary") == 1, t.number
@@ -68,7 +69,7 @@ def test_two_search_workers_share_a_journal_file(tmp_path):
 
     trials = optuna.load_study(study_name="journaled", storage=study_mod.open_storage(str(journal))).get_trials()
     _assert_consistent(trials, pids, per_worker=1)
-    assert Path(trials[1].user_attrs["result_path"]).parent == journal.parent / "journaled" / "trial-1"  # beside it
+    assert Path(trial_attrs(trials[1])["result_path"]).parent == journal.parent / "journaled" / "trial-1"  # beside
     r = autotune("show", "--storage", journal, cwd=tmp_path, timeout=60)  # a plain path ending .journal works too
     assert r.returncode == 0 and "study journaled: 2 trials" in r.stdout, r.stderr
 
