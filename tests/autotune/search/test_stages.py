@@ -11,6 +11,7 @@ launched; an unsettled trial 0 is measured again; Optuna's view of the main stud
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 from types import SimpleNamespace
 
@@ -243,6 +244,19 @@ def test_measurements_of_parts_keep_to_their_share_of_a_time_budget():
     assert not planner.affords_part(vs)
     assert any("they have had their share of this search's budget (4 of 30 trials, 45 of 100 s)" in n
                for n in planner.take_notes())
+
+
+def test_a_slow_trial_0_does_not_make_a_timed_search_skip_its_stages():
+    """Trial 0 runs in a fresh process with up to twice the windows: on 1xH200 it took 65 s of a 170 s search, and
+    timing the staged plan by it skipped every stage (1,758 imgs/s where the stages reached 5,682)."""
+    r = search(Machine(ceilings=GPU, supplies=FEEDS), trials=1)
+    planner = r.engine.stages
+    vs = [dataclasses.replace(v, attrs={**v.attrs, "wall_s": 65.0}) for v in view.views(r.study)]
+    assert [v.stage for v in vs] == ["baseline"]
+    assert planner.cost(vs, part=True) is None and planner.cost(vs, part=False) is None
+    assert planner._core_fits(Budget(trials=16, left=15, seconds=170.0, left_s=105.0), vs=vs)
+    later = [*vs, dataclasses.replace(vs[0], number=1, stage="refine", attrs={**vs[0].attrs, "wall_s": 40.0})]
+    assert planner.cost(later, part=True) == 40.0  # a live-worker trial's time does count
 
 
 def test_an_interrupted_supply_is_measured_again_when_the_search_resumes():
