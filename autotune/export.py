@@ -138,6 +138,7 @@ def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
     a = trial.attrs
     measured = {k: a[k] for k in MEASURED_KEYS if a.get(k) is not None}
     measured["util_available"] = bool(a.get("util_available"))
+    measured["per"] = view.rate(study)
     base = view.baseline(view.views(study))
     if base is not None:
         measured.update(baseline_trial=base.number, baseline_imgs_per_s=base.imgs_per_s,
@@ -179,7 +180,7 @@ def write(data: dict[str, Any], path: str | Path) -> Path:
     a, m = data["autotune"], data["autotune"]["measured"]
     again = m.get("remeasured") or {}
     head = (f"# Exported by `autotune export` from study {a['study']}, trial {a['trial']}: "
-            f"{m.get('imgs_per_s', 0):,.1f} imgs/s"
+            f"{m.get('imgs_per_s', 0):,.1f} {m.get('per', 'imgs/s')}"
             + (f" ({m['gain']:.2f}x trial {m['baseline_trial']})" if m.get("gain") else "")
             + (f"; re-measured in a fresh process: {again['imgs_per_s']:,.1f}" if again.get("imgs_per_s") else "")
             + f".\n# Run: {a['torchrun']['command'].replace('<this file>', str(path))}\n"
@@ -229,7 +230,8 @@ def record_remeasure(study, trial: TrialView, data: dict[str, Any], s: dict[str,
         # Trial 0 ran in a fresh process as well: this is the one comparison of like with like.
         again["below_baseline"] = {"trial": base.number, "imgs_per_s": base.imgs_per_s}
     data["autotune"]["measured"]["remeasured"] = again
-    line = f"re-measured in a fresh process: {ips:,.1f} imgs/s = {ratio:.1%} of the search's {searched:,.1f}"
+    line = (f"re-measured in a fresh process: {ips:,.1f} {view.rate(study)} = {ratio:.1%} of the search's "
+            f"{searched:,.1f}")
     if abs(ratio - 1) > GAP_WARNING:
         line += (f" — WARNING: more than {GAP_WARNING:.0%} apart; the search's figure for this config is not what a "
                  "fresh job reaches here (another load on the machine, or a trial that profited from an earlier "

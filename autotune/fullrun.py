@@ -30,6 +30,7 @@ from autotune.runner.process import LineReader, ProcessTree
 from autotune.runner.torchrun import Torchrun, merge_args, program, run_env
 from autotune.runner.trial import TrialRun, follow, steady_windows
 from autotune.search.progress import fmt_duration
+from autotune.study.view import per_second
 from trainer.config import TrainConfig, load_yaml_mapping
 from trainer.protocol import Kind, nccl_env_problems, root_cause_rank
 
@@ -331,6 +332,8 @@ class ProgressView:
     def __init__(self, *, out: TextIO, enabled: bool):
         self.out, self.enabled, self.bar = out, enabled, None
         self.rate: float | None = None
+        self.per = "imgs/s"
+        """The rate's label: a user's script says its unit in its settings record."""
 
     def _say(self, text: str) -> None:
         if self.bar is not None:
@@ -353,6 +356,8 @@ class ProgressView:
         kind = rec.get("kind")
         if kind == "window" and rec.get("imgs_per_s") is not None:
             self.rate = float(rec["imgs_per_s"])
+        elif kind == "settings":
+            self.per = per_second(rec.get("unit"))
         elif kind == "start":
             self._say(f"job started: {rec.get('world_size')} rank(s), {rec.get('backend')} on {rec.get('device')}"
                       + (f" ({rec['gpu']})" if rec.get("gpu") else ""))
@@ -370,11 +375,11 @@ class ProgressView:
                 if rec.get("loss") is not None:
                     post["loss"] = f"{float(rec['loss']):.4f}"
                 if self.rate is not None:
-                    post["imgs/s"] = f"{self.rate:,.0f}"
+                    post[self.per] = f"{self.rate:,.0f}"
                 self.bar.set_postfix(post, refresh=True)
             elif kind == "progress":
                 total = rec.get("total_steps")
-                speed = f"{self.rate:,.1f} imgs/s" if self.rate else "warming up"
+                speed = f"{self.rate:,.1f} {self.per}" if self.rate else "warming up"
                 self._say(f"step {step}/{total} epoch {rec.get('epoch')} loss {float(rec.get('loss', 'nan')):.4f} "
                           f"{speed}")
         elif kind == "val":
@@ -400,6 +405,7 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
     warnings: list[str] = []
     s = r.summary or {}
     ips = s.get("imgs_per_s")
+    per = per_second(s.get("unit"))
     last_val = r.vals[-1] if r.vals else None
     m = p.export.get("measured") or {}
     lines.append(f"done in {fmt_duration(r.wall_s)}: {s.get('epochs', '?')} epoch(s), {s.get('steps', '?')} steps"
@@ -408,7 +414,7 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
     if ips is None:
         lines.append("measured: no timed window closed (the run was too short to measure throughput)")
     else:
-        lines.append(f"measured: {ips:,.1f} imgs/s (median of {s.get('windows')} windows, spread "
+        lines.append(f"measured: {ips:,.1f} {per} (median of {s.get('windows')} windows, spread "
                      f"{float(s.get('spread') or 0):.1%})")
         spread, target = float(s.get("spread") or 0), p.config.measure.spread_target
         if spread > target:
@@ -430,14 +436,14 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
         util = f", util {m['util_mean']:.0f} %" if m.get("util_mean") is not None else ""
         src = f"study {p.export.get('study')}, trial {p.export.get('trial')}"
         if p.comparable:
-            lines.append(f"search ({src}): {searched:,.1f} imgs/s{util} -> this run: {ratio:.1%} of it")
+            lines.append(f"search ({src}): {searched:,.1f} {per}{util} -> this run: {ratio:.1%} of it")
             if ratio < 1 - SLOWER_WARNING:
                 warnings.append(f"this run is {1 - ratio:.1%} slower than the search measured for the same config "
-                                f"({ips:,.1f} vs {searched:,.1f} imgs/s): check that the host, GPUs, data location "
+                                f"({ips:,.1f} vs {searched:,.1f} {per}): check that the host, GPUs, data location "
                                 "and concurrent load match the search's (`autotune show`); each window's imgs/s "
                                 f"is in {p.result_path}")
         else:
-            lines.append(f"search ({src}): {searched:,.1f} imgs/s{util} at another world size: not compared")
+            lines.append(f"search ({src}): {searched:,.1f} {per}{util} at another world size: not compared")
     summary = {"imgs_per_s": ips, "spread": s.get("spread"), "windows": s.get("windows"), "epochs": s.get("epochs"),
                "loss_start": s.get("loss_start"), "loss_end": s.get("loss_end"), "loss": s.get("loss"),
                "loss_finite": s.get("loss_finite"),

@@ -27,20 +27,20 @@ def fmt_loss(attrs: dict) -> str:
 
 
 def headline(trials: list[TrialView], devices: str = "GPUs",
-             remeasured: dict[int, dict] | None = None) -> list[str]:
+             remeasured: dict[int, dict] | None = None, per: str = "imgs/s") -> list[str]:
     """Ceiling, supplies, and the tuned configuration against both (lines; fewer when a stage has not run)."""
     lines = []
     top = view.ceiling(trials)
     if top is not None:
         lines.append(f"what the {devices} can do (ceiling, the model on synthetic data): "
-                     f"{fmt_ips(top.imgs_per_s)} imgs/s — {top.setting('training.precision')}, "
+                     f"{fmt_ips(top.imgs_per_s)} {per} — {top.setting('training.precision')}, "
                      f"{'channels_last' if top.setting('training.channels_last') else 'NCHW'}, batch "
                      f"{top.setting('training.batch_size')} (trial {top.label})")
     feeds = view.supplies(trials)
     if feeds:
         parts = sorted(feeds.items(), key=lambda kv: -kv[1].imgs_per_s)
         lines.append("what each input pipeline can feed (supply, the loader alone): " + " · ".join(
-            f"{decode} {fmt_ips(v.imgs_per_s)}" for decode, v in parts) + " imgs/s")
+            f"{decode} {fmt_ips(v.imgs_per_s)}" for decode, v in parts) + f" {per}")
     best, base = view.fastest(trials), view.baseline(trials)
     if best is not None:
         share = f" = {best.imgs_per_s / top.imgs_per_s:.0%} of the ceiling" if top else ""
@@ -52,7 +52,7 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
             fresh = f"; re-measured in a fresh process: {fmt_ips(again['imgs_per_s'])}"
             if again.get("below_baseline"):
                 fresh += f" {BELOW} below trial {again['below_baseline']['trial']}"
-        lines.append(f"the tuned configuration: trial {best.label}, {fmt_ips(best.imgs_per_s)} imgs/s{share}{gain}"
+        lines.append(f"the tuned configuration: trial {best.label}, {fmt_ips(best.imgs_per_s)} {per}{share}{gain}"
                      f"{fresh}")
     return lines
 
@@ -74,7 +74,7 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     from autotune.export import remeasures
 
     trials = view.views(study) if trials is None else trials
-    devices = view.devices(study)
+    devices, per = view.devices(study), view.rate(study)
     best, top, feeds = view.fastest(trials), view.ceiling(trials), view.supplies(trials)
     out: list[tuple[str, str]] = []
     synthetic = best is not None and best.setting("data.kind") == "synthetic"
@@ -84,16 +84,16 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
         out.append(("what limits it", f"the model's compute on the {devices}: the data is synthetic (made on the "
                                       "device), so no input pipeline takes part"))
     elif top is not None and feed is not None:
-        limit, other = ((f"the input pipeline: {decode} alone feeds {fmt_ips(feed.imgs_per_s)} imgs/s, less than "
+        limit, other = ((f"the input pipeline: {decode} alone feeds {fmt_ips(feed.imgs_per_s)} {per}, less than "
                          f"the model alone computes on the {devices} ({fmt_ips(top.imgs_per_s)})", feed)
                         if feed.imgs_per_s < top.imgs_per_s else
                         (f"the model's compute on the {devices}: alone, on synthetic data, it runs at "
-                         f"{fmt_ips(top.imgs_per_s)} imgs/s, less than {decode} alone feeds "
+                         f"{fmt_ips(top.imgs_per_s)} {per}, less than {decode} alone feeds "
                          f"({fmt_ips(feed.imgs_per_s)})", top))
         out.append(("what limits it", f"{limit}; the tuned configuration reaches {fmt_ips(best.imgs_per_s)}, "
                                       f"{best.imgs_per_s / other.imgs_per_s:.0%} of that"))
     elif top is not None:
-        out.append(("what limits it", f"the {devices} run the model alone at {fmt_ips(top.imgs_per_s)} imgs/s (the "
+        out.append(("what limits it", f"the {devices} run the model alone at {fmt_ips(top.imgs_per_s)} {per} (the "
                                       "ceiling); "
                     + (f"its input pipeline ({decode}) was not measured alone" if decode else
                        "no input pipeline was measured alone")
@@ -151,13 +151,14 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
     trials = view.views(study)
     best, base = view.fastest(trials), view.baseline(trials)
     again = remeasures(study)
+    per = view.rate(study)
     below = {n for n, r in again.items() if r.get("below_baseline")}
     counts = {o: sum(1 for v in trials if v.outcome == o) for o in ("measured", "part", "infeasible", "fail",
                                                                     "pruned", "running", "waiting")}
     summary = f"study {study.study_name}: {len(trials)} trials (" + ", ".join(
         f"{n} {LABELS[o]}" for o, n in counts.items() if n) + ")"
     shown = sorted(trials, key=lambda v: -(v.imgs_per_s or -1)) if sort == "imgs" or top else trials
-    rows = [("#", "stage", "outcome", "imgs/s", "vs #0", "spread", "loss", "util", "wall", "settings / why")]
+    rows = [("#", "stage", "outcome", per, "vs #0", "spread", "loss", "util", "wall", "settings / why")]
     for v in shown[:top] if top else shown:
         a = v.attrs
         gain = f"{v.imgs_per_s / base.imgs_per_s:.2f}x" if v.feasible and base else ""
@@ -181,10 +182,10 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
     for n in sorted(below):
         r = again[n]
         notes.append(f"{BELOW} trial {n} re-measured in a fresh process (`autotune export`) at "
-                     f"{fmt_ips(r['imgs_per_s'])} imgs/s, below trial {r['below_baseline']['trial']}'s "
+                     f"{fmt_ips(r['imgs_per_s'])} {per}, below trial {r['below_baseline']['trial']}'s "
                      f"{fmt_ips(r['below_baseline']['imgs_per_s'])}: its search figure does not hold here")
     first = [f"{topic}: {text}" for topic, text in conclusions(study, trials, storage=storage)]
-    return "\n".join([summary, *headline(trials, view.devices(study), again), *first, *cudnn_lines(study), *lines,
+    return "\n".join([summary, *headline(trials, view.devices(study), again, per), *first, *cudnn_lines(study), *lines,
                       *notes, *trial_time(trials), *pruning(trials)])
 
 

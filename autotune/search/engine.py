@@ -63,7 +63,8 @@ class Engine:
         self.logs = log_root(plan.storage_url, plan.name)
         self.stale_after = plan.options.stale_after_s or STALE_AFTER_S
         self.stages = StagePlanner(plan=plan, study=study, parts=self.parts)
-        self.progress = Progress(total=plan.trials, timeout_s=plan.timeout_s)
+        self.progress = Progress(total=plan.trials, timeout_s=plan.timeout_s,
+                                 per=view.per_second(plan.script.unit if plan.script else None))
         self.t_start = time.monotonic()
         self.parts_run, self.parts_s = 0, 0.0
 
@@ -219,6 +220,7 @@ def best_line(study: optuna.Study) -> str:
     top = view.ceiling(trials)
     share = (f", {best.imgs_per_s / top.imgs_per_s:.0%} of the {view.devices(study)}' ceiling "
              f"({top.imgs_per_s:,.0f})") if top else ""
-    return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} imgs/s{gain}{share}. `autotune show "
+    return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} {view.rate(study)}{gain}{share}. "
+            f"`autotune show "
             f"--study {study.study_name}` lists the trials; `autotune export best.yaml --study {study.study_name}` "
             "writes its config")

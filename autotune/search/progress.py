@@ -61,8 +61,8 @@ class Progress:
     warm-up, window k), its latest imgs/s and the best so far — on a terminal as one live line, elsewhere (a log
     file, CI) as plain lines at each phase change."""
 
-    def __init__(self, *, total: int, timeout_s: float | None, out: TextIO = sys.stdout):
-        self.total, self.timeout_s, self.out = total, timeout_s, out
+    def __init__(self, *, total: int, timeout_s: float | None, out: TextIO = sys.stdout, per: str = "imgs/s"):
+        self.total, self.timeout_s, self.out, self.per = total, timeout_s, out, per
         self.t0 = time.monotonic()
         self.walls: list[float] = []
         self.done = 0
@@ -107,7 +107,7 @@ class Progress:
         if not c:
             return
         best = f"best {fmt_ips(self.best[1])} (#{self.best[0]})" if self.best else "best -"
-        ips = f" {fmt_ips(c['ips'])} imgs/s" if c.get("ips") is not None else ""
+        ips = f" {fmt_ips(c['ips'])} {self.per}" if c.get("ips") is not None else ""
         clock = f" {fmt_duration(c['elapsed'])}" if c.get("elapsed") is not None else ""
         text = f"trial {c['number']} [{c['stage']}] {c['phase']}{ips}{clock} · {best}"
         if self.tty:
@@ -146,7 +146,7 @@ class Progress:
         if best is not None:
             gain = f" {best[1] / baseline:.2f}x" if baseline else ""
             best_txt = f"best {fmt_ips(best[1])} (#{best[0]}{gain})"
-        ips_txt = f"{fmt_ips(ips)} imgs/s" if ips is not None else ""
+        ips_txt = f"{fmt_ips(ips)} {self.per}" if ips is not None else ""
         eta = fmt_duration(self.eta()) if self.done < self.total else "-"
         self.say(f"trial {number:>3} [{self.done}/{self.total}] {stage:<9} {outcome:<10} {ips_txt:>14}  "
                  f"{util_txt:<9} {best_txt}  {fmt_duration(wall)}, ETA {eta}\n      {fmt_params(params, 150)}")

@@ -294,7 +294,11 @@ def resolve_storage(study_name: str | None, storage: str | None, *, every_study:
     which shows every study of a storage): without ``--study``, the default file."""
     if storage:
         return storage
-    files = study_files()
+    from autotune.study.view import PARTS_SUFFIX
+
+    # A study's parts study (its stage measurements) is not a study to pick.
+    files = {f: [n for n in held if not (n.endswith(PARTS_SUFFIX) and n[:-len(PARTS_SUFFIX)] in held)]
+             for f, held in study_files().items()}
     names = [n for held in files.values() for n in held]
     if study_name:
         where = next((f for f, held in files.items() if study_name in held), None)

@@ -175,6 +175,17 @@ def stage(trials: list[TrialView], name: str) -> list[TrialView]:
     return [v for v in trials if v.stage == name and v.outcome == "part" and v.imgs_per_s is not None]
 
 
+def per_second(unit: str | None) -> str:
+    """The label of a rate in a job's unit: ``imgs/s`` for the built-in job's images, ``tokens/s`` for a script that
+    counts tokens."""
+    return "imgs/s" if unit in (None, "images") else f"{unit}/s"
+
+
+def rate(study) -> str:
+    """The label of the study's figures (its job's unit per second, ``imgs/s`` unless a script said otherwise)."""
+    return per_second(study.user_attrs.get("unit"))
+
+
 def devices(study) -> str:
     """What the ranks run on, as the study's lines name it: "GPUs", or "CPU ranks" (gloo on a GPU-less machine)."""
     fp = study.user_attrs.get("fingerprint")
