@@ -47,7 +47,9 @@ if [ -n "${DRY:-}" ]; then  # toy sizes for a CPU smoke run
              --set loader.num_workers=1 --set measure.window_s=0.5 --set measure.warmup_min_steps=2)
   search_set=(--model resnet18 --image-size 32 --trial-timeout 120 --nproc-per-node 1)  # one rank: 2 cores
 fi
-quiet() { grep -v "^W1\|^\*\*\*\|OMP_NUM_THREADS\|^  trial .* window\|^  trial .* warm-up\|^  trial .* measuring"; }
+# Line-buffered: a stage the call's limit cuts short must leave what it printed in call.log (a buffered grep lost a
+# whole stage's output once).
+quiet() { grep --line-buffered -v "^W1\|^\*\*\*\|OMP_NUM_THREADS\|^  trial .* window\|^  trial .* warm-up\|^  trial .* measuring"; }
 left() { echo $(( t0 + call_s - $(date +%s) )); }
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
