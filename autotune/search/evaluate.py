@@ -77,6 +77,11 @@ class Evaluator:
         try:
             name = f"{self.plan.name}-{'part' if part else 'trial'}-{trial.number}"
             ev.config = self.plan.base.with_overrides({**overrides, "name": name, "output_dir": str(trial_dir)})
+            if ev.config.training.compile and ev.config.training.compile_cache_dir is None:
+                # One compile cache per study, beside its trials: a fresh worker reuses what an earlier one compiled,
+                # and no other job on the machine shares torch's default folder.
+                ev.config = ev.config.with_overrides(
+                    {"training.compile_cache_dir": str((self.logs / "compile-cache").resolve())})
             cudnn = self.stages.cudnn_for(ev.config.to_dict()) if self.stages is not None else None
             if cudnn is not None and "training.cudnn_benchmark" not in overrides:
                 ev.config = ev.config.with_overrides({"training.cudnn_benchmark": cudnn})
