@@ -174,10 +174,15 @@ class SummaryRecord(TypedDict, total=False):
     global_batch: int | None
     versions: dict[str, Any]
     compile_s: float
-    """torch.compile runs only: seconds spent compiling in the run, its compile count, whether its graph was reused."""
+    """torch.compile runs only (``COMPILED_ONLY``): seconds spent compiling in the run, its compile count, whether
+    its graph was reused."""
 
     compiles: int
     compile_reused: bool
+
+
+COMPILED_ONLY = frozenset({"compile_s", "compiles", "compile_reused"})
+"""Summary fields only a run with ``training.compile`` writes."""
 
 
 ErrorRecord = TypedDict("ErrorRecord", {

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from trainer.config import ConfigError
+from trainer.data.gpu.crop import sample_crop_boxes
 
 # ---- nvJPEG's CUDA decoder, through torchvision ----------------------------------------------------------------------
 
@@ -152,8 +153,6 @@ def decode_crops_hw(blobs: Sequence[torch.Tensor], device: torch.device | str, d
     ``sample_crop_boxes`` makes them from decoded images, so the augmentation is the full decode's, pixel for pixel
     where the region decode is exact. A file whose header nvImageCodec cannot read is decoded whole first (its size
     is then known); one whose region no decoder takes is decoded whole afterwards, its box kept."""
-    from trainer.data.gpu.crop import sample_crop_boxes
-
     device = torch.device(device)
     nvimgcodec = import_nvimgcodec()
     streams: list = [None] * len(blobs)
