@@ -39,7 +39,7 @@ def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_co
     storage = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
     trials = optuna.load_study(study_name="cpu-demo", storage=storage).get_trials()
     parts = optuna.load_study(study_name="cpu-demo.parts", storage=storage).get_trials()
-    skipped = [t for t in trials if t.user_attrs.get("pruned_before_launch")]  # not counted in the budget
+    skipped = [t for t in trials if trial_attrs(t).get("pruned_before_launch")]  # not counted in the budget
     assert len(trials) + len(parts) - len(skipped) == 12
     assert all(t.state in (S.COMPLETE, S.PRUNED) for t in trials + parts), \
         [(t.number, t.state, t.user_attrs.get("failure_message")) for t in trials + parts]
@@ -74,7 +74,7 @@ def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_co
     # The pruner never stopped a trial that was on course to beat the best; a pruned trial's value is its figure.
     best = max(t.value for t in trials if t.state == S.COMPLETE and t.constraints.get("failed") == 0.0)
     for t in trials:
-        if t.state == S.PRUNED and not t.user_attrs.get("pruned_before_launch"):
+        if t.state == S.PRUNED and not trial_attrs(t).get("pruned_before_launch"):
             assert max(t.intermediate_values.values()) < best and t.value == t.user_attrs["imgs_per_s"]
 
     # The stock Optuna CLI reads the same storage, in rows a terminal can show, and sees answers only.
