@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.exceptions import SpecError
-from trainer.protocol import Failure
+from trainer.protocol import COMPILED_ONLY, Failure
 
 INFEASIBLE_VALUE = 0.0
 """The value Optuna stores for an infeasible trial (for each objective); its constraint is what counts."""
@@ -90,6 +90,8 @@ def measured_attrs(windows: list[dict], summary: dict | None) -> dict[str, Any]:
         }
         if summary.get("versions"):
             out["versions"] = summary["versions"]
+        # What a compiled run paid for its compile: the stage planner prices a compile by it.
+        out.update({k: summary[k] for k in COMPILED_ONLY if summary.get(k) is not None})
         return out
     xs = [float(w["imgs_per_s"]) for w in windows if w.get("imgs_per_s") is not None]
     if not xs:

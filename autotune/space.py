@@ -63,9 +63,10 @@ def _default_space() -> dict[str, Knob]:
 
 
 DEFAULT_SPACE: dict[str, Knob] = _default_space()
-"""The image-model defaults: the knobs of ``trainer.knobs.KNOBS`` marked ``default_space``. Not in it:
-``training.compile`` (a cold compile costs about a minute per trial), cuDNN's algorithm search (the ceiling stage
-decides it), and NCCL's variables (debugging variables that no measurement here has shown to matter; each change
+"""The image-model defaults: the knobs of ``trainer.knobs.KNOBS`` marked ``default_space`` (``training.compile`` on
+GPU machines only: the stages weigh its compile, ``autotune.search.stages``). Not in it: the compile mode (minutes
+of compile per graph for CUDA graphs or autotuning), cuDNN's algorithm search (the ceiling stage decides it), and
+NCCL's variables (debugging variables that no measurement here has shown to matter; each change
 takes a new process). A spec adds any of them, e.g. ``nccl.algo: [default, Ring, Tree]``."""
 
 MEMORY_KEYS = MEMORY_SETTINGS
@@ -445,6 +446,8 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
         if cpu_only and path.startswith("nccl."):
             notes.append(f"{path}: not searched (no GPU: gloo does not read NCCL settings)")
             continue
+        if cpu_only and path not in spec.space and path in KNOBS and KNOBS[path].default_space == "gpu":
+            continue  # the default space's GPU-only knobs (compile: minutes of C++ compile on CPU ranks)
         when = Condition.parse(k.when) if k.when else None
         if k.choices is not None:
             choices = _machine_choices(path, [_norm_choice(c) for c in k.choices], cpu_only, notes)

@@ -50,8 +50,9 @@ class KnobDef:
     when: str | None = None
     """The built-in space searches the knob only when this condition holds (``PATH OP VALUE``)."""
 
-    default_space: bool = True
-    """Part of the built-in image-model space (``autotune.space.DEFAULT_SPACE``); otherwise a spec adds it."""
+    default_space: bool | str = True
+    """Part of the built-in image-model space (``autotune.space.DEFAULT_SPACE``); ``"gpu"``: there on GPU machines
+    only (a spec that names it searches it anywhere); otherwise a spec adds it."""
 
     runtime: str | None = None
     """The name a user's script reads it by (``trainer.runtime``); ``None``: set by the launcher for any job
@@ -75,8 +76,9 @@ _KNOBS = (
     KnobDef(path="training.channels_last", label="cl", scope="model", memory=True, choices=(False, True),
             runtime="channels_last", runtime_default=False, doc="NHWC memory format for model and inputs"),
     KnobDef(path="training.compile", label="compile", scope="model", memory=True, choices=(False, True),
-            default_space=False, runtime="compile", runtime_default=False,
-            doc="torch.compile; a cold compile costs about a minute, so a spec adds it for long searches"),
+            default_space="gpu", runtime="compile", runtime_default=False,
+            doc="torch.compile; a cold compile costs about a minute on a GPU, so the stages measure it last, where "
+                "the budget pays for it (on CPU ranks Inductor's C++ compile takes minutes: a spec adds it there)"),
     # None: torch's default mode; reduce-overhead: CUDA graphs for forward and backward; the autotuning modes cost
     # minutes of compile per graph, so a spec adds them.
     KnobDef(path="training.compile_mode", label="mode", scope="model", memory=True,

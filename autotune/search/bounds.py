@@ -47,6 +47,18 @@ class Dimension:
     """Whether the model trains depends on this dimension's value: end-to-end trials that diverged at a value, none
     of which trained, rule the value out at every other setting."""
 
+    once_attr: str | None = None
+    """The trial attribute a run records that cost in (``compile_s``)."""
+
+    once_s: float | None = None
+    """What a value after the first costs once, on its first run in a worker (torch.compile: the compile), before
+    anything is measured: seconds, a prior the stage planner uses until a run of it says what it cost. Such a
+    dimension is measured last, and only where the budget left pays for the cost and for end-to-end trials after it
+    (``StagePlanner.affords_once``)."""
+
+    unmarked: tuple[Any, ...] = ()
+    """Values a label leaves out (``pair_label``): eager reads ``fp16 channels_last``, not ``... eager``."""
+
     def word(self, value: Any) -> str:
         return dict(self.words).get(value, str(value))
 
@@ -59,6 +71,11 @@ CEILING_GRID = (
     Dimension(path="training.precision", gpu=("fp16", "bf16", "fp32"), cpu=("fp32", "bf16", "fp16"), trains=True),
     Dimension(path="training.channels_last", gpu=(True, False), cpu=(False, True),
               words=((True, "channels_last"), (False, "NCHW"))),
+    # Eager first on both: a compile makes the first ceiling a minute long (ResNet-50 on 1xH200: 81 s of wall for a
+    # cold compile, for a ceiling 19 % above eager's), and the first end-to-end answer waits on that ceiling.
+    Dimension(path="training.compile", gpu=(False, True), cpu=(False, True),
+              words=((False, "eager"), (True, "compiled")), once_s=60.0, once_attr="compile_s",
+              unmarked=(False,)),
 )
 """The ceiling's grid: the settings the model alone is measured over. A dimension is one entry here."""
 
@@ -117,8 +134,21 @@ class Measured:
         return list(p.choices) if p.kind == "categorical" else sorted({p.low, p.high})
 
     def pairs(self) -> list[tuple]:
-        """The ceiling's grid, the likeliest fastest first."""
-        return list(product(*(d.order(self.choices(d.path), self.on_gpu) for d in CEILING_GRID)))
+        """The ceiling's grid, the likeliest fastest first; every point without a one-off cost (``once_s``: eager)
+        before any with one."""
+        orders = [d.order(self.choices(d.path), self.on_gpu) for d in CEILING_GRID]
+        costly = [i for i, d in enumerate(CEILING_GRID) if d.once_s is not None]
+        return sorted(product(*orders), key=lambda p: [orders[i].index(p[i]) for i in costly])
+
+    def plain(self, pair: tuple) -> tuple:
+        """``pair`` at the first value of each dimension with a one-off cost: eager for compiled."""
+        return tuple(d.order(self.choices(d.path), self.on_gpu)[0] if d.once_s is not None else x
+                     for d, x in zip(CEILING_GRID, pair, strict=True))
+
+    def without_once(self, vs: list[TrialView], pair: tuple) -> tuple:
+        """``plain(pair)`` where that point is measured; else ``pair``."""
+        plain = self.plain(pair)
+        return plain if self.pair_ceiling(vs, plain) is not None else pair
 
     def decodes(self) -> list[str]:
         """Pipelines measured alone, in measuring order; hybrid only where its two ends are not both measured (its
@@ -142,13 +172,14 @@ class Measured:
             return "given_up"
         return "retry" if mine else None
 
-    @staticmethod
-    def request_key(stage_name: str, o: dict[str, Any]) -> tuple:
+    def request_key(self, stage_name: str, o: dict[str, Any]) -> tuple:
         """What makes two requests the same measurement: a pipeline (whatever batch it was fed at), or a point of
-        the ceiling's grid at a batch, with or without cuDNN's search."""
+        the ceiling's grid at a batch, with or without cuDNN's search. A point a request leaves out is the base's
+        (a study's earlier requests may predate a dimension)."""
         if stage_name == "supply":
             return (o.get("data.decode"), o.get("data.hybrid_cpu_fraction"))
-        return (*(o.get(d.path) for d in CEILING_GRID), o.get("training.batch_size"), o.get("training.cudnn_benchmark"))
+        return (*(o.get(d.path, get_path(self.base, d.path)) for d in CEILING_GRID), o.get("training.batch_size"),
+                o.get("training.cudnn_benchmark"))
 
     def top_batch(self) -> int:
         return max(self.choices("training.batch_size"))
@@ -298,7 +329,8 @@ def supply_upper(v: TrialView) -> float:
 
 
 def pair_label(pair: tuple) -> str:
-    """A point of the ceiling's grid as a person reads it: ``fp16 channels_last``, ``fp32 NCHW``."""
-    return " ".join(d.word(v) for d, v in zip(CEILING_GRID, pair, strict=True))
+    """A point of the ceiling's grid as a person reads it: ``fp16 channels_last``, ``fp32 NCHW compiled``."""
+    return " ".join(d.word(v) for d, v in zip(CEILING_GRID, pair, strict=True)
+                    if not any(v is u for u in d.unmarked))
 
 

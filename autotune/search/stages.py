@@ -26,7 +26,9 @@ what is known and enqueues the next thing worth running, in this order (``StageP
 6. **what limits the bound** — while the input pipelines bound every run below the ceiling, the next pipeline's
    supply; otherwise the ceiling's grid, one dimension at a time from the fastest pair, along the dimension's order
    until a step is clearly slower (the rest of that direction is then taken as dominated: the order is the prior, the
-   measurement confirms it); then the pipelines not measured yet (they can only tie, and ties are run end to end).
+   measurement confirms it), a dimension with a one-off cost (torch.compile: a compile per graph) last and only
+   where the budget left pays for that cost and end-to-end trials after it (``affords_once``); then the pipelines
+   not measured yet (they can only tie, and ties are run end to end).
    A supply stops early, in-band, once its latest full windows are all above the ceiling or all clearly out of reach
    (``stop_when``).
 7. **smaller batches** of the fastest pair, halving, while they keep ``PLATEAU`` of its pace: the smallest on the
@@ -34,8 +36,10 @@ what is known and enqueues the next thing worth running, in this order (``StageP
 8. **uncertain pipelines** — one dropped on a supply whose windows never agreed, but whose fastest steady window
    reaches the band, gets an end-to-end trial.
 9. **refine** — the sampler draws the other knobs (batch, accumulation, loader, DDP, the hybrid share, ...) with the
-   pipeline, precision and layout of the best end-to-end trials held, round-robin over those within ``REACH`` of the
-   best. A draw whose measured ceiling (its precision, layout and batch) or supply is already below the best is not
+   pipeline, precision, layout and compile of the best end-to-end trials held, round-robin over those within
+   ``REACH`` of the best; a compiled one also holds what its graph is keyed by (``GRAPH``). Draws the stages do not
+   make (no stages, nothing measured yet) hold compile at the baseline's (``_hold_once``). A draw whose measured
+   ceiling (its precision, layout and batch) or supply is already below the best is not
    launched (``bound``): it is told to Optuna as pruned, so the sampler learns it, and costs no trial of the budget.
 
 **The budget.** Measurements of parts spend at most ``PARTS_SHARE`` of this search's trials and of its time (the
@@ -74,12 +78,17 @@ REACH = 0.90
 PARTS_SHARE = 0.5
 """Measurements of parts spend at most this share of a search's trials and time; the rest is end to end."""
 
-IDENTITY = ("data.decode", "training.precision", "training.channels_last")
-"""What the refine stage holds of a good end-to-end trial: its pipeline family, precision and layout. The hybrid share
-is left to the sampler, within what the supplies bound."""
+IDENTITY = ("data.decode", "training.precision", "training.channels_last", "training.compile")
+"""What the refine stage holds of a good end-to-end trial: its pipeline family, precision, layout and compile. The
+hybrid share is left to the sampler, within what the supplies bound."""
+
+GRAPH = ("training.batch_size", "training.accum_steps", "ddp.")
+"""What a compiled graph is keyed by among the searched knobs (``trainer.compiled.graph_key``; ``ddp.``: every DDP
+setting, its buckets split the graph): refining a compiled trial holds them, since each change is a new compile
+(tens of seconds on a GPU), and searches the input side (loader, hybrid share) around it."""
 
 SHOWN = ("training.mode", "data.decode", "data.hybrid_cpu_fraction", "training.precision", "training.channels_last",
-         "training.batch_size", "loader.num_workers", "training.cudnn_benchmark")
+         "training.batch_size", "loader.num_workers", "training.cudnn_benchmark", "training.compile")
 """What tells one stage measurement from another (the rest of its settings are the same for all)."""
 
 CEILING_FIXED = {"data.kind": "synthetic", "training.accum_steps": 1, "loader.num_workers": 0,
@@ -182,9 +191,13 @@ class StagePlanner(Measured):
                          f"{cudnn}")
         if self.supplies:
             parts.append(f"the {self.decodes()[0]} pipeline alone")
+        once = [d for d in CEILING_GRID if d.once_s is not None and len(self.choices(d.path)) > 1]
+        costly = "".join(f"; {d.word(d.order(self.choices(d.path), self.on_gpu)[-1])} against "
+                         f"{d.word(d.order(self.choices(d.path), self.on_gpu)[0])} last, where the budget pays for "
+                         "its one-off cost" for d in once)
         return (f"stages: first the likeliest fastest — {', then '.join(parts)} — then end to end; further "
-                f"precisions, layouts, pipelines and batches only while they can raise the bound, within {share}; "
-                "the sampler refines from the end-to-end trials")
+                f"precisions, layouts, pipelines and batches only while they can raise the bound, within {share}"
+                f"{costly}; the sampler refines from the end-to-end trials")
 
     def _core_words(self) -> str:
         return ", ".join({"ceiling": "the model alone", "supply": "a pipeline alone"}[s] for s in self.core())
@@ -206,6 +219,7 @@ class StagePlanner(Measured):
             if self.plan.spec.stages.enabled:
                 self.note("none", "stages: not run: this job can measure neither the model alone nor its input "
                                   "pipeline alone; the sampler alone, from the baseline")
+                return self._hold_once()
             return None
         self.budget = budget = budget or Budget(trials=10 ** 6, left=10 ** 6)
         if any(s.get_trials(deepcopy=False, states=(TrialState.WAITING,)) for s in (self.study, self.parts)):
@@ -216,7 +230,7 @@ class StagePlanner(Measured):
             left = f"{budget.left} trial(s)" + (f" and {budget.left_s:.0f} s" if budget.left_s is not None else "")
             self.note("small", f"stages: not run: {left} left, too little for the smallest staged plan "
                                f"({self._core_words()}, one end-to-end trial); the sampler alone")
-            return None
+            return self._hold_once()
         for step in (self._first_ceiling, self._first_supply, self._candidates, self._baseline_again,
                      self._cudnn_evidence, self._limiting, self._batches, self._uncertain, self._refine):
             name = step(vs)
@@ -224,7 +238,22 @@ class StagePlanner(Measured):
                 return None
             if name:
                 return name
-        return None
+        return self._hold_once()
+
+    def _hold_once(self) -> str | None:
+        """A draw the stages leave to the sampler holds each searched dimension with a one-off cost at the
+        baseline's value: only a measurement says a compile pays for itself, and a free draw of it would spend a
+        minute of the budget on a coin toss."""
+        held = {d.path: self.plan.baseline.get(d.path, get_path(self.base, d.path)) for d in CEILING_GRID
+                if d.once_s is not None and d.path in self.space}
+        held = {k: x for k, x in held.items() if self.space[k].contains(x)}
+        if not held:
+            return None
+        words = ", ".join(f"{d.path} {d.word(held[d.path])}" for d in CEILING_GRID if d.path in held)
+        self.note("hold-once", f"stages: draws the stages do not make hold {words} (unmeasured, it costs its "
+                               "first run a compile)")
+        self.study.enqueue_trial(held, user_attrs={"stage": "search"}, skip_if_exists=False)
+        return "search"
 
     def _started(self, vs: list[TrialView]) -> bool:
         return any(v.stage in ("ceiling", "supply") for v in vs)
@@ -279,6 +308,35 @@ class StagePlanner(Measured):
             self.note("budget", f"stages: no further measurement of parts: they have had their share of this "
                                 f"search's budget ({used}); end to end from here")
         return ok
+
+    def once_cost(self, vs: list[TrialView], dim) -> float:
+        """Seconds the first run at a costly value of ``dim`` pays once (a compile): the most any run recorded
+        (``dim.once_attr``), else the dimension's prior."""
+        paid = [float(v.attrs[dim.once_attr]) for v in vs if v.attrs.get(dim.once_attr) is not None]
+        return max(paid) if paid else float(dim.once_s)
+
+    def affords_once(self, vs: list[TrialView], dim, order: list[Any], k: int) -> bool:
+        """Whether the budget pays for measuring ``order[k]`` of a dimension with a one-off cost: the measurement
+        with its cost inside the trial timeout, within the parts' share of the time, and two end-to-end trials
+        after it in the time left (the candidate it makes, and one more). Said when not."""
+        once = self.once_cost(vs, dim)
+        part = self.cost(vs, part=True) or 0.0
+        e2e = self.cost(vs, part=False) or part
+        timeout, b = self.plan.trial_timeout_s, self.budget
+        why = None
+        if timeout and once + part > 0.8 * timeout:  # a run killed at the timeout is a hang: a margin for noise
+            why = "timeout", (f"a run with it would take about {once + part:.0f} s, too near the trial timeout "
+                              f"({timeout:.0f} s; --trial-timeout raises it)")
+        elif b is not None and b.left_s is not None and b.left_s < once + part + 2 * e2e:
+            why = "left", (f"its first run costs about {once:.0f} s more, and the {b.left_s:.0f} s left cannot pay for "
+                           "it and two end-to-end trials after it")
+        elif b is not None and b.seconds is not None and b.parts_s + part + once > PARTS_SHARE * b.seconds:
+            why = "share", (f"its first run costs about {once:.0f} s more, over the measurements' share of this "
+                            f"search's time ({b.parts_s:.0f} of {b.seconds:.0f} s spent)")
+        if why:
+            self.note(f"once:{dim.path}:{why[0]}", f"stages: {dim.word(order[k])} not measured: {why[1]}; "
+                                                   f"{dim.word(order[0])} stays")
+        return why is None
 
     # ---- 1. the ceiling -------------------------------------------------------------------------------------------
 
@@ -496,7 +554,7 @@ class StagePlanner(Measured):
         decided = self.decisions()
         used = {self.pair_of(v) for v in vs if v.stage == "candidate" and not v.part}
         for pair in self.pairs():
-            if pair not in used or pair_label(pair) in decided:
+            if pair not in used or pair_label(pair) in decided or self.once_of(pair):
                 continue
             on = [v for v in self.ceilings_of(vs, pair) if v.setting("training.cudnn_benchmark") is True]
             if not on:
@@ -542,8 +600,15 @@ class StagePlanner(Measured):
         return dict(self.study.user_attrs.get("cudnn") or {})
 
     def decision(self, pair: tuple) -> bool | None:
-        d = self.decisions().get(pair_label(pair))
+        """A compiled point takes its eager point's decision: compiled convolutions are cuDNN's too, and evidence on
+        shapes new to a worker would be a compile in a fresh one."""
+        decided = self.decisions()
+        d = decided.get(pair_label(pair)) or decided.get(pair_label(self.plain(pair)))
         return d["benchmark"] if d else None
+
+    def once_of(self, pair: tuple) -> bool:
+        """Whether ``pair`` is at a value with a one-off cost (compiled)."""
+        return self.plain(pair) != tuple(pair)
 
     def cudnn_for(self, config: dict[str, Any]) -> bool | None:
         """cuDNN's algorithm search for a config's precision and layout, where the stages decided it."""
@@ -573,18 +638,23 @@ class StagePlanner(Measured):
     def _explore(self, vs: list[TrialView], best: tuple) -> str | None:
         """One dimension at a time from the fastest pair: each direction along the dimension's order until a step
         measures clearly slower."""
-        top_ips = self.pair_ceiling(vs, best)
         for i, dim in enumerate(CEILING_GRID):
+            # The other dimensions are explored without the one-off cost (each compiled point is a compile); the
+            # costly one last, from the best (CEILING_GRID's order), where the budget pays for it.
+            frm = best if dim.once_s is not None else self.without_once(vs, best)
+            top_ips = self.pair_ceiling(vs, frm)
             order = dim.order(self.choices(dim.path), self.on_gpu)
-            pos = order.index(best[i])
+            pos = order.index(frm[i])
             for step in (1, -1):
                 k = pos + step
                 while 0 <= k < len(order):
-                    q = (*best[:i], order[k], *best[i + 1:])
+                    q = (*frm[:i], order[k], *frm[i + 1:])
                     state, request = self.pair_state(vs, q)
                     if state == "pending":
                         return BLOCKED
                     if state in (None, "retry"):
+                        if dim.once_s is not None and k > 0 and not self.affords_once(vs, dim, order, k):
+                            break
                         return self._want(vs, "ceiling", request or self.ceiling_overrides(
                             q, self.top_batch(), True if self.on_gpu else None))
                     ips = self.pair_ceiling(vs, q)
@@ -593,8 +663,8 @@ class StagePlanner(Measured):
                         if rest:
                             words = ", ".join(dim.word(x) for x in rest)
                             self.note(f"dominated:{dim.path}:{q}", f"stages: {words} not measured: "
-                                      f"{dim.word(order[k])} already ran slower than {dim.word(best[i])} at "
-                                      f"{pair_label(best)}'s other settings ({ips:,.0f} against {top_ips:,.0f} "
+                                      f"{dim.word(order[k])} already ran slower than {dim.word(frm[i])} at "
+                                      f"{pair_label(frm)}'s other settings ({ips:,.0f} against {top_ips:,.0f} "
                                       f"imgs/s), and the order ranks {words} below it")
                         break
                     k += step
@@ -606,6 +676,8 @@ class StagePlanner(Measured):
         best = self.best_pair(vs) if self.ceilings else None
         if best is None:
             return None
+        if self.once_of(best[0]):
+            return None  # a ladder of compiled points is a compile at every batch, and compiled refinement holds it
         pair, top = best
         by_batch: dict[int, float] = {}
         for v in self.ceilings_of(vs, pair):
@@ -644,14 +716,22 @@ class StagePlanner(Measured):
             return None
         best = max(v.imgs_per_s for v in good)
         identities: dict[tuple, int] = {}
+        leaders: dict[tuple, TrialView] = {}
         for v in sorted(good, key=lambda v: -v.imgs_per_s):
             if v.imgs_per_s >= REACH * best:
                 identities.setdefault(self.identity(v), 0)
+                leaders.setdefault(self.identity(v), v)
         for v in vs:
             if v.stage == "refine" and self.identity(v) in identities:
                 identities[self.identity(v)] += 1
         least = min(identities, key=lambda k: identities[k])  # round-robin: the least refined so far
-        self.study.enqueue_trial(dict(least), user_attrs={"stage": "refine"}, skip_if_exists=False)
+        fixed = dict(least)
+        if fixed.get("training.compile"):
+            lead = leaders[least]
+            fixed.update({k: x for k, x in lead.params.items() if k.startswith(GRAPH)})
+            self.note("graph", "stages: refining a compiled trial holds its batch, accumulation and DDP settings "
+                               "(each change is a new compile) and searches its input side")
+        self.study.enqueue_trial(fixed, user_attrs={"stage": "refine"}, skip_if_exists=False)
         return "refine"
 
     def identity(self, v: TrialView) -> tuple:

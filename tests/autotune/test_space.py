@@ -27,7 +27,8 @@ def test_default_space_has_the_architecture_knobs_and_resolves_auto_per_rank():
     assert (p["loader.num_workers"].low, p["loader.num_workers"].high) == (0, 16)  # cores per rank
     assert p["data.decode"].choices == ("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid")
     assert not any(k.startswith("nccl.") for k in p)  # NCCL's debugging variables: a spec adds them
-    assert "training.compile" not in p
+    # torch.compile on a GPU machine (the stages weigh its compile); not its modes (minutes per graph)
+    assert p["training.compile"].choices == (False, True) and "training.compile_mode" not in p
     order = [x.path for x in space.params]
     assert order.index("loader.num_workers") < order.index("loader.prefetch_factor")
 
@@ -39,6 +40,11 @@ def test_cpu_only_drops_what_needs_a_gpu():
     assert not any(k.startswith("nccl.") for k in p)
     assert p["loader.num_workers"].high == 1
     assert any("nvjpeg-gpu dropped" in n for n in space.notes)
+    # Inductor's C++ compile takes minutes on CPU ranks: compile only where a spec names it.
+    assert "training.compile" not in p
+    named = resolve(_spec(space={"training.compile": [False, True]}), world_size=2, nproc_per_node=2,
+                    cpu_only=True, cores=2)
+    assert named.by_path()["training.compile"].choices == (False, True)
 
 
 def test_conditional_knobs_only_appear_when_their_condition_holds():

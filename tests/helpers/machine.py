@@ -67,9 +67,15 @@ class Machine:
 
     max_workers: int = 8
 
+    compile_gain: float = 1.0
+    """The pace compiled over the pace eager, at every precision and layout."""
+
+    compile_s: float = 0.0
+    """Seconds a compile takes: a compiled run's first step in a worker that has not compiled its graph."""
+
     def compute(self, cfg, searched: bool) -> float:
         t = cfg.training
-        ips = self.ceilings[(t.precision, t.channels_last)]
+        ips = self.ceilings[(t.precision, t.channels_last)] * (self.compile_gain if t.compile else 1.0)
         if t.batch_size * t.accum_steps < self.plateau:
             ips *= self.small_batch
         return ips if searched else ips / self.cudnn_gain
@@ -107,6 +113,8 @@ class FakeWorker:
     def __init__(self, name: str):
         self.name, self.plans = name, {}
         """cuDNN's plan cache of this worker: shape -> whether its search found them (keyed without the flag)."""
+        self.graphs: set[tuple] = set()
+        """The graphs this worker compiled (``trainer.compiled.graph_key``'s parts that vary here)."""
 
     def alive(self) -> bool:
         return True
@@ -119,6 +127,7 @@ class FakePool:
         self.machine, self.root = machine, Path(root)
         self.worker: FakeWorker | None = None
         self.launched = 0
+        self.compiles = 0
         self.runs: list[dict[str, Any]] = []
         """One entry per run: the config, the worker, whether it was a fresh one, and whether the cuDNN plans it ran
         on were found by the search."""
@@ -150,7 +159,13 @@ class FakePool:
             self.worker = None
             return self._end(run)
         emit({"kind": "ready", "t": t + 1.0})
-        emit({"kind": "first_step", "t": t + 2.0 + (3.0 if searched else 0.0), "first_batch_s": 0.1})
+        compiled = cfg.training.compile and m.kind(cfg) != "loader"
+        graph = (*shape, cfg.training.accum_steps, cfg.ddp.bucket_cap_mb)
+        compile_s = m.compile_s if compiled and graph not in w.graphs else 0.0
+        if compiled:
+            w.graphs.add(graph)
+            self.compiles += compile_s > 0
+        emit({"kind": "first_step", "t": t + 2.0 + (3.0 if searched else 0.0) + compile_s, "first_batch_s": 0.1})
         emit({"kind": "warmup_done", "t": t + 6.0})
         if m.kind(cfg) in m.interrupt:
             m.interrupt.discard(m.kind(cfg))
@@ -176,7 +191,8 @@ class FakePool:
         emit({"kind": "summary", "imgs_per_s": med, "imgs_per_s_windows": rates, "settled": settled(rates, mc),
               "spread": (max(used) - min(used)) / med, "loss_finite": finite, "loss_start": 2.0,
               "loss_end": 1.9 if finite else float("nan"), "loss_nonfinite_in_windows": 0 if finite else 3,
-              "cancelled": stop})
+              "cancelled": stop, **({"compile_s": compile_s, "compiles": int(compile_s > 0),
+                                     "compile_reused": compile_s == 0} if compiled else {})})
         return self._end(run)
 
     def _end(self, run: TrialRun) -> TrialRun:
@@ -216,7 +232,7 @@ SPEC: dict[str, Any] = {
 
 
 def constructed_plan(spec: dict[str, Any] = SPEC, *, gpu: bool = True, trials: int = 30,
-                     timeout_s: float | None = None) -> Plan:
+                     timeout_s: float | None = None, trial_timeout_s: float = 60.0) -> Plan:
     """The plan ``autotune.search.prepare`` would make of ``spec`` on 2 ranks (GPUs or CPU ranks), with a data
     folder of 10 classes that need not exist."""
     s = StudySpec.from_dict(spec)
@@ -227,4 +243,5 @@ def constructed_plan(spec: dict[str, Any] = SPEC, *, gpu: bool = True, trials: i
                 nvml=Nvml(), util_reason="no GPU", space=space, base=base, probe=base,
                 baseline=space.baseline_params(s, base.to_dict()), starts=[],
                 data=DataSummary(path="/sim", train=10000, val=0, classes=10),
-                storage_url="sqlite:///studies/sim.db", trials=trials, timeout_s=timeout_s, trial_timeout_s=60.0)
+                storage_url="sqlite:///studies/sim.db", trials=trials, timeout_s=timeout_s,
+                trial_timeout_s=trial_timeout_s)

@@ -43,9 +43,9 @@ def _cwd(in_tmp):
 
 
 def search(machine: Machine, *, gpu: bool = True, trials: int = 30, timeout: float | None = None, spec=SPEC,
-           storage=None, pool: FakePool | None = None):
+           storage=None, pool: FakePool | None = None, trial_timeout: float = 60.0):
     """Run a search of ``spec`` on the simulated machine; returns what a test looks at."""
-    plan = constructed_plan(spec, gpu=gpu, trials=trials, timeout_s=timeout)
+    plan = constructed_plan(spec, gpu=gpu, trials=trials, timeout_s=timeout, trial_timeout_s=trial_timeout)
     storage = storage or optuna.storages.InMemoryStorage()
     study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
                            nproc=2, baseline=plan.baseline, starts=plan.starts)
@@ -345,3 +345,75 @@ def test_a_job_that_can_measure_neither_part_runs_the_sampler_alone_and_says_so(
     engine.run(FakePool(Machine(ceilings=GPU, supplies=FEEDS), "pool"))
     assert any("stages: not run: this job can measure neither the model alone" in x for x in lines)
     assert not engine.parts.get_trials() and len(study.get_trials()) == 3
+
+
+COMPILING = copy.deepcopy(SPEC)
+COMPILING["space"]["training.compile"] = [False, True]
+
+
+def compiled(v) -> bool:
+    return bool(v.setting("training.compile"))
+
+
+def test_compile_is_measured_last_at_the_best_point_and_kept_where_it_is_faster():
+    machine = Machine(ceilings=GPU, supplies=FEEDS, compile_gain=1.2, compile_s=40.0)
+    r = search(machine, spec=COMPILING, trials=24, trial_timeout=300.0)
+    ceilings = parts(r, "ceiling")
+    # Eager first: the first end-to-end answer does not wait on a compile.
+    assert not compiled(ceilings[0]) and not any(compiled(v) for v in r.views[:r.views.index(e2e(r)[1])])
+    # One compiled point, at the fastest eager one, after every eager precision and layout the stages measured:
+    # no compile for each point of the grid.
+    done = [v for v in ceilings if compiled(v)]
+    assert [(v.setting("training.precision"), v.setting("training.channels_last")) for v in done] == [("fp16", True)]
+    assert all(not compiled(v) for v in ceilings[:ceilings.index(done[0])])
+    assert done[0].attrs["compile_s"] == 40.0
+    # It measured faster: the candidates go compiled, the fastest trial is compiled, and refining it holds what its
+    # graph is keyed by, so the compile is paid once per worker, not once per draw.
+    assert compiled(view.fastest(r.views))
+    refined = [v for v in r.views if v.stage == "refine" and compiled(v)]
+    assert refined and len({(v.params["training.batch_size"], v.params["training.accum_steps"],
+                             v.params["ddp.bucket_cap_mb"]) for v in refined}) == 1
+    assert "refining a compiled trial holds its batch, accumulation and DDP settings" in r.out
+    assert r.pool.compiles <= 3, r.pool.compiles
+    assert "compiled against eager last, where the budget pays for its one-off cost" in r.out
+    # cuDNN's decision for the compiled point is its eager point's: no compile in a fresh worker for evidence.
+    assert set(r.study.user_attrs.get("cudnn", {})) <= {"fp16 channels_last", "bf16 channels_last", "fp16 NCHW"}
+
+
+def test_a_compile_that_is_slower_is_measured_once_and_eager_is_kept():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS, compile_gain=0.8, compile_s=40.0), spec=COMPILING, trials=20,
+               trial_timeout=300.0)
+    assert len([v for v in parts(r, "ceiling") if compiled(v)]) == 1
+    assert not any(compiled(v) for v in e2e(r))
+    assert "compiled already ran slower than eager" not in r.out  # nothing left beyond it to call dominated
+    assert not compiled(view.fastest(r.views))
+
+
+def test_a_compile_the_trial_timeout_or_the_time_left_cannot_pay_for_is_not_measured_and_said():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS, compile_gain=1.2, compile_s=40.0), spec=COMPILING, trials=16)
+    assert not any(compiled(v) for v in r.views)
+    assert ("stages: compiled not measured: a run with it would take about 60 s, too near the trial timeout (60 s; "
+            "--trial-timeout raises it); eager stays") in r.out
+    planner = r.engine.stages
+    planner.plan.trial_timeout_s = 300.0
+    planner.cost = lambda vs, part: 10.0
+    vs = view.views(r.study)
+    dim, order = planner_dim("training.compile"), [False, True]
+    planner.budget = Budget(trials=30, left=20, seconds=400.0, left_s=100.0, parts_run=3, parts_s=30.0)
+    assert planner.affords_once(vs, dim, order, 1)  # 60 s of compile, 10 s of measurement, 2 x 10 s after it
+    planner.budget = Budget(trials=30, left=20, seconds=400.0, left_s=80.0, parts_run=3, parts_s=30.0)
+    assert not planner.affords_once(vs, dim, order, 1)
+    assert any("its first run costs about 60 s more, and the 80 s left cannot pay for it" in n
+               for n in planner.take_notes())
+
+
+def test_draws_the_stages_do_not_make_hold_compile_at_the_baseline():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS, compile_gain=1.2), spec=COMPILING, trials=2)
+    assert [v.stage for v in r.views] == ["baseline", "search"]
+    assert not any(compiled(v) for v in r.views)
+    assert "draws the stages do not make hold training.compile eager" in r.out
+
+
+def planner_dim(path: str):
+    from autotune.search.bounds import CEILING_GRID
+    return next(d for d in CEILING_GRID if d.path == path)
