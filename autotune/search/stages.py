@@ -540,7 +540,8 @@ class StagePlanner(Measured):
         if first.outcome != "measured" or first.attrs.get("settled") is not False or self.budget.left < 2:
             return None
         self.note("baseline", f"stages: trial {first.label}'s windows never agreed (spread {first.spread or 0:.1%}): "
-                              "measured again in a fresh process; the faster figure is the baseline")
+                              "measured again in a fresh process; the baseline is the faster settled figure "
+                              "(the faster of the two if neither settles)")
         self.study.enqueue_trial(dict(first.params), user_attrs={"stage": "baseline", "remeasure_of": first.number},
                                  skip_if_exists=False)
         return "baseline"
