@@ -249,9 +249,9 @@ class StagePlanner(Measured):
         held = {k: x for k, x in held.items() if self.space[k].contains(x)}
         if not held:
             return None
-        words = ", ".join(f"{d.path} {d.word(held[d.path])}" for d in CEILING_GRID if d.path in held)
-        self.note("hold-once", f"stages: draws the stages do not make hold {words} (unmeasured, it costs its "
-                               "first run a compile)")
+        words = ", ".join(d.word(held[d.path]) for d in CEILING_GRID if d.path in held)
+        self.note("hold-once", f"stages: draws left to the sampler run {words}: what a compile buys is not measured, "
+                               "and the first run would pay for it")
         self.study.enqueue_trial(held, user_attrs={"stage": "search"}, skip_if_exists=False)
         return "search"
 
