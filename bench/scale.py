@@ -24,11 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from run import PLAN, fmt_loss, row_config, run_one  # noqa: E402  (bench/run.py)
+from run import PLAN, fmt_loss, row_config, run_one
 
-from autotune.hw import nvml as nvml_gpu  # noqa: E402
-from autotune.hw.placement import visible_entries  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
+from autotune.hw import nvml as nvml_gpu
+from autotune.hw.placement import visible_entries
+from trainer.config import TrainConfig
 
 
 def from_study(study_name: str, storage: str, folder: Path) -> tuple[TrainConfig, dict]:
@@ -134,7 +134,8 @@ def main() -> int:
     def cell(value, width: int, fmt: str) -> str:  # a figure not measured shows as n/a, never as 0
         return f"{format(value, fmt):>{width}}" if value is not None else f"{'n/a':>{width}}"
 
-    print(f"\n{'world':<8}{'imgs/s':>10}{'per GPU':>10}{'spread':>8}{'loss start->end':>18}{'util%':>7}  source {source}")
+    print(f"\n{'world':<8}{'imgs/s':>10}{'per GPU':>10}{'spread':>8}{'loss start->end':>18}{'util%':>7}"
+          f"  source {source}")
     for r in runs:
         ips = r.get("imgs_per_s") if r.get("ok") else None
         loss = (f"{fmt_loss(r.get('loss_start'))}->{fmt_loss(r.get('loss_end'))}" if r.get("loss_end") is not None
