@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU work of a session, in as few calls as possible, on nvidia-h200-x2. From the repo root on the GPU machine,
-# after the wheel install line:
+# The GPU work of a session, in as few calls as possible, on any machine kind (nvidia-h200, -x2, -x4, -x8): every
+# stage uses every visible GPU (a search, a bench row, the drill) unless it says otherwise. From the repo root on the
+# GPU machine, after the wheel install line:
 #
 #   bash bench/gpu.sh STAGE [STAGE ...]
 #
@@ -8,32 +9,57 @@
 #                  (a `git archive` of an earlier commit, carried beside this one) run the same way, named old-*
 #   search=N       N trials of the resnet50 study on the generated JPEGs (resumes it; starts no trial after the call's
 #                  deadline, CALL_S seconds after the script began, minus a margin for the trial in flight)
-#   final          the search's best exported and re-measured in a fresh process, two more trials re-measured (the
-#                  best with a CPU decode, the best with a GPU decode), and HAND rows (bench/run.py) if named
+#   final[=STUDY]  STUDY's (default $FINAL_STUDY, else resnet50) best exported and re-measured in a fresh process, and
+#                  two more trials re-measured (the best with a CPU decode, the best with a GPU decode; FINAL_ROLES
+#                  picks, default best,cpu-decode,gpu-decode); then a short `autotune train` of the best's export
+#                  (two epochs of a hard-linked view of the JPEGs, sized to ~TRAIN_S=40 s at the search's pace, so
+#                  epoch starts weigh as little as on a real data set; TRAIN_S=0: none) with its imgs/s and loss
+#                  against the search's figure and the re-measure. Everything, the export included, in
+#                  final-STUDY.json (the YAML itself stays at $SCRATCH/state/best-STUDY.yaml); HAND rows
+#                  (bench/run.py) into hand.json if named. ~40 s per re-measure + TRAIN_S + ~30 s.
 #   RUN            any bench/run.py row by name
 #   search=N[@S]   as above, with a time budget of its own (S seconds, never past the call's deadline)
 #   script=N[@S]   a fresh search of the seed example script (examples/seed_ddp.py, a fresh torchrun per trial) on
-#                  the same JPEGs; script-fn=N[@S]: the same script as a function on a live worker (seed_ddp.py:main)
+#                  the same JPEGs; script-fn=N[@S]: the same script as a function on a live worker (seed_ddp.py:main);
+#                  their studies are seed-script and seed-fn (final=seed-fn re-measures and trains its best)
 #   model=NAME[@S] a fresh 16-trial search of a torchvision classifier by name (--model NAME) on the same JPEGs
 #   hand=ROWS      bench/run.py rows into hand.json; hand-NAME=ROWS: the same rows with --set model.name=NAME (and
 #                  the model family's optimizer: AdamW 1e-3 for convnext/vit/swin/maxvit)
 #   Every study of these stages lives in one database, studies.db; `autotune show` of each goes to tables.txt.
 #   rows=A,B,...   several bench/run.py rows in one run: one rows.json and one table (issue #22's rows: ceil-*,
 #                  supply-*, e2e-*; bench/run.py says each row's estimated wall time)
+#   ddp[=ceil]     issue #21's DDP and NCCL knobs, each alone on the best known end-to-end config (bench/run.py
+#                  DDP_ROWS: ddp-base, ddp-bucket-5, ddp-bucket-100, ddp-gabv, ddp-static, nccl-ring, nccl-tree,
+#                  nccl-simple, nccl-ll), one table against ddp-base, in ddp.json; =ceil: the same knobs on the compute
+#                  ceiling (synthetic data; ceil-ddp-*, ceil-nccl-*) in ddp-ceil.json. ~35 s a row, ~5.5 min; no row
+#                  starts after the call's deadline minus 60 s (those left are listed as not run)
+#   drill          bench/drill.py: a tiny search on the real process group (NCCL): a healthy trial, the last rank
+#                  SIGKILLed mid-trial, the last rank hung mid-trial (its peers in the all-reduce), a healthy trial;
+#                  checks each failure's class, the trial after them, no process and no GPU memory left (drill.json,
+#                  ~2.5 min: the hang costs the drill's 40 s trial timeout)
+#   scale[=SRC]    one config at --nproc-per-node 1 and N (every visible GPU): both figures, their losses and the
+#                  scaling efficiency N-GPU / (N x 1-GPU) in scale.json. SRC: a bench/run.py row, a study (its
+#                  fastest feasible trial, exported without a re-measure), or a YAML; default: final's export of
+#                  resnet50 (best-resnet50.yaml) if this machine made one, else the resnet50 study, else the row
+#                  ddp-base (the best known end-to-end config). ~90 s
 #   profile        bench/profile_step.py: ResNet-50's step, eager vs compiled vs CUDA graphs, top kernels
 #                  (profile.json; PROFILE_MODES, default eager,compile,cudagraphs; ~4 min cold, not measured)
 #   pipeline       bench/pipeline_gpu.py --hw on: where the nvjpeg-hw path's time goes (pipeline.json, ~2 min)
 #
 # Everything comes back in at most 8 files under $OUT: call.log (all output), studies.db (every study: `autotune show
-# --storage sqlite:///studies.db --study NAME`), tables.txt, trials.tgz, and the JSON of the bench stages run.
+# --storage sqlite:///studies.db --study NAME`), tables.txt, trials.tgz, and the JSON of the bench stages run (count
+# them when planning a call: each final=STUDY, ddp, drill, scale and rows= adds one).
 # Studies also resume on a fresh machine from bench/state/studies.db when that is carried.
-# DRY=1: the same stages on a machine without GPUs at toy sizes (ResNet-18, 32 px): checks the plumbing only.
+# SCRATCH (default /tmp): where the state (studies, trials, exports) and the bench rows' trial folders go.
+# DRY=1: the same stages on a machine without GPUs at toy sizes (ResNet-18, 32 px; one rank, two gloo ranks for the
+# drill and scale's N): checks the plumbing only.
 set -uo pipefail
 t0=$(date +%s)
 out=$(realpath -m "${OUT:-bench/out}"); mkdir -p "$out"
 exec > >(tee -a "$out/call.log") 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-data=${DATA:-/tmp/jpegs}; state=/tmp/state; db="sqlite:///$state/studies.db"
+scratch=$(realpath -m "${SCRATCH:-/tmp}")
+data=${DATA:-/tmp/jpegs}; state=$scratch/state; db="sqlite:///$state/studies.db"
 call_s=${CALL_S:-570}
 rows=${ROWS:-synthetic-fp16 strong-synthetic strong-nvjpeg-fp16 strong-nvjpeg-bf16 strong-hybrid-fp16-25}
 old_rows=${OLD_ROWS:-synthetic-fp16 strong-synthetic strong-nvjpeg-bf16}
@@ -51,6 +77,12 @@ fi
 # whole stage's output once).
 quiet() { grep --line-buffered -v "^W1\|^\*\*\*\|OMP_NUM_THREADS\|^  trial .* window\|^  trial .* warm-up\|^  trial .* measuring"; }
 left() { echo $(( t0 + call_s - $(date +%s) )); }
+# The studies and every trial's files (configs, logs, JSON lines; no checkpoint, no database copy) into $OUT: after
+# each stage that adds to them, so a call cut short keeps what its finished stages made.
+pack() {
+  cp "$state/studies.db" "$out/studies.db" 2>/dev/null
+  tar czf "$out/trials.tgz" -C "$state" --exclude='*.pt' --exclude='*.db' --exclude='compile-cache' . || true
+}
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, \
@@ -66,11 +98,11 @@ for stage in "$@"; do
   echo "== $stage ($(( $(date +%s) - t0 )) s into the call)"
   case "$stage" in
     compare)
-      python3 bench/run.py --data "$data" --out "$out/compare-new.json" --trials-dir /tmp/bench-new --timeout 150 \
+      python3 bench/run.py --data "$data" --out "$out/compare-new.json" --trials-dir $scratch/bench-new --timeout 150 \
         "${bench_set[@]}" $rows 2>&1 | quiet
       if [ -n "${OLD:-}" ]; then
         (cd "$OLD" && PYTHONPATH="/tmp/site:$PWD" python3 bench/run.py --data "$data" \
-          --out "$OLDPWD/$out/compare-old.json" --trials-dir /tmp/bench-old --timeout 150 "${bench_set[@]}" \
+          --out "$out/compare-old.json" --trials-dir $scratch/bench-old --timeout 150 "${bench_set[@]}" \
           $old_rows 2>&1 | quiet)
       fi
       python3 - "$out" <<'PY'
@@ -86,14 +118,44 @@ for f in ("compare-new.json", "compare-old.json"):
     (out / f).unlink(missing_ok=True)
 PY
       ;;
-    final)
-      python3 bench/remeasure.py --storage "$db" --study "${FINAL_STUDY:-resnet50}" --out "$out/final.json" \
-        --yaml "$out/best.yaml" --timeout 150
+    final|final=*)
+      study=${stage#final}; study=${study#=}; study=${study:-${FINAL_STUDY:-resnet50}}
+      # The training images one epoch of a short train run reads (make-data's train/ folder).
+      n_train=$(find "$data/train" -name '*.jpg' 2>/dev/null | wc -l)
+      python3 bench/remeasure.py --storage "$db" --study "$study" --out "$out/final-$study.json" \
+        --yaml "$state/best-$study.yaml" --timeout 150 --roles "${FINAL_ROLES:-best,cpu-decode,gpu-decode}" \
+        --train-s "${TRAIN_S:-40}" --train-images "$n_train" --train-dir "$state/train-$study" \
+        --train-view "$scratch/train-view-$study" \
+        --deadline-s "$(( $(left) - 10 ))" 2>&1 | quiet
+      pack
       if [ -n "$hand" ]; then
-        python3 bench/run.py --data "$data" --out "$out/hand.json" --trials-dir /tmp/bench-hand --timeout 150 \
+        python3 bench/run.py --data "$data" --out "$out/hand.json" --trials-dir "$scratch/bench-hand" --timeout 150 \
           "${bench_set[@]}" $hand 2>&1 | quiet
       fi
       ;;
+    ddp|ddp=ceil)
+      if [ "$stage" = ddp ]; then list=(ddp-base ddp-bucket-5 ddp-bucket-100 ddp-gabv ddp-static nccl-ring nccl-tree
+                                        nccl-simple nccl-ll); json=ddp.json; else
+        list=(ceil-ddp-base ceil-ddp-bucket-5 ceil-ddp-bucket-100 ceil-ddp-gabv ceil-ddp-static ceil-nccl-ring
+              ceil-nccl-tree ceil-nccl-simple ceil-nccl-ll); json=ddp-ceil.json; fi
+      python3 bench/run.py --data "$data" --out "$out/$json" --trials-dir "$scratch/bench-ddp" --timeout 150 \
+        --against "${list[0]}" --start-before "$(( $(left) - 60 ))" "${bench_set[@]}" "${list[@]}" 2>&1 | quiet ;;
+    drill)
+      # The failures hit the last rank of every visible GPU's world; DRY: two gloo ranks (the drill's net is tiny).
+      dr=(); [ -n "${DRY:-}" ] && dr=(--nproc 2 --trial-timeout 25)
+      python3 bench/drill.py --out "$out/drill.json" --work "$state/drill" --data "$data" "${dr[@]}" 2>&1 | quiet
+      pack ;;
+    scale|scale=*)
+      src=${stage#scale}; src=${src#=}; sc=()
+      if [ -z "$src" ] && [ -f "$state/best-resnet50.yaml" ]; then sc=(--config "$state/best-resnet50.yaml")
+      elif [ -z "$src" ]; then sc=(--study resnet50 --storage "$db" --or-row ddp-base --data "$data" "${bench_set[@]}")
+      elif [ -f "$src" ]; then sc=(--config "$src")
+      elif python3 -c "import sys; sys.path.insert(0, 'bench'); import run; sys.exit('$src' not in run.PLAN)" \
+           2>/dev/null; then sc=(--row "$src" --data "$data" "${bench_set[@]}")
+      else sc=(--study "$src" --storage "$db"); fi
+      [ -n "${DRY:-}" ] && [ "${sc[0]}" != --row ] && sc+=(--set measure.window_s=0.5 --set measure.warmup_min_steps=2)
+      python3 bench/scale.py --out "$out/scale.json" --trials-dir "$scratch/bench-scale" --timeout 150 "${sc[@]}" \
+        2>&1 | quiet ;;
     search=*|script=*|script-fn=*|model=*)
       kind=${stage%%=*}; arg=${stage#*=}; n=${arg%@*}; secs=${arg#*@}; [ "$secs" = "$arg" ] && secs=
       budget=$(( $(left) - 45 ))  # the trial in flight when it runs out still ends inside the call
@@ -117,9 +179,7 @@ PY
       fi
       { echo "== $stage"; python3 -m autotune show --storage "$db" --study "$name"; } >> "$out/tables.txt" 2>&1
       tail -6 "$out/tables.txt"
-      cp "$state/studies.db" "$out/studies.db" 2>/dev/null
-      tar czf "$out/trials.tgz" -C "$state" --exclude='*.pt' --exclude='*.db' --exclude='compile-cache' . || true
-      ;;
+      pack ;;
     hand=*|hand-*=*)
       list=${stage#*=}; model=${stage%%=*}; model=${model#hand}; model=${model#-}; hset=()
       if [ -n "$model" ]; then
@@ -127,11 +187,11 @@ PY
         case "$model" in convnext*|vit*|swin*|maxvit*) hset+=(--set optimizer.name=adamw --set optimizer.lr=0.001
                                                               --set optimizer.weight_decay=0.05) ;; esac
       fi
-      python3 bench/run.py --data "$data" --out "$out/hand-${model:-resnet50}.json" --trials-dir /tmp/bench-hand \
+      python3 bench/run.py --data "$data" --out "$out/hand-${model:-resnet50}.json" --trials-dir $scratch/bench-hand \
         --timeout 150 "${bench_set[@]}" "${hset[@]}" ${list//,/ } 2>&1 | quiet ;;
     rows=*)
       list=${stage#rows=}
-      python3 bench/run.py --data "$data" --out "$out/rows.json" --trials-dir /tmp/bench-rows --timeout 180 \
+      python3 bench/run.py --data "$data" --out "$out/rows.json" --trials-dir $scratch/bench-rows --timeout 180 \
         "${bench_set[@]}" ${list//,/ } 2>&1 | quiet ;;
     profile)
       if [ -n "${DRY:-}" ]; then prof=(--cpu-smoke --modes "${PROFILE_MODES:-eager,compile}"); else
@@ -141,7 +201,7 @@ PY
       if [ -n "${DRY:-}" ]; then pipe=(--cpu-smoke); else pipe=(--hw on --hybrid 0.5 --workers 6 --train); fi
       python3 bench/pipeline_gpu.py "$data/train" --out "$out/pipeline.json" --batch 512 "${pipe[@]}" 2>&1 | quiet ;;
     *)
-      python3 bench/run.py --data "$data" --out "$out/runs.json" --trials-dir /tmp/bench-runs --timeout 150 \
+      python3 bench/run.py --data "$data" --out "$out/runs.json" --trials-dir $scratch/bench-runs --timeout 150 \
         "${bench_set[@]}" "$stage" 2>&1 | quiet ;;
   esac
 done

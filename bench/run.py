@@ -75,6 +75,34 @@ END_TO_END: dict[str, tuple[str, dict]] = {  # the JPEGs, fp16, CL, batch 512: ~
                                            "data.hybrid_cpu_fraction": 0.25, "data.hybrid_hw_fraction": 0.25,
                                            "loader.num_workers": 12}),
 }
+# ---- issue #21: the DDP and NCCL knobs, each alone against DDP_BASE, on the best end-to-end config known
+# (e2e-hybrid-50: hybrid 50 %, fp16, channels_last, bs 512 per GPU, 12 workers per rank). Two changes that do not
+# change the step: the search's lr 0.1 (strong's 0.4 sent nvjpeg-gpu fp16 to NaN on 2xH200 in session 3, and a
+# void row says nothing about a knob) and cudnn.benchmark off (it bought nothing measurable for ResNet-50 here and
+# cost ~13 s of first step per fresh process). Estimated ~35 s per row on 4 GPUs: ~5.5 min for the nine.
+DDP_BASE = {**E2E, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5, "loader.num_workers": 12,
+            "optimizer.lr": 0.1, "training.cudnn_benchmark": False}
+CEIL_DDP_BASE = {**CEIL, "optimizer.lr": 0.1, "training.cudnn_benchmark": False}
+DDP_KNOBS: dict[str, dict] = {  # ddp.* defaults: bucket 25 MB, gradient_as_bucket_view off, static_graph off
+    "base": {},
+    "bucket-5": {"ddp.bucket_cap_mb": 5.0},
+    "bucket-100": {"ddp.bucket_cap_mb": 100.0},
+    "gabv": {"ddp.gradient_as_bucket_view": True},
+    "static": {"ddp.static_graph": True},  # accum_steps 1 here: the combination the config allows
+}
+NCCL_KNOBS: dict[str, dict] = {  # all-reduce algorithm and protocol; never LL128, never NVLS (the launcher refuses)
+    "ring": {"nccl.algo": "Ring"},
+    "tree": {"nccl.algo": "Tree"},
+    "simple": {"nccl.proto": "Simple"},
+    "ll": {"nccl.proto": "LL"},
+}
+DDP_ROWS: dict[str, tuple[str, dict]] = {
+    **{f"ddp-{k}": ("strong", {**DDP_BASE, **v}) for k, v in DDP_KNOBS.items()},
+    **{f"nccl-{k}": ("strong", {**DDP_BASE, **v}) for k, v in NCCL_KNOBS.items()},
+    # The same knobs where communication is the larger share of a step: the compute ceiling (synthetic data).
+    **{f"ceil-ddp-{k}": ("strong", {**CEIL_DDP_BASE, **v}) for k, v in DDP_KNOBS.items()},
+    **{f"ceil-nccl-{k}": ("strong", {**CEIL_DDP_BASE, **v}) for k, v in NCCL_KNOBS.items()},
+}
 PLAN: dict[str, tuple[str, dict]] = {
     "seed-default": ("seed-default", {}),
     "strong-pil": ("strong", {"data.decode": "pil"}),
@@ -110,7 +138,17 @@ PLAN: dict[str, tuple[str, dict]] = {
     **CEILINGS,
     **SUPPLIES,
     **END_TO_END,
+    **DDP_ROWS,
 }
+
+
+def row_config(name: str, data: str | None, common: dict) -> TrainConfig:
+    """The TrainConfig of PLAN row ``name``: its base config, its overrides (their CPU stand-ins under DRY=1), the
+    data folder and the overrides given for every run."""
+    base, overrides = PLAN[name]
+    cfg = TrainConfig.from_yaml(HERE / "configs" / f"{base}.yaml")
+    where = {"data.path": data} if data else {}
+    return cfg.with_overrides({**where, **dry_run(overrides), **common, "name": name})
 
 
 class CpuSampler:
@@ -220,6 +258,10 @@ def main() -> int:
     p.add_argument("--nproc", type=int, help="ranks (default: every visible GPU; 2 without GPUs)")
     p.add_argument("--out", required=True, help="JSON file for all results (trial logs go beside it)")
     p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--against", metavar="RUN",
+                   help="a run of this list that the table sets every other against (imgs/s as a ratio of its)")
+    p.add_argument("--start-before", type=float, metavar="S",
+                   help="start no run after S seconds (a call's deadline); the runs left are listed as not run")
     p.add_argument("--trials-dir", help="where each run's config, log and JSON lines go (default: beside --out)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override for every run")
@@ -240,9 +282,16 @@ def main() -> int:
         runs += [f"{label}-{i + 1}" for i in range(args.repeat)]
     if not runs:
         p.error("name runs or pass --config")
+    unknown = [n for n in args.runs if n not in PLAN and n != "bare-synthetic"]
+    if unknown:
+        p.error(f"unknown run(s): {', '.join(unknown)} (see PLAN in {__file__})")
+    began = time.time()
     for name in runs:
         t = time.time()
-        if name == "bare-synthetic":
+        if args.start_before is not None and t - began > args.start_before:
+            res = {"name": name, "ok": False, "failure": "not run",
+                   "failure_message": f"not started: {args.start_before:.0f} s of this call's rows were spent"}
+        elif name == "bare-synthetic":
             res = run_bare(args.nproc, trials)
         elif args.config and name.startswith((args.label or Path(args.config).stem) + "-"):
             # The exported config as the search measured it: measure mode, same data, same world size.
@@ -250,11 +299,7 @@ def main() -> int:
             cfg = cfg.with_overrides({"training.mode": "measure", **common, "name": name})
             res = run_one(name, cfg, args.nproc, trials, args.timeout)
         else:
-            base, overrides = PLAN[name]
-            cfg = TrainConfig.from_yaml(HERE / "configs" / f"{base}.yaml")
-            data = {"data.path": args.data} if args.data else {}
-            cfg = cfg.with_overrides({**data, **dry_run(overrides), **common, "name": name})
-            res = run_one(name, cfg, args.nproc, trials, args.timeout)
+            res = run_one(name, row_config(name, args.data, common), args.nproc, trials, args.timeout)
         res["bench_wall_s"] = round(time.time() - t, 1)
         results.append(res)
         out.write_text(json.dumps(results, indent=1, default=str))
@@ -264,8 +309,9 @@ def main() -> int:
     def cell(value, width, fmt):  # a figure not measured (no GPU, a failed run) shows as n/a, never as 0
         return f"{format(value, fmt):>{width}}" if value is not None else f"{'n/a':>{width}}"
 
+    ref = next((r for r in results if r["name"] == args.against and r.get("ok") and r.get("imgs_per_s")), None)
     print(f"\n{'run':<26}{'imgs/s':>10}{'spread':>8}{'loss start->end':>18}{'util%':>7}{'mem GiB':>9}{'cpu%':>6}"
-          f"{'compile s':>10}{'wall s':>8}")
+          f"{'compile s':>10}{'wall s':>8}" + (f"{'vs ' + args.against:>22}" if args.against else ""))
     for r in results:
         mem = r.get("mem_used_max_mib")
         # A failed run (a diverged loss included) shows no imgs/s: that figure would not describe training.
@@ -276,7 +322,8 @@ def main() -> int:
               f"{cell(r.get('util_mean'), 7, '.1f')}{cell(mem / 1024 if mem is not None else None, 9, '.1f')}"
               f"{cell(r.get('cpu_busy_pct'), 6, '.0f')}{cell(r.get('compile_s'), 10, '.1f')}"
               f"{cell(r.get('bench_wall_s'), 8, '.0f')}"
-              f"  {'FAILED: ' + r['failure'] if r.get('failure') else ''}")
+              + (cell(ips / ref["imgs_per_s"] if ref and ips else None, 22, '.3f') if args.against else "")
+              + f"  {'FAILED: ' + r['failure'] if r.get('failure') else ''}")
     return 0 if all(r.get("ok") for r in results) else 1
 
 
