@@ -323,3 +323,56 @@ def test_ctrl_c_on_a_terminal_ends_the_live_line_before_saying_how_to_resume(tmp
     assert proc.returncode == 130, text
     before = text[:text.index("autotune: interrupted")]
     assert before.endswith("\n"), repr(before[-200:])  # on a line of its own, not glued to the live status line
+
+
+COMPILE_SPEC = """
+name: compiling
+base:
+  model: {name: "tests.helpers.models:tiny"}
+  data: {kind: synthetic, image_size: 32, num_classes: 4}
+  loader: {num_workers: 0}
+  training: {batch_size: 16}
+  ddp: {timeout_s: 60}
+  measure: {warmup_min_steps: 3, window_s: 0.5, windows: 3, max_windows: 6}
+world: {nproc_per_node: 2}
+default_space: false
+space:
+  training.batch_size: {choices: [16, 32]}
+  training.compile: {choices: [false, true]}
+  ddp.bucket_cap_mb: {low: 5, high: 100, log: true}
+baseline: {training.batch_size: 16, training.compile: false, ddp.bucket_cap_mb: 25}
+budget: {trials: 7, trial_timeout_s: 300}
+stages: {enabled: true, candidates: 1}
+sampler: {kind: tpe, seed: 0, n_startup_trials: 2}
+"""
+
+
+def test_a_spec_that_names_compile_gets_it_weighed_by_the_stages_and_paid_once_per_worker(tmp_path):
+    """The real job under the stages: the compiled ceiling is measured after the eager one, its compile recorded;
+    when it is faster the candidate after it runs compiled on the same live worker without compiling again, and the
+    refinement keeps its graph."""
+    spec = tmp_path / "compiling.yaml"
+    spec.write_text(COMPILE_SPEC)
+    r = autotune("search", "--spec", str(spec), cwd=tmp_path, timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "compiled against eager last, where the budget pays for its one-off cost" in out
+    storage = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    trials = optuna.load_study(study_name="compiling", storage=storage).get_trials()
+    parts = optuna.load_study(study_name="compiling.parts", storage=storage).get_trials()
+    ceilings = [(trial_attrs(t), t) for t in parts if t.user_attrs["stage"] == "ceiling"]
+    on = [(a, t) for a, t in ceilings if a["overrides"]["training.compile"]]
+    assert len(on) == 1, [a["overrides"] for a, _ in ceilings]
+    (a, t), = on
+    assert ceilings[0][0]["overrides"]["training.compile"] is False and t.number > ceilings[0][1].number
+    assert a["compile_s"] > 0 and a["compiles"] >= 1 and a["loss_end"] > 0
+    eager = max(t.value for b, t in ceilings if not b["overrides"]["training.compile"])
+    later = [u for u in trials if u.datetime_start > t.datetime_start and u.state == S.COMPLETE]
+    compiled = [u for u in later if u.params.get("training.compile")]
+    if t.value >= eager * 0.95:  # faster, or tied within the spread target (a tie is broken end to end)
+        assert compiled, [(u.number, u.params) for u in later]
+        for u in compiled:  # on the live worker that compiled it: the graph is there
+            assert trial_attrs(u)["worker"] == a["worker"] and trial_attrs(u)["compile_s"] == 0, trial_attrs(u)
+        assert len({(u.params["training.batch_size"], u.params["ddp.bucket_cap_mb"]) for u in compiled}) == 1
+    else:
+        assert not compiled, [(u.number, u.params) for u in compiled]
