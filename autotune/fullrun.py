@@ -408,7 +408,9 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
     per = per_second(s.get("unit"))
     last_val = r.vals[-1] if r.vals else None
     m = p.export.get("measured") or {}
-    lines.append(f"done in {fmt_duration(r.wall_s)}: {s.get('epochs', '?')} epoch(s), {s.get('steps', '?')} steps"
+    # A user's script that loops without ``run.epochs`` reports steps only.
+    epochs = f"{s.get('epochs', '?')} epoch(s), " if s.get("epochs") or p.config.data.kind != "script" else ""
+    lines.append(f"done in {fmt_duration(r.wall_s)}: {epochs}{s.get('steps', '?')} steps"
                  + (f"; final val top1 {last_val['top1']:.4f} top5 {last_val['top5']:.4f} (epoch {last_val['epoch']})"
                     if last_val else "; no validation") + f"; checkpoints in {p.config.checkpoint_dir}")
     if ips is None:

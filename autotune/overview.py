@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 
+from autotune.search.bounds import pair_label, point_of, trainable_ceiling
 from autotune.search.progress import fmt_duration, fmt_ips, fmt_params
 from autotune.search.stages import shown_settings
 from autotune.study import view
@@ -30,11 +31,10 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
              remeasured: dict[int, dict] | None = None, per: str = "imgs/s") -> list[str]:
     """Ceiling, supplies, and the tuned configuration against both (lines; fewer when a stage has not run)."""
     lines = []
-    top = view.ceiling(trials)
+    top = trainable_ceiling(trials)
     if top is not None:
         lines.append(f"what the {devices} can do (ceiling, the model on synthetic data): "
-                     f"{fmt_ips(top.imgs_per_s)} {per} — {top.setting('training.precision')}, "
-                     f"{'channels_last' if top.setting('training.channels_last') else 'NCHW'}, batch "
+                     f"{fmt_ips(top.imgs_per_s)} {per} — {pair_label(point_of(top)).replace(' ', ', ')}, batch "
                      f"{top.setting('training.batch_size')} (trial {top.label})")
     feeds = view.supplies(trials)
     if feeds:
@@ -75,7 +75,7 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
 
     trials = view.views(study) if trials is None else trials
     devices, per = view.devices(study), view.rate(study)
-    best, top, feeds = view.fastest(trials), view.ceiling(trials), view.supplies(trials)
+    best, top, feeds = view.fastest(trials), trainable_ceiling(trials), view.supplies(trials)
     out: list[tuple[str, str]] = []
     synthetic = best is not None and best.setting("data.kind") == "synthetic"
     decode = best.setting("data.decode") if best is not None and not synthetic else None

@@ -14,7 +14,7 @@ from itertools import product
 from typing import Any
 
 from autotune.space import get_path
-from autotune.study.view import TrialView, feasible
+from autotune.study.view import TrialView, feasible, stage
 from trainer.protocol import Failure
 
 PLATEAU = 0.98
@@ -185,7 +185,7 @@ class Measured:
         return max(self.choices("training.batch_size"))
 
     def pair_of(self, v: TrialView) -> tuple:
-        return tuple(v.setting(d.path) for d in CEILING_GRID)
+        return point_of(v)
 
     def ceilings_of(self, vs: list[TrialView], pair: tuple) -> list[TrialView]:
         return [v for v in vs if v.stage == "ceiling" and v.outcome == "part" and v.imgs_per_s is not None
@@ -233,17 +233,8 @@ class Measured:
                    default=-math.inf)
 
     def pair_dead(self, vs: list[TrialView], pair: tuple) -> bool:
-        """End-to-end trials at one of its values that decide training (``Dimension.trains``: the precision)
-        diverged — the loss left the finite numbers — and none at that value trained: it does not train this model,
-        whatever its speed."""
-        for i, dim in enumerate(CEILING_GRID):
-            if not dim.trains:
-                continue
-            e2e = [v for v in vs if v.end_to_end and not v.baseline and v.setting(dim.path) == pair[i]]
-            alive = any(v.outcome in ("measured", "pruned", "running", "waiting") for v in e2e)
-            if not alive and any(v.failure_class == str(Failure.DIVERGED) for v in e2e):
-                return True
-        return False
+        """Whether a value of ``pair`` does not train this model, whatever its speed (``untrainable``)."""
+        return point_dead(untrainable(vs), pair)
 
     def ceiling_choice(self, vs: list[TrialView], pair: tuple | None = None) -> dict[str, Any] | None:
         """The ceiling's settings for ``pair`` (default: the fastest live one): its precision and layout, at the
@@ -326,6 +317,41 @@ def supply_upper(v: TrialView) -> float:
     if v.attrs.get("settled") is not False or not windows:
         return float(v.imgs_per_s)
     return max([*windows[-max(1, len(windows) // 2):], float(v.imgs_per_s)])
+
+
+def untrainable(vs: list[TrialView]) -> set[tuple[str, Any]]:
+    """(path, value) of each value of a dimension that decides training (``Dimension.trains``: the precision) whose
+    end-to-end trials diverged — the loss left the finite numbers — while none at that value trained."""
+    out = set()
+    for dim in CEILING_GRID:
+        if not dim.trains:
+            continue
+        by_value: dict[Any, list[TrialView]] = {}
+        for v in vs:
+            if v.end_to_end and not v.baseline:
+                by_value.setdefault(v.setting(dim.path), []).append(v)
+        for value, e2e in by_value.items():
+            alive = any(v.outcome in ("measured", "pruned", "running", "waiting") for v in e2e)
+            if not alive and any(v.failure_class == str(Failure.DIVERGED) for v in e2e):
+                out.add((dim.path, value))
+    return out
+
+
+def point_dead(dead: set[tuple[str, Any]], pair: tuple) -> bool:
+    return any((d.path, x) in dead for d, x in zip(CEILING_GRID, pair, strict=True))
+
+
+def point_of(v: TrialView) -> tuple:
+    """A trial's point of the ceiling's grid."""
+    return tuple(v.setting(d.path) for d in CEILING_GRID)
+
+
+def trainable_ceiling(vs: list[TrialView]) -> TrialView | None:
+    """The fastest measurement of the model alone at a point that trains it: what a tuned run can approach (a
+    precision whose end-to-end runs all diverged is fast on synthetic data and reaches nothing)."""
+    dead = untrainable(vs)
+    return max((v for v in stage(vs, "ceiling") if not point_dead(dead, point_of(v))), key=lambda v: v.imgs_per_s,
+               default=None)
 
 
 def pair_label(pair: tuple) -> str:

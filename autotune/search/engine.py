@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 from autotune.hw.nvml import fingerprint
 from autotune.runner.pool import WorkerPool
 from autotune.search import script
+from autotune.search.bounds import trainable_ceiling
 from autotune.search.evaluate import Evaluator
 from autotune.search.prepare import Plan, SearchOptions, describe_model, generate_data, prepare, summarize_data
 from autotune.search.progress import Progress
@@ -217,7 +218,7 @@ def best_line(study: optuna.Study) -> str:
         return "autotune: no trial has completed yet; see the trial logs"
     gain = (f", {best.imgs_per_s / base.imgs_per_s:.2f}x the baseline (trial {base.label}: {base.imgs_per_s:,.1f})"
             if base else "")
-    top = view.ceiling(trials)
+    top = trainable_ceiling(trials)
     share = (f", {best.imgs_per_s / top.imgs_per_s:.0%} of the {view.devices(study)}' ceiling "
              f"({top.imgs_per_s:,.0f})") if top else ""
     return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} {view.rate(study)}{gain}{share}. "

@@ -105,6 +105,8 @@ class Run:
         self._loader: Batches | None = None
         self.meter: ThroughputMeter | None = None
         self.reports = self.steps = 0
+        self.epochs_done = 0
+        """Epochs of ``epochs()`` the script ran to their end (0 for a loop of its own)."""
         self.done = self._closed = False
         self._t_ready: float | None = None
         self.loss = torch.zeros((), device=self.device)
@@ -326,6 +328,7 @@ class Run:
             before = self.reports
             yield epoch
             epoch += 1
+            self.epochs_done = epoch
             if self.reports == before and self.in_search:
                 raise ScriptError([self._no_step(epoch - 1)])
 
@@ -416,7 +419,7 @@ class Run:
         mode = {"supply": "loader", "ceiling": "measure"}.get(self.request.mode, self.request.mode)
         self.writer.write(summary_record(self.meter, self.env, mode=mode, loss=self.loss,
                                          nonfinite=self._nonfinite if loss_known else None, steps_run=self.steps,
-                                         steps=self.steps, epochs=0, unit=self.unit, loss_hint=SCRIPT_LOSS_HINT,
+                                         steps=self.steps, epochs=self.epochs_done, unit=self.unit, loss_hint=SCRIPT_LOSS_HINT,
                                          global_batch=batch * accum * self.world_size if batch else None))
         self.done = True
 

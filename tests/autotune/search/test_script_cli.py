@@ -65,8 +65,9 @@ def test_the_seed_example_is_tuned_exported_and_trained_as_a_fresh_torchrun_per_
                  "--image-size", "32", "--epochs", "8", cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "seed_ddp.py --model resnet18 --image-size 32 --epochs 8" in r.stdout
+    assert ": 8 epoch(s), " in r.stdout  # the script's run.epochs(8), counted
     summary = json.loads((tmp_path / "run" / "train-summary.json").read_text())
-    assert summary is not None
+    assert summary["epochs"] == 8
 
 
 def test_the_language_model_example_is_tuned_on_a_live_worker_in_tokens(tmp_path):

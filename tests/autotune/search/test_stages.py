@@ -19,8 +19,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.overview import cudnn_lines, table
-from autotune.search.engine import Engine
+from autotune.overview import cudnn_lines, headline, table
+from autotune.search.bounds import trainable_ceiling
+from autotune.search.engine import Engine, best_line
 from autotune.search.progress import Progress, fmt_ips
 from autotune.search.stages import REACH, Budget
 from autotune.study import view
@@ -205,6 +206,12 @@ def test_when_a_precision_diverges_end_to_end_the_next_fastest_takes_over():
     assert view.fastest(r.views).setting("training.precision") == "bf16"
     # cuDNN decided for the precision and layout the candidates moved to, as for the first.
     assert set(r.study.user_attrs["cudnn"]) == {"fp16 channels_last", "bf16 channels_last"}
+    # The ceiling a tuned run is measured against is one that trains: bf16's, not fp16's faster one.
+    assert view.ceiling(r.views).setting("training.precision") == "fp16"
+    top = trainable_ceiling(r.views)
+    assert top.setting("training.precision") == "bf16" and top.imgs_per_s == pytest.approx(GPU[("bf16", True)], 0.1)
+    assert f"of the GPUs' ceiling ({top.imgs_per_s:,.0f})" in best_line(r.study)
+    assert any("bf16, channels_last, batch" in line for line in headline(r.views))
 
 
 def test_a_candidate_whose_every_trial_fails_is_replaced_by_the_next():
