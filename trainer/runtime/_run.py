@@ -445,7 +445,7 @@ class Run:
         if self._closed:
             return
         self._closed = True
-        if self.request.mode == "train" and self.meter is not None and self.meter.windows and not self.done:
+        if self.request.mode == "train" and self.meter is not None and self.reports and not self.done:
             self._finish()
         problem = self.ended()
         if problem is not None and _request.active() is None:  # a live worker's trial: the worker records it
