@@ -21,6 +21,7 @@ import io
 import json
 import math
 import os
+import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -127,7 +128,12 @@ def make_image_folder(root: str | os.PathLike, *, images: int, classes: int, val
     if workers > 1:
         import multiprocessing
 
-        pool = multiprocessing.get_context().Pool(workers)
+        # Blocked while the workers start, so none can take a signal before _worker_signals has run in it.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_SIGNALS)
+        try:
+            pool = multiprocessing.get_context().Pool(workers, initializer=_worker_signals, initargs=(blocked,))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
         with tqdm(total=images, unit="img", desc=f"make-data {root}", disable=not progress, dynamic_ncols=True) as bar:
             for start, rows in (pool.imap_unordered(_write_range, jobs) if pool else map(_write_range, jobs)):
@@ -157,6 +163,20 @@ def make_image_folder(root: str | os.PathLike, *, images: int, classes: int, val
     tmp.write_text(json.dumps({"spec": asdict(spec), "summary": summary}, indent=1))
     os.replace(tmp, root / MANIFEST)
     return {**summary, "cached": False}
+
+
+_WORKER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _worker_signals(mask) -> None:
+    """A pool worker's signals: a forked worker inherits its parent's Python handlers (``autotune search`` turns
+    SIGTERM and SIGHUP into an exception), and ``pool.terminate()`` SIGTERMs the workers, so each printed a
+    traceback of its own when the parent was stopped. Here SIGTERM and SIGHUP end a worker at once, silently, and
+    SIGINT (Ctrl-C reaches the whole process group) is the parent's to handle: it terminates the pool."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _reusable(root: Path, spec: DatagenSpec) -> dict | None:

@@ -5,15 +5,19 @@ check that would otherwise fail trial after trial. A mistake costs one line and 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
+import json
 import os
 import re
 import statistics
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from autotune.exceptions import AutotuneError, DataError, SpecError, StorageError
 from autotune.hw.nvml import Gpu, Nvml
@@ -169,7 +173,7 @@ def prepare(o: SearchOptions, say=print) -> Plan:
     util_reason = None if nvml.available and gpus else ("no GPU" if not entries else
                                                         nvml.reason or "no NVML device for the selected GPUs")
     objective.check(util_reason is None, util_reason or "")
-    base = given_data(spec, o.data)
+    base, checked = given_data(spec, o.data)
     data = summarize_data(base) if base is not None and base.data.kind == "imagefolder" else None
     probe = base or spec.base_config("<generated>")
     space = resolve(spec, world_size=world, nproc_per_node=nproc, cpu_only=not entries,
@@ -183,6 +187,8 @@ def prepare(o: SearchOptions, say=print) -> Plan:
     problem = writable_problem(storage_url)
     if problem:
         raise StorageError(problem)
+    if checked is not None:  # recorded only now: a search refused for another mistake leaves no file behind
+        checked.settle(say)
     folder = missing_folder(storage_url)
     if folder is not None:  # every check passed: the search is about to make it
         say(f"autotune: making folder {folder} for the study storage")
@@ -319,9 +325,10 @@ def data_cache_root(spec: StudySpec) -> Path:
     return Path(xdg) / "ddp-autotune" / "data"
 
 
-def given_data(spec: StudySpec, data_arg: str | None) -> TrainConfig | None:
+def given_data(spec: StudySpec, data_arg: str | None) -> tuple[TrainConfig | None, DataCheck | None]:
     """The base config when its data already exists (``--data``, the spec's path, synthetic), checked: the folder
-    exists and holds images. None when the spec's data is to be generated (``generate_data``)."""
+    exists and holds images (``DataCheck``: the verdict, to be recorded once every other check passed too). None
+    when the spec's data is to be generated (``generate_data``)."""
     if data_arg:
         path = Path(data_arg).expanduser().resolve()
         if path.exists() and not path.is_dir():
@@ -332,9 +339,9 @@ def given_data(spec: StudySpec, data_arg: str | None) -> TrainConfig | None:
                             "--images 1000 --classes 10`, or point --data at an ImageFolder (one sub-folder per "
                             "class)")
         base = spec.base_config(str(path)).with_overrides({"data.kind": "imagefolder"})
-        return _check_images(base, "--data")
+        return base, _check_images(base, "--data", data_cache_root(spec))
     if spec.generates_data:
-        return None
+        return None, None
     base = spec.base_config()
     if base.data.kind == "imagefolder":
         path = Path(base.data.path).expanduser()
@@ -342,26 +349,145 @@ def given_data(spec: StudySpec, data_arg: str | None) -> TrainConfig | None:
             what = "a file, not a folder" if path.exists() else "no such folder"
             raise DataError(f"base.data.path {path}: {what}; fix the spec or pass --data DIR")
         base = base.with_overrides({"data.path": str(path.resolve())})
-        return _check_images(base, "base.data.path")
-    return base
+        return base, _check_images(base, "base.data.path", data_cache_root(spec))
+    return base, None
 
 
-def _check_images(base: TrainConfig, where: str) -> TrainConfig:
+def _check_images(base: TrainConfig, where: str, cache: Path | None = None) -> DataCheck:
     """An ImageFolder with no image (or a validation split that does not match), or with a file that is no image,
-    fails every trial: say so now."""
+    fails every trial: say so now. A folder whose files are unchanged since a clean check recorded in ``cache``
+    (``DataCheck``) is not checked again."""
     try:
         train, val = resolve_splits(base)
     except ConfigError as e:
         raise DataError(f"{where}: {'; '.join(e.problems)}; it needs one folder per class with JPEG/PNG files in "
                         "them (`autotune make-data DIR --images N --classes C` makes one)") from None
     paths = [p for split in (train, val) if split is not None for p, _ in split.samples]
-    bad = unreadable_images(paths)
+    checked = DataCheck(path=str(Path(base.data.path).resolve()), files=len(paths), signature=files_signature(paths),
+                        cache=cache)
+    if checked.recorded():
+        return checked
+    with check_progress(len(paths), checked.path) as step:
+        bad = unreadable_images(paths, progress=step)
     if bad:
         path, why = bad[0]
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise DataError(f"{where}: {path} is not a readable image: {why}{more}; remove or replace "
                         f"{'it' if len(bad) == 1 else 'them'} (every file of the folder was checked)")
-    return base
+    return checked
+
+
+CHECK_FORMAT = 1
+"""Bumped whenever ``image_problem`` accepts less than before, so a folder an older check passed is checked again."""
+
+MANY_FILES = 20_000
+"""A check of more files than this says so in a line when its progress cannot be shown live (stderr no terminal)."""
+
+PROGRESS_AFTER_S = 3.0
+"""A check still running after this long shows its progress (files checked / total) on a terminal."""
+
+
+@dataclass(kw_only=True)
+class DataCheck:
+    """A data folder's files and their verdict. A clean check is recorded in the data cache (a small JSON file per
+    folder, by its resolved path) with a signature of the files it checked; a later search whose files have the
+    same signature skips the check (~1.3 M files of ImageNet: a minute or more every search start, also on resume).
+    A failing check is never recorded."""
+
+    path: str
+    """The folder, resolved."""
+
+    files: int
+    signature: str
+    """``files_signature`` of the files checked."""
+
+    cache: Path | None = None
+    """The data cache folder (``data_cache_root``); None: nothing is recorded."""
+
+    skipped: bool = False
+    """The files are unchanged since a recorded clean check, so they were not checked again."""
+
+    @property
+    def record_path(self) -> Path | None:
+        if self.cache is None:
+            return None
+        key = hashlib.sha256(self.path.encode()).hexdigest()[:20]
+        return self.cache / "checked" / f"{Path(self.path).name[:40]}-{key}.json"
+
+    def recorded(self) -> bool:
+        """Whether a clean check of exactly these files is on record (sets ``skipped``)."""
+        record = self.record_path
+        try:
+            stored = json.loads(record.read_text()) if record is not None else None
+        except (OSError, ValueError):
+            stored = None  # none yet, or unreadable: check (and record it afresh)
+        self.skipped = (isinstance(stored, dict) and stored.get("format") == CHECK_FORMAT
+                        and stored.get("path") == self.path and stored.get("signature") == self.signature)
+        return self.skipped
+
+    def settle(self, say) -> None:
+        """Once every other check passed: say that the check was skipped, or record the clean one."""
+        if self.skipped:
+            say(f"autotune: data: {self.path} checked before ({self.files} files unchanged since); not checked "
+                "again")
+            return
+        record = self.record_path
+        if record is None:
+            return
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")  # two searches starting at once
+            tmp.write_text(json.dumps({"format": CHECK_FORMAT, "path": self.path, "files": self.files,
+                                       "signature": self.signature, "checked_at": time.time()}))
+            os.replace(tmp, record)
+        except OSError:
+            pass  # a cache that cannot be written costs the next search its check again, nothing more
+
+
+def files_signature(paths: list[str]) -> str:
+    """A hash of the sorted (path, size, mtime_ns, ctime_ns) of ``paths``: any file added, removed, rewritten or
+    touched changes it (ctime too: a copy that kept another file's mtime and size is still a change). Stats come
+    from one ``os.scandir`` per folder; a file missing there counts as missing. Costs a stat per file, no read."""
+    by_folder: dict[str, set[str]] = {}
+    for p in paths:
+        folder, name = os.path.split(p)
+        by_folder.setdefault(folder, set()).add(name)
+    rows = []
+    for folder, names in by_folder.items():
+        try:
+            with os.scandir(folder) as entries:
+                for e in entries:
+                    if e.name in names:
+                        try:
+                            st = e.stat()
+                        except OSError:
+                            continue
+                        rows.append(f"{e.path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n")
+        except OSError:
+            continue
+    rows.sort()
+    h = hashlib.sha256(f"{len(paths)} {len(rows)}\n".encode())
+    for r in rows:
+        h.update(r.encode())
+    return h.hexdigest()
+
+
+@contextmanager
+def check_progress(total: int, root: str) -> Iterator[Callable[[int], None] | None]:
+    """How a long check shows its progress on stderr, as ``make-data`` does: on a terminal, a live line of files
+    checked / total once the check has run ``PROGRESS_AFTER_S``; elsewhere (a log file, CI), one line at the start
+    when it checks more than ``MANY_FILES`` files. Yields the callback for files done (None: nothing to show)."""
+    if not sys.stderr.isatty():
+        if total > MANY_FILES:
+            print(f"autotune: data: checking every file of {root} ({total} files) before trial 0; a later search "
+                  "skips this while they are unchanged", file=sys.stderr, flush=True)
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="file", desc=f"autotune: data: checking {root}", delay=PROGRESS_AFTER_S,
+              dynamic_ncols=True) as bar:
+        yield bar.update
 
 
 CHECK_TAIL_BYTES = 1024
@@ -400,14 +526,26 @@ def image_problem(path: str) -> str | None:
     return None
 
 
-def unreadable_images(paths: list[str], chunk: int = 512) -> list[tuple[str, str]]:
-    """(path, why) of every file in ``paths`` that ``image_problem`` rejects, in the order given."""
+def unreadable_images(paths: list[str], chunk: int = 512,
+                      progress: Callable[[int], None] | None = None) -> list[tuple[str, str]]:
+    """(path, why) of every file in ``paths`` that ``image_problem`` rejects, in the order given. ``progress`` is
+    called (on the caller's thread) with the number of files of each part checked."""
     def check(part: list[str]) -> list[tuple[str, str]]:
         return [(p, why) for p in part if (why := image_problem(p)) is not None]
 
-    with ThreadPoolExecutor(CHECK_THREADS) as pool:
-        return [bad for part in pool.map(check, [paths[i:i + chunk] for i in range(0, len(paths), chunk)])
-                for bad in part]
+    parts = [paths[i:i + chunk] for i in range(0, len(paths), chunk)]
+    pool = ThreadPoolExecutor(CHECK_THREADS)
+    try:
+        futures = {pool.submit(check, part): len(part) for part in parts}
+        if progress is not None:
+            for done in as_completed(futures):
+                progress(futures[done])
+        found = [bad for f in futures for bad in f.result()]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # Ctrl-C, SIGTERM: stop now, not after a million files
+        raise
+    pool.shutdown()
+    return found
 
 
 def generate_data(spec: StudySpec, say) -> TrainConfig:

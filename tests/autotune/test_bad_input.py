@@ -5,6 +5,7 @@ new file behind."""
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -135,3 +136,97 @@ def test_more_ranks_than_visible_gpus_is_refused_before_anything(existing, tmp_p
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("autotune search: error: ") and message in err and err.count("\n") == 1
     assert snapshot(d, url) == before and sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+# ---- the data check: recorded when clean, skipped while the files are unchanged ----------------------------------
+
+
+@pytest.fixture
+def check_data(tmp_path, monkeypatch):
+    """``prepare`` a search of the tiny spec on ``--data DIR``, in this process, with a private data cache; returns
+    a function: folder -> (lines said, files checked)."""
+    from autotune.search import prepare as P
+
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    spec = tiny_spec(tmp_path, "check")
+    checked: list[str] = []
+    image_problem = P.image_problem
+    monkeypatch.setattr(P, "image_problem", lambda p: checked.append(p) or image_problem(p))
+
+    def check(folder: Path) -> tuple[list[str], int]:
+        said: list[str] = []
+        checked.clear()
+        P.prepare(P.SearchOptions(spec=str(spec), data=str(folder), storage=f"sqlite:///{tmp_path / 's.db'}"),
+                  say=said.append)
+        return said, len(checked)
+
+    return check
+
+
+def records(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "cache" / "data" / "checked").glob("*.json"))
+
+
+def test_an_unchanged_folder_is_checked_once_and_any_change_checks_it_again(check_data, tmp_path):
+    from autotune.exceptions import DataError
+
+    d = make_jpeg_folder(tmp_path / "imgs", classes=2, per_class=12)
+    said, n = check_data(d)
+    assert n == 24 and not any("checked before" in s for s in said) and len(records(tmp_path)) == 1
+    said, n = check_data(d)
+    assert n == 0 and f"autotune: data: {d} checked before (24 files unchanged since); not checked again" in said
+
+    f = d / "class0" / "003.jpg"
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched: same bytes, a newer mtime
+    assert check_data(d)[1] == 24
+    assert check_data(d)[1] == 0
+    (d / "class1" / "100.jpg").write_bytes((d / "class1" / "000.jpg").read_bytes())  # added
+    assert check_data(d)[1] == 25
+    assert check_data(d)[1] == 0
+    f.write_bytes(f.read_bytes()[:200])  # corrupted after a clean check: found
+    with pytest.raises(DataError, match="class0/003.jpg is not a readable image: a JPEG cut short"):
+        check_data(d)
+    with pytest.raises(DataError, match="class0/003.jpg is not a readable image"):
+        check_data(d)  # checked again, found again
+    (d / "class1" / "100.jpg").unlink()
+    f.write_bytes((d / "class1" / "000.jpg").read_bytes())  # repaired, one file removed
+    assert check_data(d)[1] == 24
+    assert check_data(d)[1] == 0 and len(records(tmp_path)) == 1
+
+
+def test_a_failing_check_is_never_recorded(check_data, tmp_path):
+    from autotune.exceptions import DataError
+
+    d = make_jpeg_folder(tmp_path / "imgs", classes=2, per_class=12)
+    (d / "class1" / "004.jpg").write_text("<html>403 Forbidden</html>")
+    for _ in range(2):
+        with pytest.raises(DataError, match="class1/004.jpg is not a readable image"):
+            check_data(d)
+        assert records(tmp_path) == []
+
+
+def test_a_long_check_shows_its_progress_on_stderr(check_data, tmp_path, monkeypatch, capsys):
+    import io
+
+    from autotune.search import prepare as P
+
+    d = make_jpeg_folder(tmp_path / "imgs", classes=2, per_class=12)
+    monkeypatch.setattr(P, "MANY_FILES", 20)
+    check_data(d)  # not a terminal: one line saying how many files
+    err = capsys.readouterr().err
+    assert err == f"autotune: data: checking every file of {d} (24 files) before trial 0; a later search skips " \
+                  "this while they are unchanged\n"
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Terminal()
+    monkeypatch.setattr(sys, "stderr", tty)
+    monkeypatch.setattr(P, "PROGRESS_AFTER_S", 0.0)
+    with P.check_progress(24, str(d)) as step:
+        step(12)
+        step(12)
+    out = tty.getvalue()
+    assert "\r" in out and f"autotune: data: checking {d}" in out and "24/24" in out
