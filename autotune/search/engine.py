@@ -141,13 +141,34 @@ class Engine:
                        for t in s.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
             study = min(waiting, key=lambda x: x[0])[1] if waiting else self.study
             trial = study.ask()
-            if study is self.study or trial.user_attrs.get("stage"):
+            if study is self.study:
                 return study, trial
-            # Another worker took it between our look and our ask: Optuna made an empty trial of the parts study.
+            if not trial.user_attrs.get("stage"):
+                # Another worker took it between our look and our ask: Optuna made an empty trial of the parts study.
+                why = "asked for a measurement another search worker had just taken"
+            elif (twin := self.twin(trial)) is None:
+                return study, trial
+            else:
+                why = (f"the same measurement as trial p{twin}: two search workers planned it at once; that one "
+                       "stands")
             trial.set_user_attr("failure_class", str(Failure.SEARCH))
-            trial.set_user_attr("failure_message", "asked for a measurement another search worker had just taken")
+            trial.set_user_attr("failure_message", why)
             study.tell(trial, state=TrialState.FAIL)
         return self.study, self.study.ask()
+
+    def twin(self, trial: optuna.Trial) -> int | None:
+        """An earlier measurement of the same part (``StagePlanner.request_key``) that runs or ran: search workers
+        that plan at once may each enqueue it (a study's storage has no unique key to stop the second), and the
+        later one is not run. A run again of a failed one (``retry_of``) is never a twin."""
+        a = trial.user_attrs
+        if a.get("retry_of") is not None:
+            return None
+        key = self.stages.request_key(a["stage"], a.get("overrides") or {})
+        for t in self.parts.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE)):
+            if t.number < trial.number and t.user_attrs.get("stage") == a["stage"] and \
+                    self.stages.request_key(a["stage"], t.user_attrs.get("overrides") or {}) == key:
+                return t.number
+        return None
 
     def one(self, study: optuna.Study, trial: optuna.Trial, evaluate: Evaluator, *, counted: bool = True):
         t0 = time.monotonic()

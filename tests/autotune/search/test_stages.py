@@ -424,3 +424,20 @@ def test_draws_the_stages_do_not_make_hold_compile_at_the_baseline():
 def planner_dim(path: str):
     from autotune.search.bounds import CEILING_GRID
     return next(d for d in CEILING_GRID if d.path == path)
+
+
+def test_a_measurement_two_search_workers_planned_at_once_runs_once():
+    storage = optuna.storages.InMemoryStorage()
+    r = search(Machine(ceilings=GPU, supplies=FEEDS), trials=1, storage=storage)  # trial 0 only
+    planner = r.engine.stages
+    request = planner.supply_overrides(view.views(r.study, r.parts), "pil", None)
+    for _ in range(2):  # as two workers that both saw no such measurement would
+        r.parts.enqueue_trial({}, user_attrs={"stage": "supply", "overrides": request}, skip_if_exists=False)
+    again = search(Machine(ceilings=GPU, supplies=FEEDS), trials=6, storage=storage)
+    pil = [t for t in parts_study(again.study).get_trials()
+           if t.user_attrs.get("stage") == "supply" and t.user_attrs["overrides"]["data.decode"] == "pil"]
+    assert [t.state for t in pil] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert pil[1].user_attrs["failure_class"] == "search"
+    assert f"the same measurement as trial p{pil[0].number}" in pil[1].user_attrs["failure_message"]
+    # The twin cost nothing: the search still ran its 6 trials.
+    assert len([v for v in again.views if v.outcome != "fail"]) == len([v for v in r.views]) + 6
