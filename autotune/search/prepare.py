@@ -13,11 +13,12 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from autotune.exceptions import AutotuneError, DataError, SpecError, StorageError
 from autotune.hw.nvml import Gpu, Nvml

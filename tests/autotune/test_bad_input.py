@@ -185,9 +185,9 @@ def test_an_unchanged_folder_is_checked_once_and_any_change_checks_it_again(chec
     assert check_data(d)[1] == 25
     assert check_data(d)[1] == 0
     f.write_bytes(f.read_bytes()[:200])  # corrupted after a clean check: found
-    with pytest.raises(DataError, match="class0/003.jpg is not a readable image: a JPEG cut short"):
+    with pytest.raises(DataError, match=r"class0/003\.jpg is not a readable image: a JPEG cut short"):
         check_data(d)
-    with pytest.raises(DataError, match="class0/003.jpg is not a readable image"):
+    with pytest.raises(DataError, match=r"class0/003\.jpg is not a readable image"):
         check_data(d)  # checked again, found again
     (d / "class1" / "100.jpg").unlink()
     f.write_bytes((d / "class1" / "000.jpg").read_bytes())  # repaired, one file removed
@@ -201,7 +201,7 @@ def test_a_failing_check_is_never_recorded(check_data, tmp_path):
     d = make_jpeg_folder(tmp_path / "imgs", classes=2, per_class=12)
     (d / "class1" / "004.jpg").write_text("<html>403 Forbidden</html>")
     for _ in range(2):
-        with pytest.raises(DataError, match="class1/004.jpg is not a readable image"):
+        with pytest.raises(DataError, match=r"class1/004\.jpg is not a readable image"):
             check_data(d)
         assert records(tmp_path) == []
 

@@ -419,7 +419,8 @@ class Run:
         mode = {"supply": "loader", "ceiling": "measure"}.get(self.request.mode, self.request.mode)
         self.writer.write(summary_record(self.meter, self.env, mode=mode, loss=self.loss,
                                          nonfinite=self._nonfinite if loss_known else None, steps_run=self.steps,
-                                         steps=self.steps, epochs=self.epochs_done, unit=self.unit, loss_hint=SCRIPT_LOSS_HINT,
+                                         steps=self.steps, epochs=self.epochs_done, unit=self.unit,
+                                         loss_hint=SCRIPT_LOSS_HINT,
                                          global_batch=batch * accum * self.world_size if batch else None))
         self.done = True
 
