@@ -341,8 +341,11 @@ class StagePlanner(Measured):
     # ---- 1. the ceiling -------------------------------------------------------------------------------------------
 
     def ceiling_overrides(self, pair: tuple, batch: int, cudnn: bool | None) -> dict[str, Any]:
+        # The model's head as the trials have it: the data's classes (synthetic data would make 1000), or the base's
+        # where the study's data is synthetic already (a different head is another model, and another compile).
+        classes = {"data.num_classes": self.plan.data.classes} if self.plan.data else {}
         o = {**CEILING_FIXED, **dict(zip((d.path for d in CEILING_GRID), pair, strict=True)),
-             "training.batch_size": batch, "data.num_classes": self.plan.data.classes if self.plan.data else None,
+             "training.batch_size": batch, **classes,
              "measure.window_s": min(self.plan.spec.stages.ceiling_window_s, self.measure.window_s)}
         if cudnn is not None:
             o["training.cudnn_benchmark"] = cudnn

@@ -367,12 +367,14 @@ def test_a_spec_that_names_compile_gets_it_weighed_by_the_stages_and_paid_once_p
     assert ceilings[0][0]["overrides"]["training.compile"] is False and t.number > ceilings[0][1].number
     assert a["compile_s"] > 0 and a["compiles"] >= 1 and a["loss_end"] > 0
     eager = max(t.value for b, t in ceilings if not b["overrides"]["training.compile"])
-    later = [u for u in trials if u.datetime_start > t.datetime_start and u.state == S.COMPLETE]
-    compiled = [u for u in later if u.params.get("training.compile")]
+    compiled = [u for u in trials if u.datetime_start > t.datetime_start and u.params.get("training.compile")]
     if t.value >= eager * 0.95:  # faster, or tied within the spread target (a tie is broken end to end)
-        assert compiled, [(u.number, u.params) for u in later]
-        for u in compiled:  # on the live worker that compiled it: the graph is there
-            assert trial_attrs(u)["worker"] == a["worker"] and trial_attrs(u)["compile_s"] == 0, trial_attrs(u)
-        assert len({(u.params["training.batch_size"], u.params["ddp.bucket_cap_mb"]) for u in compiled}) == 1
+        # A compiled candidate is asked for; it runs unless its ceiling is already below the best end-to-end trial.
+        assert compiled, [(u.number, u.params) for u in trials]
+        ran = [u for u in compiled if u.state == S.COMPLETE]
+        for u in ran:  # on the live worker that compiled it: at most a reload of what it compiled, not a compile
+            assert trial_attrs(u)["worker"] == a["worker"] and trial_attrs(u)["compile_s"] < 0.5 * a["compile_s"], \
+                (trial_attrs(u)["compile_s"], a["compile_s"])
+        assert len({(u.params["training.batch_size"], u.params["ddp.bucket_cap_mb"]) for u in ran}) <= 1
     else:
         assert not compiled, [(u.number, u.params) for u in compiled]
