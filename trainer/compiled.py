@@ -36,6 +36,11 @@ import torch
 
 from trainer.config import CUDA_GRAPH_MODES, TrainConfig
 
+GRAPH_SETTINGS = ("model.", "data.image_size", "data.num_classes", "training.batch_size", "training.accum_steps",
+                  "training.precision", "training.channels_last", "training.compile_mode", "ddp.")
+"""The settings (dotted paths; a trailing dot: every setting under it) ``graph_key`` reads: a trial that changes one
+compiles afresh."""
+
 
 def graph_key(cfg: TrainConfig, classes: int, world_size: int) -> str:
     """Everything that changes what a trial compiles or how its graphs are guarded: the model, its input shape and

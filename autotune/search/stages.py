@@ -37,7 +37,8 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    reaches the band, gets an end-to-end trial.
 9. **refine** — the sampler draws the other knobs (batch, accumulation, loader, DDP, the hybrid share, ...) with the
    pipeline, precision, layout and compile of the best end-to-end trials held, round-robin over those within
-   ``REACH`` of the best; a compiled one also holds what its graph is keyed by (``GRAPH``). Draws the stages do not
+   ``REACH`` of the best; a compiled one also holds what its graph is keyed by (``GRAPH_SETTINGS``: each
+   change is a new compile) and searches the input side around it. Draws the stages do not
    make (no stages, nothing measured yet) hold compile at the baseline's (``_hold_once``). A draw whose measured
    ceiling (its precision, layout and batch) or supply is already below the best is not
    launched (``bound``): it is told to Optuna as pruned, so the sampler learns it, and costs no trial of the budget.
@@ -67,6 +68,7 @@ from optuna.trial import TrialState
 from autotune.search.bounds import CEILING_GRID, NOT_ITS_FAULT, PLATEAU, Measured, Pipe, pair_label
 from autotune.space import Param, get_path
 from autotune.study.view import TrialView, feasible, views
+from trainer.compiled import GRAPH_SETTINGS
 
 CUDNN_KEEP = 0.99
 """cuDNN's algorithm search stays on only when it is worth more than 1 % of the steady pace (it makes the first step
@@ -82,10 +84,6 @@ IDENTITY = ("data.decode", "training.precision", "training.channels_last", "trai
 """What the refine stage holds of a good end-to-end trial: its pipeline family, precision, layout and compile. The
 hybrid share is left to the sampler, within what the supplies bound."""
 
-GRAPH = ("training.batch_size", "training.accum_steps", "ddp.")
-"""What a compiled graph is keyed by among the searched knobs (``trainer.compiled.graph_key``; ``ddp.``: every DDP
-setting, its buckets split the graph): refining a compiled trial holds them, since each change is a new compile
-(tens of seconds on a GPU), and searches the input side (loader, hybrid share) around it."""
 
 SHOWN = ("training.mode", "data.decode", "data.hybrid_cpu_fraction", "training.precision", "training.channels_last",
          "training.batch_size", "loader.num_workers", "training.cudnn_benchmark", "training.compile")
@@ -191,10 +189,9 @@ class StagePlanner(Measured):
                          f"{cudnn}")
         if self.supplies:
             parts.append(f"the {self.decodes()[0]} pipeline alone")
-        once = [d for d in CEILING_GRID if d.once_s is not None and len(self.choices(d.path)) > 1]
-        costly = "".join(f"; {d.word(d.order(self.choices(d.path), self.on_gpu)[-1])} against "
-                         f"{d.word(d.order(self.choices(d.path), self.on_gpu)[0])} last, where the budget pays for "
-                         "its one-off cost" for d in once)
+        orders = [(d, d.order(self.choices(d.path), self.on_gpu)) for d in CEILING_GRID if d.once_s is not None]
+        costly = "".join(f"; {d.word(o[-1])} against {d.word(o[0])} last, where the budget pays for its one-off cost"
+                         for d, o in orders if len(o) > 1)
         return (f"stages: first the likeliest fastest — {', then '.join(parts)} — then end to end; further "
                 f"precisions, layouts, pipelines and batches only while they can raise the bound, within {share}"
                 f"{costly}; the sampler refines from the end-to-end trials")
@@ -732,7 +729,7 @@ class StagePlanner(Measured):
         fixed = dict(least)
         if fixed.get("training.compile"):
             lead = leaders[least]
-            fixed.update({k: x for k, x in lead.params.items() if k.startswith(GRAPH)})
+            fixed.update({k: x for k, x in lead.params.items() if k.startswith(GRAPH_SETTINGS)})
             self.note("graph", "stages: refining a compiled trial holds its batch, accumulation and DDP settings "
                                "(each change is a new compile) and searches its input side")
         self.study.enqueue_trial(fixed, user_attrs={"stage": "refine"}, skip_if_exists=False)
