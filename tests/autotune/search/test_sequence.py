@@ -1,0 +1,90 @@
+"""The sequence of trial configurations a seeded search launches, against a committed record of it.
+
+The shipped studies (cpu-demo on CPU ranks, resnet50 on GPUs) are searched by the search's own engine, stage planner,
+evaluator, pruner and recording step on a simulated machine (``tests.helpers.machine``: the figures are inputs, not
+measurements), so every decision is deterministic: the same code launches the same configurations in the same order.
+A refactor that claims to change no behaviour keeps this record; a change of behaviour rewrites it on purpose
+(``AUTOTUNE_REWRITE_GOLDEN=1``), and the diff of the record is the change a reviewer reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune.search.engine import Engine
+from autotune.search.progress import Progress
+from autotune.study.setup import create_or_load
+from tests.helpers.machine import FakePool, Machine, constructed_plan
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+GOLDEN = Path(__file__).with_name("golden")
+STUDIES = Path(__file__).resolve().parents[3] / "studies"
+
+VOLATILE = ("name", "output_dir", "training.compile_cache_dir", "data.path")
+"""Settings that name where a trial runs, not what it runs."""
+
+MACHINES = {
+    "cpu-demo": (False, Machine(ceilings={("fp32", False): 120.0, ("fp32", True): 80.0, ("bf16", False): 60.0,
+                                          ("bf16", True): 50.0},
+                                supplies={"pil": 90.0, "torchvision-cpu": 150.0}, plateau=16, max_workers=1)),
+    "resnet50": (True, Machine(ceilings={("fp16", True): 6300.0, ("fp16", False): 4200.0, ("bf16", True): 5600.0,
+                                         ("bf16", False): 3800.0, ("fp32", True): 2500.0, ("fp32", False): 2100.0},
+                               supplies={"pil": 2500.0, "torchvision-cpu": 6000.0, "nvjpeg-gpu": 11000.0},
+                               plateau=256, max_workers=16, cudnn_gain=1.002, compile_gain=1.15, compile_s=40.0,
+                               noisy={"pil": 0.1})),
+}
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flat(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def launched(name: str) -> list[dict]:
+    """Each run the pool was asked for, in order: the settings where it differs from the study's base config."""
+    gpu, machine = MACHINES[name]
+    spec = yaml.safe_load((STUDIES / f"{name}.yaml").read_text())
+    spec["base"]["data"]["path"] = "/sim"
+    spec.pop("data", None)
+    plan = constructed_plan(spec, gpu=gpu, trials=spec["budget"]["trials"], timeout_s=None,
+                            trial_timeout_s=spec["budget"]["trial_timeout_s"])
+    storage = optuna.storages.InMemoryStorage()
+    study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective, nproc=2,
+                           baseline=plan.baseline, starts=plan.starts)
+    engine = Engine(plan, study, storage, lambda line: None)
+    engine.progress = Progress(total=plan.trials, timeout_s=None, out=open(os.devnull, "w"))  # noqa: SIM115
+    pool = FakePool(machine, "pool")
+    engine.introduce()
+    engine.run(pool)
+    base = flat(plan.base.to_dict())
+    rows = []
+    for r in pool.runs:
+        cfg = flat(r["config"].to_dict())
+        rows.append({k: v for k, v in sorted(cfg.items()) if k not in VOLATILE and base.get(k, object()) != v})
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_a_seeded_search_of_a_shipped_study_launches_the_recorded_sequence(name, in_tmp):
+    rows = launched(name)
+    path = GOLDEN / f"{name}.json"
+    if os.environ.get("AUTOTUNE_REWRITE_GOLDEN"):
+        path.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    want = json.loads(path.read_text())
+    got = json.loads(json.dumps(rows, default=str))
+    assert len(got) == len(want), f"{len(got)} runs launched, the record has {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g == w, f"run {i} differs from the record: {g} != {w}"
