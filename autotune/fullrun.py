@@ -489,10 +489,10 @@ def write_summary(p: TrainPlan, summary: dict[str, Any]) -> Path:
 
 
 def _script_value(cfg: TrainConfig, name: str):
-    from trainer.knobs import BY_RUNTIME_NAME
+    from trainer.knobs import table
 
     node = cfg.to_dict()
-    for part in BY_RUNTIME_NAME[name].path.split("."):
+    for part in table().by_runtime_name[name].path.split("."):
         node = node[part]
     return round(node, 3) if isinstance(node, float) else node
 

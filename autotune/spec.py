@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.exceptions import SpecError
-from autotune.space import Knob, knob_problems
+from autotune.ranges import space_problems
 from trainer.config import ConfigError, TrainConfig, build_dataclass, load_yaml_mapping
+from trainer.knobs import Range
 
 
 @dataclass(kw_only=True)
@@ -142,10 +143,10 @@ class StudySpec:
     data: DataSource = field(default_factory=DataSource)
     world: World = field(default_factory=World)
     default_space: bool = True
-    """Start from the built-in image-model space (``autotune.space.DEFAULT_SPACE``); ``space`` overrides it."""
+    """Start from the built-in image-model space (``autotune.ranges.default_space``); ``space`` overrides it."""
 
-    space: dict[str, Knob | None] = field(default_factory=dict)
-    """Knobs by TrainConfig dotted path; ``null`` removes a default knob."""
+    space: dict[str, Range | None] = field(default_factory=dict)
+    """Knobs by TrainConfig dotted path, each with its range; ``null`` removes a default knob."""
 
     fixed_global_batch: int | None = None
     """Keep micro-batch x accum x world = G: ``training.accum_steps`` is derived, batch choices that do not divide
@@ -234,7 +235,7 @@ class StudySpec:
             self.base_config("<generated>" if self.generates_data else None)
         except ConfigError as e:
             p.extend(f"base.{x}" for x in e.problems)
-        p.extend(knob_problems(self))
+        p.extend(space_problems(self))
         if self.world.nproc_per_node is not None and self.world.nproc_per_node < 1:
             p.append(f"world.nproc_per_node={self.world.nproc_per_node}: must be >= 1 (or null for all GPUs)")
         if self.fixed_global_batch is not None and self.fixed_global_batch < 1:
@@ -324,20 +325,20 @@ def _build(cls, data: Any, prefix: str, problems: list[str]):
                            empty=(lambda: StudySpec(name="?")) if cls is StudySpec else None)
 
 
-def _build_space(value: Any, problems: list[str]) -> dict[str, Knob | None]:
+def _build_space(value: Any, problems: list[str]) -> dict[str, Range | None]:
     if value is None:
         return {}
     if not isinstance(value, dict):
         problems.append(f"space: expected a mapping of dotted paths to knobs, got {type(value).__name__}")
         return {}
-    out: dict[str, Knob | None] = {}
+    out: dict[str, Range | None] = {}
     for path, knob in value.items():
         if knob is None or knob is False:
             out[str(path)] = None
         elif isinstance(knob, list):  # shorthand: a list is the choices
-            out[str(path)] = Knob(choices=knob)
+            out[str(path)] = Range(choices=knob)
         else:
-            out[str(path)] = _build(Knob, knob, f"space.{path}.", problems)
+            out[str(path)] = _build(Range, knob, f"space.{path}.", problems)
     return out
 
 

@@ -35,23 +35,24 @@ from typing import Any
 import torch
 
 from trainer.config import CUDA_GRAPH_MODES, TrainConfig
-
-GRAPH_SETTINGS = ("model.", "data.image_size", "data.num_classes", "training.batch_size", "training.accum_steps",
-                  "training.precision", "training.channels_last", "training.compile_mode", "ddp.")
-"""The settings (dotted paths; a trailing dot: every setting under it) ``graph_key`` reads: a trial that changes one
-compiles afresh."""
+from trainer.knobs import table
 
 
 def graph_key(cfg: TrainConfig, classes: int, world_size: int) -> str:
-    """Everything that changes what a trial compiles or how its graphs are guarded: the model, its input shape and
-    dtype, the DDP wrapper (its buckets split the graph), the compile mode. Two trials with the same key reuse the
-    same graphs."""
-    t = cfg.training
-    return json.dumps({"model": cfg.model.name, "kwargs": cfg.model.kwargs, "classes": classes,
-                       "image_size": cfg.data.image_size, "batch": t.batch_size, "accum": t.accum_steps,
-                       "precision": t.precision, "channels_last": t.channels_last, "mode": t.compile_mode,
-                       "ddp": {k: v for k, v in vars(cfg.ddp).items() if k not in ("backend", "timeout_s")},
-                       "world": world_size}, sort_keys=True, default=str)
+    """Everything that changes what a trial compiles or how its graphs are guarded (``trainer.knobs``: the settings
+    of ``Table.graph_settings`` — the model, its input shape and dtype, the DDP wrapper (its buckets split the graph),
+    the compile mode — with the head's ``classes`` and the world size). Two trials with the same key reuse the same
+    graphs."""
+    settings = {path: _setting(cfg, path) for path in table().graph_settings}
+    settings["data.num_classes"] = classes
+    return json.dumps({**settings, "world": world_size}, sort_keys=True, default=str)
+
+
+def _setting(cfg: TrainConfig, path: str) -> Any:
+    node: Any = cfg
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
 
 
 class CompileClock:

@@ -380,16 +380,17 @@ class ScriptConfig:
     hands it these and no others, so everything else keeps the script's own defaults."""
 
     def problems(self) -> list[str]:
-        from trainer.knobs import BY_RUNTIME_NAME
+        from trainer.knobs import table
 
+        names = table().by_runtime_name
         p = []
         if self.path and self.entry:
             p.append("script: set script.path or script.entry, not both")
         if self.entry is not None and ":" not in self.entry:
             p.append(f"script.entry={self.entry!r}: write package.module:function")
-        unknown = [a for a in self.applies if a not in BY_RUNTIME_NAME]
+        unknown = [a for a in self.applies if a not in names]
         if unknown:
-            p.append(f"script.applies: unknown {', '.join(unknown)}{did_you_mean(unknown[0], BY_RUNTIME_NAME)}")
+            p.append(f"script.applies: unknown {', '.join(unknown)}{did_you_mean(unknown[0], names)}")
         return p
 
     @property

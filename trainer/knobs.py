@@ -1,18 +1,26 @@
-"""The knobs: every setting a search may change, one entry each.
+"""The knobs: every setting a search may change, one entry each, and every fact the project knows of it.
 
-An entry says everything the rest of the project needs to know of a knob: its TrainConfig dotted path, the range
-the built-in image-model space searches, what a change of it takes (its scope), whether a micro-batch's device
-memory depends on it, its short label in tables, and the name under which a user's own script receives it
-(``trainer.runtime``). The tuner's search space (``autotune.space``), its stages, the live trial worker (scope) and
-the runtime all read this table; adding a knob is adding an entry here (and, for the built-in job, the code in
-``trainer/`` that applies its config field).
+An entry (``Knob``) says everything the rest of the project needs to know of a knob: its TrainConfig dotted path,
+the range the built-in image-model space searches, what a change of it takes (its scope), whether a micro-batch's
+device memory or a compiled graph depends on it, how it reads in tables and lines, which of its choices need a GPU,
+how the stages measure along it, what repairs a configuration failure that names it, and the name under which a
+user's own script receives it (``trainer.runtime``) with the helper that applies it there. Everything else derives
+from this table (``Table``): the tuner's search space (``autotune.space``), the stages' grid and orders, the labels
+of ``autotune show``, the OOM signature, the graph a compile is keyed by, the runtime's settings. Adding a knob is
+adding an entry here (and, for the built-in job, the code in ``trainer/`` that applies its config field).
+
+Readers ask for the table when they need it (``table()``, ``knob(path)``), so a test can put a table of its own in
+place (``using``, ``extended``) and see a knob of its own everywhere, without touching another module.
 
 This module imports nothing heavy: the tuner reads it without torch, and a user's script through the runtime.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 Scope = Literal["process", "model", "pipeline"]
@@ -21,15 +29,70 @@ made, the process group's backend and timeout are fixed at start); ``pipeline``:
 workers, decode threads); ``model``: the rest, rebuilt in place (model, DDP wrapper, optimizer, precision, layout,
 batch, measurement)."""
 
+Helper = Literal["loader", "image_loader", "model", "step", "always"]
+"""The runtime helper that applies a setting to a user's script (``trainer.runtime.Run``): ``loader`` (a DataLoader
+argument of that name; ``image_loader`` takes them too), ``image_loader`` (the input pipelines of ``trainer.data``),
+``model`` (layout, the DDP wrapper, torch.compile), ``step`` (autocast and the GradScaler, accumulation),
+``always`` (set when the run starts)."""
+
 AUTO = "auto"
-"""A range end filled in per machine: for ``loader.num_workers``, the CPU cores per rank."""
+"""A range end filled in per machine, where the knob says what it means (``Knob.auto``)."""
 
 BATCH_CHOICES = (32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Powers of two and 1.5x between them: enough resolution near the memory limit without a continuous range."""
 
 
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+"""``Knob.ceiling_value`` of a knob the ceiling's measurements leave as the point or the base has it."""
+
+
+@dataclass(kw_only=True)
+class Range:
+    """The values a knob is searched over: either ``choices`` (categorical) or ``low``/``high`` (an int or float
+    range), optionally only where a condition holds. A table entry carries the built-in space's (``Knob.space``); a
+    study spec's ``space.PATH`` states its own with the same fields."""
+
+    choices: list[Any] | None = None
+    """Values to pick from; ``default`` (in a spec) stands for null: the library's own choice."""
+
+    low: Any = None
+    """Range start (inclusive); ``auto`` where the knob defines it (``Knob.auto``)."""
+
+    high: Any = None
+    """Range end (inclusive); ``auto`` where the knob defines it."""
+
+    log: bool = False
+    """Sample the range on a log scale."""
+
+    step: float | int | None = None
+    """Range step (ints: default 1)."""
+
+    when: str | None = None
+    """Condition on another setting, ``"PATH OP VALUE"`` with OP one of == != > >= < <= in; the knob is only
+    suggested when it holds (evaluated on the trial's config so far: searched values, else the base)."""
+
+
 @dataclass(frozen=True, kw_only=True)
-class KnobDef:
+class GpuChoice:
+    """A choice of a knob that is left out of the space on a machine without a GPU."""
+
+    value: Any
+    why: str = ""
+    """The reason the note gives after ``no GPU``."""
+
+    runs_on_cpu: bool = False
+    """It runs without a GPU, only worse: kept where it is the knob's only choice."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Knob:
+    """One knob: a TrainConfig setting a search may change, and every fact about it (see the module docstring)."""
+
     path: str
     """The TrainConfig setting, by dotted path."""
 
@@ -37,22 +100,90 @@ class KnobDef:
     """Short label in tables and the live view; empty: the value speaks for itself (``bf16``, ``nvjpeg-gpu``)."""
 
     scope: Scope
+    doc: str = ""
+
+    # ---- the space ---------------------------------------------------------------------------------------------
+
+    space: Range | None = None
+    """The built-in space's range (``None`` among the choices stands for the library's own choice)."""
+
+    default_space: bool | Literal["gpu"] = True
+    """Part of the built-in image-model space (``autotune.ranges.default_space``); ``"gpu"``: there on GPU machines
+    only (a spec that names it searches it anywhere); otherwise a spec adds it."""
+
+    auto: Literal["cores"] | None = None
+    """What ``auto`` means as an end of its range: ``cores``: as ``low`` 0, as ``high`` the CPU cores per rank.
+    ``None``: ``auto`` is refused."""
+
+    gpu_only: tuple[GpuChoice, ...] = ()
+    """Choices dropped from the space on a machine without a GPU, with the note's reason."""
+
+    needs_gpu: str | None = None
+    """Not searched at all without a GPU, even where a spec names it: the note's reason."""
+
+    batch: Literal["micro", "accum"] | None = None
+    """Its part in the images of an optimizer step: ``micro``: the per-rank micro-batch (choices the data cannot
+    fill are dropped; with ``fixed_global_batch`` so are those that do not divide it); ``accum``: the micro-batches
+    per step (derived, not searched, under ``fixed_global_batch``)."""
+
+    # ---- what a measurement depends on -------------------------------------------------------------------------
+
     memory: bool = False
     """A change moves a micro-batch's device memory enough that an OOM at batch B says nothing about batch B under
     the other value (``autotune.space.predicted_oom``)."""
 
-    choices: tuple[Any, ...] | None = None
-    """The built-in space's choices (``None`` stands for the library's own choice); or a range with ``low``/``high``."""
+    graph: bool = False
+    """A compiled graph is keyed by it (``trainer.compiled.graph_key``): a trial that changes it compiles afresh."""
 
-    low: Any = None
-    high: Any = None
-    log: bool = False
-    when: str | None = None
-    """The built-in space searches the knob only when this condition holds (``PATH OP VALUE``)."""
+    # ---- how the stages measure along it -----------------------------------------------------------------------
 
-    default_space: bool | str = True
-    """Part of the built-in image-model space (``autotune.space.DEFAULT_SPACE``); ``"gpu"``: there on GPU machines
-    only (a spec that names it searches it anywhere); otherwise a spec adds it."""
+    measured: Literal["ceiling", "supply"] | None = None
+    """``ceiling``: a dimension of the ceiling's grid (the model alone is measured along it); ``supply``: the input
+    pipelines measured alone, in its order."""
+
+    gpu_order: tuple[Any, ...] = ()
+    """Measuring order on GPUs, the likeliest fastest first: a prior, never an answer (it decides only what is
+    measured first and, once a step along it measures clearly slower, what is left out as dominated)."""
+
+    cpu_order: tuple[Any, ...] = ()
+    """Measuring order on CPU ranks."""
+
+    words: tuple[tuple[Any, str], ...] = ()
+    """How a value reads in lines (default: the value itself)."""
+
+    unmarked: tuple[Any, ...] = ()
+    """Values a line leaves out: eager reads ``fp16 channels_last``, not ``... eager``; NCCL's own choice is not
+    mentioned."""
+
+    trains: bool = False
+    """Whether the model trains depends on its value: end-to-end trials that diverged at a value, none of which
+    trained, rule the value out at every other setting."""
+
+    once_s: float | None = None
+    """What a value after the first costs once, on its first run in a worker (torch.compile: the compile), before
+    anything is measured: seconds, a prior the stage planner uses until a run of it says what it cost. Such a
+    dimension is measured last, and only where the budget left pays for the cost and for end-to-end trials after it
+    (``StagePlanner.affords_once``)."""
+
+    once_attr: str | None = None
+    """The trial attribute a run records that one-off cost in (``compile_s``)."""
+
+    ceiling_value: Any = UNSET
+    """Its value while the model alone is measured (the ceiling: synthetic data on the device, no loader, one
+    micro-batch per step); ``UNSET``: the grid point's or the base's."""
+
+    identity: bool = False
+    """Part of what the refine stage holds of a good end-to-end trial (its pipeline family, precision, layout,
+    compile); the sampler draws the rest."""
+
+    shown: int | None = None
+    """Its place in a stage measurement's line, lower first (``autotune show``, the live view); ``None``: not shown
+    there (its value is the same for every measurement)."""
+
+    repair: tuple[Any, str] | None = None
+    """A configuration failure whose message names the knob is run once more at this value: (value, why)."""
+
+    # ---- a user's script ---------------------------------------------------------------------------------------
 
     runtime: str | None = None
     """The name a user's script reads it by (``trainer.runtime``); ``None``: set by the launcher for any job
@@ -62,89 +193,237 @@ class KnobDef:
     """What a script gets that neither names the knob nor is given a value by the run: the library's own default
     (DataLoader's, DDP's, torch's), so a helper changes nothing the script did not ask for."""
 
-    doc: str = ""
+    applied_by: Helper | None = None
+    """The runtime helper that applies it (``Helper``); ``None``: the script reads it itself."""
 
+    def word(self, value: Any) -> str:
+        return dict(self.words).get(value, str(value))
+
+    def order(self, choices: list[Any], on_gpu: bool) -> list[Any]:
+        """``choices`` in measuring order here (those the order does not know last, as given)."""
+        prior = list(self.gpu_order if on_gpu else self.cpu_order)
+        return sorted(choices, key=lambda c: prior.index(c) if c in prior else len(prior) + choices.index(c))
+
+    def is_unmarked(self, value: Any) -> bool:
+        return any(value is u for u in self.unmarked)  # identity: 0 is not False
+
+    @property
+    def gpu_values(self) -> tuple[Any, ...]:
+        return tuple(g.value for g in self.gpu_only)
+
+
+_DECODE_ON_GPU = (GpuChoice(value="nvjpeg-gpu"), GpuChoice(value="nvjpeg-hw"),
+                  GpuChoice(value="hybrid", why="both of its shares would decode on the CPU"))
 
 _KNOBS = (
-    KnobDef(path="training.batch_size", label="bs", scope="model", choices=BATCH_CHOICES,
-            runtime="batch_size", runtime_default=1, doc="per-rank micro-batch"),
-    KnobDef(path="training.accum_steps", label="acc", scope="model", choices=(1, 2, 4),
-            runtime="accum_steps", runtime_default=1,
-            doc="micro-batches per optimizer step; the non-final ones run inside DDP's no_sync()"),
-    KnobDef(path="training.precision", label="", scope="model", memory=True, choices=("fp32", "bf16", "fp16"),
-            runtime="precision", runtime_default="fp32", doc="autocast dtype; fp16 adds a GradScaler"),
-    KnobDef(path="training.channels_last", label="cl", scope="model", memory=True, choices=(False, True),
-            runtime="channels_last", runtime_default=False, doc="NHWC memory format for model and inputs"),
-    KnobDef(path="training.compile", label="compile", scope="model", memory=True, choices=(False, True),
-            default_space="gpu", runtime="compile", runtime_default=False,
-            doc="torch.compile; a cold compile costs about a minute on a GPU, so the stages measure it last, where "
-                "the budget pays for it (on CPU ranks Inductor's C++ compile takes minutes: a spec adds it there)"),
+    Knob(path="training.batch_size", label="bs", scope="model", space=Range(choices=BATCH_CHOICES), batch="micro",
+         graph=True, shown=5, runtime="batch_size", runtime_default=1, applied_by="loader",
+         doc="per-rank micro-batch"),
+    Knob(path="training.accum_steps", label="acc", scope="model", space=Range(choices=(1, 2, 4)), batch="accum",
+         graph=True, ceiling_value=1, runtime="accum_steps", runtime_default=1, applied_by="step",
+         doc="micro-batches per optimizer step; the non-final ones run inside DDP's no_sync()"),
+    # Lower precision runs on tensor cores; on CPU ranks fp32 is the native arithmetic, and CPU autocast is bf16.
+    Knob(path="training.precision", label="", scope="model", space=Range(choices=("fp32", "bf16", "fp16")),
+         gpu_only=(GpuChoice(value="fp16", why="CPU autocast is bf16", runs_on_cpu=True),), memory=True, graph=True,
+         measured="ceiling", gpu_order=("fp16", "bf16", "fp32"), cpu_order=("fp32", "bf16", "fp16"), trains=True,
+         identity=True, shown=3, runtime="precision", runtime_default="fp32", applied_by="step",
+         doc="autocast dtype; fp16 adds a GradScaler"),
+    # channels_last is the tensor cores' native convolution layout; on CPU ranks NCHW is the native one.
+    Knob(path="training.channels_last", label="cl", scope="model", space=Range(choices=(False, True)), memory=True,
+         graph=True, measured="ceiling", gpu_order=(True, False), cpu_order=(False, True),
+         words=((True, "channels_last"), (False, "NCHW")), identity=True, shown=4, runtime="channels_last",
+         runtime_default=False, applied_by="model", doc="NHWC memory format for model and inputs"),
+    # Eager first on both: a compile makes the first ceiling a minute long (ResNet-50 on 1xH200: 81 s of wall for a
+    # cold compile, for a ceiling 19 % above eager's), and the first end-to-end answer waits on that ceiling.
+    Knob(path="training.compile", label="compile", scope="model", space=Range(choices=(False, True)), memory=True,
+         default_space="gpu", measured="ceiling", gpu_order=(False, True), cpu_order=(False, True),
+         words=((False, "eager"), (True, "compiled")), unmarked=(False,), once_s=60.0, once_attr="compile_s",
+         identity=True, shown=8, runtime="compile", runtime_default=False, applied_by="model",
+         doc="torch.compile; a cold compile costs about a minute on a GPU, so the stages measure it last, where "
+             "the budget pays for it (on CPU ranks Inductor's C++ compile takes minutes: a spec adds it there)"),
     # None: torch's default mode; reduce-overhead: CUDA graphs for forward and backward; the autotuning modes cost
     # minutes of compile per graph, so a spec adds them.
-    KnobDef(path="training.compile_mode", label="mode", scope="model", memory=True,
-            choices=(None, "reduce-overhead"), when="training.compile == true", default_space=False,
-            runtime="compile_mode", doc="torch.compile mode (reduce-overhead: the step's model part as CUDA graphs)"),
-    KnobDef(path="training.cudnn_benchmark", label="cudnn_search", scope="model", choices=(True, False),
-            default_space=False, runtime="cudnn_benchmark",
-            doc="cuDNN's per-shape algorithm search; the ceiling stage decides it by measurement"),
-    KnobDef(path="loader.num_workers", label="wk", scope="pipeline", low=0, high=AUTO,
-            runtime="num_workers", runtime_default=0, doc="DataLoader worker processes per rank"),
-    KnobDef(path="loader.prefetch_factor", label="pf", scope="pipeline", low=1, high=8,
-            when="loader.num_workers > 0", runtime="prefetch_factor", doc="batches in flight per worker"),
-    KnobDef(path="loader.pin_memory", label="pin", scope="pipeline", choices=(True, False),
-            runtime="pin_memory", runtime_default=False, doc="page-locked host batches"),
-    KnobDef(path="loader.persistent_workers", label="pers", scope="pipeline", choices=(False, True),
-            when="loader.num_workers > 0", runtime="persistent_workers", runtime_default=False,
-            doc="workers kept across epochs"),
-    KnobDef(path="data.decode", label="", scope="pipeline", memory=True,
-            choices=("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid"), runtime="decode", runtime_default="pil",
-            doc="the input pipeline of an ImageFolder read through trainer.data"),
+    Knob(path="training.compile_mode", label="mode", scope="model", memory=True, graph=True,
+         space=Range(choices=(None, "reduce-overhead"), when="training.compile == true"), default_space=False,
+         runtime="compile_mode", applied_by="model",
+         doc="torch.compile mode (reduce-overhead: the step's model part as CUDA graphs)"),
+    Knob(path="training.cudnn_benchmark", label="cudnn_search", scope="model", space=Range(choices=(True, False)),
+         default_space=False, shown=7, runtime="cudnn_benchmark", applied_by="always",
+         doc="cuDNN's per-shape algorithm search; the ceiling stage decides it by measurement"),
+    Knob(path="loader.num_workers", label="wk", scope="pipeline", space=Range(low=0, high=AUTO), auto="cores",
+         ceiling_value=0, shown=6, runtime="num_workers", runtime_default=0, applied_by="loader",
+         doc="DataLoader worker processes per rank"),
+    Knob(path="loader.prefetch_factor", label="pf", scope="pipeline",
+         space=Range(low=1, high=8, when="loader.num_workers > 0"), ceiling_value=None, runtime="prefetch_factor",
+         applied_by="loader", doc="batches in flight per worker"),
+    Knob(path="loader.pin_memory", label="pin", scope="pipeline", space=Range(choices=(True, False)),
+         runtime="pin_memory", runtime_default=False, applied_by="loader", doc="page-locked host batches"),
+    Knob(path="loader.persistent_workers", label="pers", scope="pipeline",
+         space=Range(choices=(False, True), when="loader.num_workers > 0"), ceiling_value=False,
+         runtime="persistent_workers", runtime_default=False, applied_by="loader", doc="workers kept across epochs"),
+    # Decode on the GPU first where there is one (it does not compete with the loader workers for cores), then decode
+    # to tensors on the CPU, then PIL.
+    Knob(path="data.decode", label="", scope="pipeline", memory=True,
+         space=Range(choices=("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid")), gpu_only=_DECODE_ON_GPU,
+         measured="supply", gpu_order=("nvjpeg-gpu", "hybrid", "torchvision-cpu", "pil"),
+         cpu_order=("torchvision-cpu", "pil"), identity=True, shown=1, runtime="decode", runtime_default="pil",
+         applied_by="image_loader", doc="the input pipeline of an ImageFolder read through trainer.data"),
     # Three points span the trade: the ends (0 and 1) are nvjpeg-gpu and torchvision-cpu, already decode choices.
-    KnobDef(path="data.hybrid_cpu_fraction", label="cpu_share", scope="pipeline", choices=(0.25, 0.5, 0.75),
-            when="data.decode == hybrid", runtime="hybrid_cpu_fraction", runtime_default=0.5,
-            doc="hybrid decode: the share of each batch the loader workers decode"),
+    Knob(path="data.hybrid_cpu_fraction", label="cpu_share", scope="pipeline",
+         space=Range(choices=(0.25, 0.5, 0.75), when="data.decode == hybrid"), shown=2,
+         runtime="hybrid_cpu_fraction", runtime_default=0.5, applied_by="image_loader",
+         doc="hybrid decode: the share of each batch the loader workers decode"),
     # The hardware engines' share of a hybrid batch: nvjpeg-hw needs nvImageCodec, which is opt-in, so a spec adds it.
-    KnobDef(path="data.hybrid_hw_fraction", label="hw_share", scope="pipeline", choices=(0.0, 0.25, 0.5),
-            when="data.decode == hybrid", default_space=False, runtime="hybrid_hw_fraction",
-            doc="hybrid decode: the share of each batch the GPU's hardware JPEG engines decode"),
-    KnobDef(path="data.hw_roi_decode", label="roi", scope="pipeline", choices=(False, True),
-            when="data.decode == nvjpeg-hw", default_space=False, runtime="hw_roi_decode",
-            doc="nvjpeg-hw: decode only the crop box of each image"),
-    KnobDef(path="ddp.bucket_cap_mb", label="bkt", scope="model", low=5.0, high=200.0, log=True,
-            runtime="bucket_cap_mb", runtime_default=25.0, doc="DDP gradient bucket size"),
-    KnobDef(path="ddp.gradient_as_bucket_view", label="gbv", scope="model", memory=True, choices=(False, True),
-            runtime="gradient_as_bucket_view", runtime_default=False, doc="gradients alias the all-reduce buckets"),
-    # DDP's static graph breaks under no_sync() (pytorch/pytorch#187732): only searched without accumulation.
-    KnobDef(path="ddp.static_graph", label="static", scope="model", memory=True, choices=(False, True),
-            when="training.accum_steps == 1", runtime="static_graph", runtime_default=False, doc="DDP static graph"),
+    Knob(path="data.hybrid_hw_fraction", label="hw_share", scope="pipeline",
+         space=Range(choices=(0.0, 0.25, 0.5), when="data.decode == hybrid"), default_space=False,
+         runtime="hybrid_hw_fraction",
+         doc="hybrid decode: the share of each batch the GPU's hardware JPEG engines decode"),
+    Knob(path="data.hw_roi_decode", label="roi", scope="pipeline",
+         space=Range(choices=(False, True), when="data.decode == nvjpeg-hw"), default_space=False,
+         runtime="hw_roi_decode", doc="nvjpeg-hw: decode only the crop box of each image"),
+    Knob(path="ddp.bucket_cap_mb", label="bkt", scope="model", space=Range(low=5.0, high=200.0, log=True),
+         graph=True, runtime="bucket_cap_mb", runtime_default=25.0, applied_by="model",
+         doc="DDP gradient bucket size"),
+    Knob(path="ddp.gradient_as_bucket_view", label="gbv", scope="model", space=Range(choices=(False, True)),
+         memory=True, graph=True, runtime="gradient_as_bucket_view", runtime_default=False, applied_by="model",
+         doc="gradients alias the all-reduce buckets"),
+    # DDP's static graph breaks under no_sync() (pytorch/pytorch#187732): only searched without accumulation, and a
+    # draw that runs it with accumulation anyway runs again without it.
+    Knob(path="ddp.static_graph", label="static", scope="model",
+         space=Range(choices=(False, True), when="training.accum_steps == 1"), memory=True, graph=True,
+         repair=(False, "DDP's static graph does not run with accumulation"), runtime="static_graph",
+         runtime_default=False, applied_by="model", doc="DDP static graph"),
     # NCCL's algorithm, protocol, CTA and buffer variables: NCCL documents them as debugging variables, no
     # measurement here has shown them to matter, and each change takes a new process: a spec adds them.
-    KnobDef(path="nccl.algo", label="algo", scope="process", choices=(None, "Ring", "Tree"), default_space=False),
-    KnobDef(path="nccl.proto", label="proto", scope="process", choices=(None, "Simple", "LL"), default_space=False),
-    KnobDef(path="nccl.min_ctas", label="minc", scope="process", default_space=False),
-    KnobDef(path="nccl.max_ctas", label="maxc", scope="process", default_space=False),
-    KnobDef(path="nccl.buffsize", label="buf", scope="process", default_space=False),
+    *(Knob(path=f"nccl.{name}", label=label, scope="process", space=space, default_space=False, unmarked=(None,),
+           needs_gpu="gloo does not read NCCL settings")
+      for name, label, space in (("algo", "algo", Range(choices=(None, "Ring", "Tree"))),
+                                 ("proto", "proto", Range(choices=(None, "Simple", "LL"))),
+                                 ("min_ctas", "minc", None), ("max_ctas", "maxc", None), ("buffsize", "buf", None))),
 )
 
-KNOBS: dict[str, KnobDef] = {k.path: k for k in _KNOBS}
-"""Every knob by its dotted path, in the order the built-in space suggests them."""
+MEMORY_ALSO = ("model.name", "model.kwargs", "data.image_size")
+"""Settings beyond the knobs that an OOM at a batch depends on: the model and the image size."""
 
-BY_RUNTIME_NAME: dict[str, KnobDef] = {k.runtime: k for k in _KNOBS if k.runtime}
-"""The knobs a user's script can receive, by the name it reads them under."""
-
-MEMORY_SETTINGS = ("model.name", "model.kwargs", "data.image_size",
-                   *(k.path for k in _KNOBS if k.memory))
-"""Settings an OOM at a batch depends on: the model and image size, and the knobs marked ``memory``."""
+GRAPH_ALSO = ("model.name", "model.kwargs", "data.image_size", "data.num_classes", "ddp.find_unused_parameters",
+              "ddp.broadcast_buffers")
+"""Settings beyond the knobs that a compiled graph is keyed by: the model, its input shape and head, the rest of the
+DDP wrapper (its buckets split the graph)."""
 
 _PROCESS_SETTINGS = frozenset({"ddp.backend", "ddp.timeout_s"})
 
 
-def scope_of(path: str) -> Scope:
-    """What a change of the dotted setting ``path`` needs (see ``Scope``): the knob's own scope, else by section
-    (``nccl``, the user's ``script`` and the process group's backend and timeout: a new process; ``data``/``loader``:
-    the pipeline)."""
-    if path in KNOBS:
-        return KNOBS[path].scope
+@dataclass(frozen=True)
+class Table:
+    """A table of knobs and what follows from it (each view computed once per table)."""
+
+    entries: tuple[Knob, ...]
+    """In the order the built-in space suggests them."""
+
+    def __post_init__(self):
+        paths = [k.path for k in self.entries]
+        twice = sorted({p for p in paths if paths.count(p) > 1})
+        if twice:
+            raise ValueError(f"knob table: {', '.join(twice)} listed twice")
+
+    @cached_property
+    def knobs(self) -> dict[str, Knob]:
+        """Every knob by its dotted path."""
+        return {k.path: k for k in self.entries}
+
+    @cached_property
+    def by_runtime_name(self) -> dict[str, Knob]:
+        """The knobs a user's script can receive, by the name it reads them under."""
+        return {k.runtime: k for k in self.entries if k.runtime}
+
+    @cached_property
+    def memory_settings(self) -> tuple[str, ...]:
+        """Settings an OOM at a batch depends on: ``MEMORY_ALSO`` and the knobs marked ``memory``."""
+        return (*MEMORY_ALSO, *(k.path for k in self.entries if k.memory))
+
+    @cached_property
+    def graph_settings(self) -> tuple[str, ...]:
+        """Settings a compiled graph is keyed by: ``GRAPH_ALSO`` and the knobs marked ``graph``."""
+        return (*GRAPH_ALSO, *(k.path for k in self.entries if k.graph))
+
+    @cached_property
+    def ceiling_grid(self) -> tuple[Knob, ...]:
+        """The dimensions the model alone is measured along, in the order the stages explore them."""
+        return tuple(k for k in self.entries if k.measured == "ceiling")
+
+    @cached_property
+    def supply(self) -> Knob | None:
+        """The knob the input pipelines are measured alone along."""
+        return next((k for k in self.entries if k.measured == "supply"), None)
+
+    @cached_property
+    def ceiling_fixed(self) -> dict[str, Any]:
+        """What a measurement of the model alone sets, by path (``Knob.ceiling_value``)."""
+        return {k.path: k.ceiling_value for k in self.entries if k.ceiling_value is not UNSET}
+
+    @cached_property
+    def identity(self) -> tuple[str, ...]:
+        """What the refine stage holds of a good end-to-end trial (``Knob.identity``)."""
+        return tuple(k.path for k in self.entries if k.identity)
+
+    @cached_property
+    def shown(self) -> tuple[str, ...]:
+        """What a stage measurement's line shows, in order (``Knob.shown``)."""
+        return tuple(k.path for k in sorted((k for k in self.entries if k.shown is not None), key=lambda k: k.shown))
+
+    @cached_property
+    def repairs(self) -> tuple[Knob, ...]:
+        """The knobs whose configuration failures have a repair."""
+        return tuple(k for k in self.entries if k.repair is not None)
+
+    def batch(self, role: Literal["micro", "accum"]) -> str | None:
+        """The path of the knob with that part in the images of a step (``Knob.batch``)."""
+        return next((k.path for k in self.entries if k.batch == role), None)
+
+    def applied_by(self, helper: Helper) -> tuple[str, ...]:
+        """The runtime names of the settings ``helper`` applies."""
+        return tuple(k.runtime for k in self.entries if k.applied_by == helper and k.runtime)
+
+
+SHIPPED = Table(_KNOBS)
+"""The project's knobs."""
+
+_IN_USE: list[Table] = [SHIPPED]
+
+
+def table() -> Table:
+    """The table every reader uses: the shipped one, unless a test put its own in place (``using``)."""
+    return _IN_USE[-1]
+
+
+@contextlib.contextmanager
+def using(t: Table) -> Iterator[Table]:
+    """Inside the block, ``table()`` is ``t`` for every reader in this process: how a test adds (``extended``) or
+    replaces knobs without touching another module. Values a module derived at import (the runtime's helper
+    tuples, ``trainer.data.GPU_DECODE_PATHS``) keep the shipped table's."""
+    _IN_USE.append(t)
+    try:
+        yield t
+    finally:
+        _IN_USE.remove(t)
+
+
+def extended(*extra: Knob) -> contextlib.AbstractContextManager[Table]:
+    """``using`` the table in use with ``extra`` added (an entry with a path already in it replaces that one)."""
+    paths = {k.path for k in extra}
+    return using(Table((*(k for k in table().entries if k.path not in paths), *extra)))
+
+
+def knob(path: str) -> Knob:
+    """The knob of the dotted setting ``path``: its entry, else a plain one (the last part of its path as its label,
+    its scope by section, no other fact): a spec may search any TrainConfig setting."""
+    entry = table().knobs.get(path)
+    if entry is not None:
+        return entry
+    return Knob(path=path, label=path.rsplit(".", 1)[-1], scope=_scope_by_section(path), default_space=False)
+
+
+def _scope_by_section(path: str) -> Scope:
     section = path.split(".", 1)[0]
     if section in ("nccl", "script") or path in _PROCESS_SETTINGS:
         return "process"
@@ -153,6 +432,14 @@ def scope_of(path: str) -> Scope:
     return "model"
 
 
+def scope_of(path: str) -> Scope:
+    """What a change of the dotted setting ``path`` needs (see ``Scope``): the knob's own scope, else by section
+    (``nccl``, the user's ``script`` and the process group's backend and timeout: a new process; ``data``/``loader``:
+    the pipeline)."""
+    return knob(path).scope
+
+
 def label_of(path: str) -> str:
     """The short label of a setting in tables: the knob's, else the last part of its path."""
-    return KNOBS[path].label if path in KNOBS else path.rsplit(".", 1)[-1]
+    return knob(path).label
+

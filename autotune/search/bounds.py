@@ -15,6 +15,7 @@ from typing import Any
 
 from autotune.space import get_path
 from autotune.study.view import TrialView, feasible, stage
+from trainer.knobs import Knob, table
 from trainer.protocol import Failure
 
 PLATEAU = 0.98
@@ -27,62 +28,16 @@ was interrupted or whose search vanished is always run again: it says nothing ab
 
 NOT_ITS_FAULT = (str(Failure.INTERRUPTED), str(Failure.STALE), str(Failure.SEARCH))
 
-@dataclass(frozen=True, kw_only=True)
-class Dimension:
-    """One dimension the ceiling (or the supply) is measured along, with its values in the order they are measured:
-    the likeliest fastest first. The order is a prior, never an answer: it decides only what is measured first and,
-    once a step along it measures clearly slower, what is left out as dominated."""
-
-    path: str
-    gpu: tuple[Any, ...]
-    """Order on GPUs: lower precision runs on tensor cores, and channels_last is their native convolution layout."""
-
-    cpu: tuple[Any, ...]
-    """Order on CPU ranks: no tensor cores; fp32 is the native arithmetic, NCHW the native layout."""
-
-    words: tuple[tuple[Any, str], ...] = ()
-    """How a value reads in lines (default: the value itself)."""
-
-    trains: bool = False
-    """Whether the model trains depends on this dimension's value: end-to-end trials that diverged at a value, none
-    of which trained, rule the value out at every other setting."""
-
-    once_attr: str | None = None
-    """The trial attribute a run records that cost in (``compile_s``)."""
-
-    once_s: float | None = None
-    """What a value after the first costs once, on its first run in a worker (torch.compile: the compile), before
-    anything is measured: seconds, a prior the stage planner uses until a run of it says what it cost. Such a
-    dimension is measured last, and only where the budget left pays for the cost and for end-to-end trials after it
-    (``StagePlanner.affords_once``)."""
-
-    unmarked: tuple[Any, ...] = ()
-    """Values a label leaves out (``pair_label``): eager reads ``fp16 channels_last``, not ``... eager``."""
-
-    def word(self, value: Any) -> str:
-        return dict(self.words).get(value, str(value))
-
-    def order(self, choices: list[Any], on_gpu: bool) -> list[Any]:
-        prior = list(self.gpu if on_gpu else self.cpu)
-        return sorted(choices, key=lambda c: prior.index(c) if c in prior else len(prior) + choices.index(c))
+def grid() -> tuple[Knob, ...]:
+    """The ceiling's grid: the settings the model alone is measured over, each with its measuring order (the
+    likeliest fastest first), how its values read and whether one costs once (``trainer.knobs``: ``measured``)."""
+    return table().ceiling_grid
 
 
-CEILING_GRID = (
-    Dimension(path="training.precision", gpu=("fp16", "bf16", "fp32"), cpu=("fp32", "bf16", "fp16"), trains=True),
-    Dimension(path="training.channels_last", gpu=(True, False), cpu=(False, True),
-              words=((True, "channels_last"), (False, "NCHW"))),
-    # Eager first on both: a compile makes the first ceiling a minute long (ResNet-50 on 1xH200: 81 s of wall for a
-    # cold compile, for a ceiling 19 % above eager's), and the first end-to-end answer waits on that ceiling.
-    Dimension(path="training.compile", gpu=(False, True), cpu=(False, True),
-              words=((False, "eager"), (True, "compiled")), once_s=60.0, once_attr="compile_s",
-              unmarked=(False,)),
-)
-"""The ceiling's grid: the settings the model alone is measured over. A dimension is one entry here."""
-
-DECODES = Dimension(path="data.decode", gpu=("nvjpeg-gpu", "hybrid", "torchvision-cpu", "pil"),
-                    cpu=("torchvision-cpu", "pil"))
-"""The order pipelines' supplies are measured in: decode on the GPU first where there is one (it does not compete
-with the loader workers for cores), then decode to tensors on the CPU, then PIL."""
+def supply_knob() -> Knob:
+    """The knob the pipelines' supplies are measured along, in its order: decode on the GPU first where there is one
+    (it does not compete with the loader workers for cores), then decode to tensors on the CPU, then PIL."""
+    return table().supply
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,14 +91,14 @@ class Measured:
     def pairs(self) -> list[tuple]:
         """The ceiling's grid, the likeliest fastest first; every point without a one-off cost (``once_s``: eager)
         before any with one."""
-        orders = [d.order(self.choices(d.path), self.on_gpu) for d in CEILING_GRID]
-        costly = [i for i, d in enumerate(CEILING_GRID) if d.once_s is not None]
+        orders = [d.order(self.choices(d.path), self.on_gpu) for d in grid()]
+        costly = [i for i, d in enumerate(grid()) if d.once_s is not None]
         return sorted(product(*orders), key=lambda p: [orders[i].index(p[i]) for i in costly])
 
     def plain(self, pair: tuple) -> tuple:
         """``pair`` at the first value of each dimension with a one-off cost: eager for compiled."""
         return tuple(d.order(self.choices(d.path), self.on_gpu)[0] if d.once_s is not None else x
-                     for d, x in zip(CEILING_GRID, pair, strict=True))
+                     for d, x in zip(grid(), pair, strict=True))
 
     def without_once(self, vs: list[TrialView], pair: tuple) -> tuple:
         """``plain(pair)`` where that point is measured; else ``pair``."""
@@ -153,7 +108,8 @@ class Measured:
     def decodes(self) -> list[str]:
         """Pipelines measured alone, in measuring order; hybrid only where its two ends are not both measured (its
         shares decode side by side, so its supply follows from theirs)."""
-        decodes = DECODES.order(self.choices("data.decode"), self.on_gpu)
+        supply = supply_knob()
+        decodes = supply.order(self.choices(supply.path), self.on_gpu)
         if "hybrid" in decodes and {"torchvision-cpu", "nvjpeg-gpu"} <= set(decodes):
             decodes.remove("hybrid")
         return decodes
@@ -178,7 +134,7 @@ class Measured:
         (a study's earlier requests may predate a dimension)."""
         if stage_name == "supply":
             return (o.get("data.decode"), o.get("data.hybrid_cpu_fraction"))
-        return (*(o.get(d.path, get_path(self.base, d.path)) for d in CEILING_GRID), o.get("training.batch_size"),
+        return (*(o.get(d.path, get_path(self.base, d.path)) for d in grid()), o.get("training.batch_size"),
                 o.get("training.cudnn_benchmark"))
 
     def top_batch(self) -> int:
@@ -249,7 +205,7 @@ class Measured:
             return None
         top = max(v.imgs_per_s for v in mine)
         chosen = min((v for v in mine if v.imgs_per_s >= PLATEAU * top), key=lambda v: v.setting("training.batch_size"))
-        return {**dict(zip((d.path for d in CEILING_GRID), pair, strict=True)),
+        return {**dict(zip((d.path for d in grid()), pair, strict=True)),
                 "training.batch_size": chosen.setting("training.batch_size"), "imgs_per_s": top}
 
     def pipes(self, vs: list[TrialView]) -> list[Pipe]:
@@ -294,7 +250,7 @@ class Measured:
         batch not below its images per step (a smaller batch is not faster); its supply: what its pipeline fed at
         most (the fastest steady window of a supply that never settled), with the most loader workers."""
         out: list[tuple[float, str]] = []
-        pair = tuple(get_path(config, d.path) for d in CEILING_GRID)
+        pair = tuple(get_path(config, d.path) for d in grid())
         per_step = int(get_path(config, "training.batch_size")) * int(get_path(config, "training.accum_steps") or 1)
         above = [v for v in self.ceilings_of(vs, pair) if v.setting("training.batch_size") >= per_step]
         if above:
@@ -320,10 +276,10 @@ def supply_upper(v: TrialView) -> float:
 
 
 def untrainable(vs: list[TrialView]) -> set[tuple[str, Any]]:
-    """(path, value) of each value of a dimension that decides training (``Dimension.trains``: the precision) whose
+    """(path, value) of each value of a dimension that decides training (``Knob.trains``: the precision) whose
     end-to-end trials diverged — the loss left the finite numbers — while none at that value trained."""
     out = set()
-    for dim in CEILING_GRID:
+    for dim in grid():
         if not dim.trains:
             continue
         by_value: dict[Any, list[TrialView]] = {}
@@ -338,12 +294,12 @@ def untrainable(vs: list[TrialView]) -> set[tuple[str, Any]]:
 
 
 def point_dead(dead: set[tuple[str, Any]], pair: tuple) -> bool:
-    return any((d.path, x) in dead for d, x in zip(CEILING_GRID, pair, strict=True))
+    return any((d.path, x) in dead for d, x in zip(grid(), pair, strict=True))
 
 
 def point_of(v: TrialView) -> tuple:
     """A trial's point of the ceiling's grid."""
-    return tuple(v.setting(d.path) for d in CEILING_GRID)
+    return tuple(v.setting(d.path) for d in grid())
 
 
 def trainable_ceiling(vs: list[TrialView]) -> TrialView | None:
@@ -356,7 +312,7 @@ def trainable_ceiling(vs: list[TrialView]) -> TrialView | None:
 
 def pair_label(pair: tuple) -> str:
     """A point of the ceiling's grid as a person reads it: ``fp16 channels_last``, ``fp32 NCHW compiled``."""
-    return " ".join(d.word(v) for d, v in zip(CEILING_GRID, pair, strict=True)
-                    if not any(v is u for u in d.unmarked))
+    return " ".join(d.word(v) for d, v in zip(grid(), pair, strict=True)
+                    if not d.is_unmarked(v))
 
 

@@ -6,11 +6,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from trainer.knobs import KNOBS
-
-SHORT = {**{k.path: k.label for k in KNOBS.values()}, "training.mode": ""}
-"""Short labels (the knobs' own, ``trainer.knobs``); an empty label shows the value alone (``bf16``, ``nvjpeg-gpu``
-speak for themselves)."""
+from trainer.knobs import knob
 
 
 def fmt_value(v: Any) -> str:
@@ -24,15 +20,18 @@ def fmt_value(v: Any) -> str:
 
 
 def fmt_params(params: dict[str, Any], limit: int | None = None) -> str:
+    """Settings in a line, each by its knob's short label (``trainer.knobs``); an empty label shows the value alone
+    (``bf16``, ``nvjpeg-gpu`` speak for themselves), as does a stage measurement's mode (``loader``)."""
     parts = []
     for path, v in params.items():
-        label = SHORT.get(path, path.rsplit(".", 1)[-1])
+        k = knob(path)
+        label = "" if path == "training.mode" else k.label
         if isinstance(v, bool) and label:
             if v:
                 parts.append(label)
             continue
-        if v is None and label in ("algo", "proto", "minc", "maxc", "buf"):
-            continue  # NCCL's own choice: nothing to say
+        if k.is_unmarked(v):
+            continue  # e.g. NCCL's own choice: nothing to say
         parts.append(f"{label}={fmt_value(v)}" if label else fmt_value(v))
     text = " ".join(parts)
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"

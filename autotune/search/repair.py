@@ -3,8 +3,9 @@
 A trial that fails because of its configuration (``trainer.protocol.CONFIG_FAILURES``) is told to Optuna as
 infeasible — a constraint above zero, so the sampler learns the combination fails — and, when the failure belongs to
 a knob combination that has a repair, its draw is run once more with that combination repaired, so the rest of the
-draw is not lost: an OOM at batch B runs again at the next smaller batch, DDP's static graph under accumulation
-runs without the static graph. A measurement of the model alone moves down batch by batch until it fits.
+draw is not lost: an OOM at batch B runs again at the next smaller batch, a combination the config refuses by a
+knob's name runs again at the knob's repair value (``trainer.knobs.Knob.repair``: DDP's static graph under
+accumulation, without it). A measurement of the model alone moves down batch by batch until it fits.
 
 Learned before launch: a batch that ran out of memory is not tried again at a larger size with the same
 memory-relevant settings (``autotune.space.predicted_oom``); such a draw is infeasible at once, and repaired.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.space import SearchSpace
+from trainer.knobs import table
 from trainer.protocol import Failure
 
 
@@ -33,8 +35,11 @@ def repair_for(failure: Failure, message: str | None, config: dict[str, Any] | N
     """The repair of a configuration failure, or None when the failure has none. ``batches``: the batch sizes the
     trial may use; ``fits(batch)``: False where an OOM is already known (the repair skips those)."""
     text = message or ""
-    if failure == Failure.CONFIG and "ddp.static_graph" in text:
-        return Repair(changes={"ddp.static_graph": False}, why="DDP's static graph does not run with accumulation")
+    if failure == Failure.CONFIG:
+        for k in table().repairs:  # a knob whose combination the config refuses, by name (``Knob.repair``)
+            if k.path in text:
+                value, why = k.repair
+                return Repair(changes={k.path: value}, why=why)
     if failure == Failure.OOM and config is not None:
         batch = config["training"]["batch_size"]
         lower = [b for b in sorted(batches, reverse=True) if b < batch and fits(b)]

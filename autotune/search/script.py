@@ -25,7 +25,7 @@ from autotune.exceptions import AutotuneError
 from autotune.hw.nvml import Sampler
 from autotune.runner.trial import TrialJob, TrialRun, run_trial
 from autotune.spec import StudySpec
-from trainer.knobs import BY_RUNTIME_NAME
+from trainer.knobs import table
 from trainer.protocol import Failure, Kind
 
 PROBE_KEY = "script"
@@ -141,7 +141,7 @@ def probe(plan, logs: Path, say) -> Probe:
     if run.failure_class is not None or run.summary is None or not settings:
         raise ScriptError(failure_line(run, plan.options.script))
     found = settings[-1]
-    applies = {name: value for name, value in (found.get("applied") or {}).items() if name in BY_RUNTIME_NAME}
+    applies = {name: value for name, value in (found.get("applied") or {}).items() if name in table().by_runtime_name}
     return Probe(applies=applies, unit=found.get("unit") or "samples", loader=bool(found.get("loader")),
                  samples_per_rank=found.get("samples_per_rank"), run=run, samples=samples)
 
@@ -179,7 +179,7 @@ def apply(plan, found: Probe) -> None:
     settings it applies, the space searches only those."""
     from autotune.space import resolve
 
-    overrides = {BY_RUNTIME_NAME[n].path: v for n, v in found.applies.items()}
+    overrides = {table().by_runtime_name[n].path: v for n, v in found.applies.items()}
     overrides["script.applies"] = sorted(found.applies)
     plan.base = plan.probe = plan.base.with_overrides(overrides)
     plan.space = resolve(plan.spec, world_size=plan.world, nproc_per_node=plan.nproc, cpu_only=not plan.entries,

@@ -7,7 +7,7 @@ end-to-end run (at most the smaller of the two), so they say where to look. Befo
 what is known and enqueues the next thing worth running, in this order (``StagePlanner.enqueue_next``):
 
 1. **first ceiling** — the model alone on synthetic data at the largest batch (lower after an OOM), for the precision
-   and layout the ceiling's grid (``CEILING_GRID``) ranks likeliest fastest. On a GPU it is measured without and with
+   and layout the ceiling's grid (``bounds.grid``) ranks likeliest fastest. On a GPU it is measured without and with
    cuDNN's per-shape algorithm search, each on shapes its worker has not run (``autotune.search.evaluate`` starts a
    fresh worker where it has): cuDNN's plan cache is keyed without the search flag, so a second run in the same worker
    would reuse the first's plans and show no difference.
@@ -37,7 +37,7 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    reaches the band, gets an end-to-end trial.
 9. **refine** — the sampler draws the other knobs (batch, accumulation, loader, DDP, the hybrid share, ...) with the
    pipeline, precision, layout and compile of the best end-to-end trials held, round-robin over those within
-   ``REACH`` of the best; a compiled one also holds what its graph is keyed by (``GRAPH_SETTINGS``: each
+   ``REACH`` of the best; a compiled one also holds what its graph is keyed by (``Table.graph_settings``: each
    change is a new compile) and searches the input side around it. Draws the stages do not
    make (no stages, nothing measured yet) hold compile at the baseline's (``_hold_once``). A draw whose measured
    ceiling (its precision, layout and batch) or supply is already below the best is not
@@ -65,10 +65,10 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from autotune.search.bounds import CEILING_GRID, NOT_ITS_FAULT, PLATEAU, Measured, Pipe, pair_label
+from autotune.search.bounds import NOT_ITS_FAULT, PLATEAU, Measured, Pipe, grid, pair_label
 from autotune.space import Param, get_path
 from autotune.study.view import TrialView, feasible, views
-from trainer.compiled import GRAPH_SETTINGS
+from trainer.knobs import table
 
 CUDNN_KEEP = 0.99
 """cuDNN's algorithm search stays on only when it is worth more than 1 % of the steady pace (it makes the first step
@@ -80,17 +80,9 @@ REACH = 0.90
 PARTS_SHARE = 0.5
 """Measurements of parts spend at most this share of a search's trials and time; the rest is end to end."""
 
-IDENTITY = ("data.decode", "training.precision", "training.channels_last", "training.compile")
-"""What the refine stage holds of a good end-to-end trial: its pipeline family, precision, layout and compile. The
-hybrid share is left to the sampler, within what the supplies bound."""
-
-
-SHOWN = ("training.mode", "data.decode", "data.hybrid_cpu_fraction", "training.precision", "training.channels_last",
-         "training.batch_size", "loader.num_workers", "training.cudnn_benchmark", "training.compile")
-"""What tells one stage measurement from another (the rest of its settings are the same for all)."""
-
-CEILING_FIXED = {"data.kind": "synthetic", "training.accum_steps": 1, "loader.num_workers": 0,
-                 "loader.prefetch_factor": None, "loader.persistent_workers": False}
+CEILING_DATA = {"data.kind": "synthetic"}
+"""What makes a measurement the model alone: one batch made on the device and replayed (the knobs it fixes besides:
+``trainer.knobs.Table.ceiling_fixed``)."""
 
 BLOCKED = "blocked"
 """A step waits for a measurement another search worker is running."""
@@ -189,7 +181,7 @@ class StagePlanner(Measured):
                          f"{cudnn}")
         if self.supplies:
             parts.append(f"the {self.decodes()[0]} pipeline alone")
-        orders = [(d, d.order(self.choices(d.path), self.on_gpu)) for d in CEILING_GRID if d.once_s is not None]
+        orders = [(d, d.order(self.choices(d.path), self.on_gpu)) for d in grid() if d.once_s is not None]
         costly = "".join(f"; {d.word(o[-1])} against {d.word(o[0])} last, where the budget pays for its one-off cost"
                          for d, o in orders if len(o) > 1)
         return (f"stages: first the likeliest fastest — {', then '.join(parts)} — then end to end; further "
@@ -241,12 +233,12 @@ class StagePlanner(Measured):
         """A draw the stages leave to the sampler holds each searched dimension with a one-off cost at the
         baseline's value: only a measurement says a compile pays for itself, and a free draw of it would spend a
         minute of the budget on a coin toss."""
-        held = {d.path: self.plan.baseline.get(d.path, get_path(self.base, d.path)) for d in CEILING_GRID
+        held = {d.path: self.plan.baseline.get(d.path, get_path(self.base, d.path)) for d in grid()
                 if d.once_s is not None and d.path in self.space}
         held = {k: x for k, x in held.items() if self.space[k].contains(x)}
         if not held:
             return None
-        words = ", ".join(d.word(held[d.path]) for d in CEILING_GRID if d.path in held)
+        words = ", ".join(d.word(held[d.path]) for d in grid() if d.path in held)
         self.note("hold-once", f"stages: draws left to the sampler run {words}: what a compile buys is not measured, "
                                "and the first run would pay for it")
         self.study.enqueue_trial(held, user_attrs={"stage": "search"}, skip_if_exists=False)
@@ -341,7 +333,7 @@ class StagePlanner(Measured):
         # The model's head as the trials have it: the data's classes (synthetic data would make 1000), or the base's
         # where the study's data is synthetic already (a different head is another model, and another compile).
         classes = {"data.num_classes": self.plan.data.classes} if self.plan.data else {}
-        o = {**CEILING_FIXED, **dict(zip((d.path for d in CEILING_GRID), pair, strict=True)),
+        o = {**CEILING_DATA, **table().ceiling_fixed, **dict(zip((d.path for d in grid()), pair, strict=True)),
              "training.batch_size": batch, **classes,
              "measure.window_s": min(self.plan.spec.stages.ceiling_window_s, self.measure.window_s)}
         if cudnn is not None:
@@ -456,14 +448,15 @@ class StagePlanner(Measured):
         return sure, unsure, ceiling
 
     def identity_of(self, fixed: dict[str, Any]) -> tuple:
-        """The identity (``IDENTITY``) of the trial ``fixed`` would enqueue: its settings, else what it inherits."""
+        """The identity (``trainer.knobs.Table.identity``: what the refine stage holds) of the trial ``fixed`` would
+        enqueue: its settings, else what it inherits."""
         params = self.complete(fixed)
-        return tuple(params[k] if k in params else get_path(self.base, k) for k in IDENTITY)
+        return tuple(params[k] if k in params else get_path(self.base, k) for k in table().identity)
 
     def identity_state(self, vs: list[TrialView], ident: tuple) -> str:
         """``untried``, ``pending``, ``alive`` (it trained: measured or pruned) or ``dead`` (every trial failed)."""
         mine = [v for v in vs if v.end_to_end and not v.baseline and not v.part
-                and tuple(v.setting(k) for k in IDENTITY) == ident and v.failure_class not in NOT_ITS_FAULT]
+                and tuple(v.setting(k) for k in table().identity) == ident and v.failure_class not in NOT_ITS_FAULT]
         if not mine:
             return "untried"
         if any(v.outcome in ("measured", "pruned") for v in mine):
@@ -478,7 +471,7 @@ class StagePlanner(Measured):
             chosen = self.ceiling_choice(vs, best[0])
             fixed = {k: v for k, v in chosen.items() if k != "imgs_per_s"}
         else:  # no ceiling: the baseline's precision, layout and batch
-            fixed = {d.path: self.plan.baseline.get(d.path, get_path(self.base, d.path)) for d in CEILING_GRID}
+            fixed = {d.path: self.plan.baseline.get(d.path, get_path(self.base, d.path)) for d in grid()}
         fixed.update(pipe.settings)
         if "loader.num_workers" in self.space:
             fixed["loader.num_workers"] = max(self.choices("loader.num_workers"))
@@ -613,7 +606,7 @@ class StagePlanner(Measured):
 
     def cudnn_for(self, config: dict[str, Any]) -> bool | None:
         """cuDNN's algorithm search for a config's precision and layout, where the stages decided it."""
-        return self.decision(tuple(get_path(config, dim.path) for dim in CEILING_GRID))
+        return self.decision(tuple(get_path(config, dim.path) for dim in grid()))
 
     # ---- 6. what limits the bound -----------------------------------------------------------------------------------
 
@@ -639,9 +632,9 @@ class StagePlanner(Measured):
     def _explore(self, vs: list[TrialView], best: tuple) -> str | None:
         """One dimension at a time from the fastest pair: each direction along the dimension's order until a step
         measures clearly slower."""
-        for i, dim in enumerate(CEILING_GRID):
+        for i, dim in enumerate(grid()):
             # The other dimensions are explored without the one-off cost (each compiled point is a compile); the
-            # costly one last, from the best (CEILING_GRID's order), where the budget pays for it.
+            # costly one last, from the best (the grid's order), where the budget pays for it.
             frm = best if dim.once_s is not None else self.without_once(vs, best)
             top_ips = self.pair_ceiling(vs, frm)
             order = dim.order(self.choices(dim.path), self.on_gpu)
@@ -729,14 +722,15 @@ class StagePlanner(Measured):
         fixed = dict(least)
         if fixed.get("training.compile"):
             lead = leaders[least]
-            fixed.update({k: x for k, x in lead.params.items() if k.startswith(GRAPH_SETTINGS)})
+            graph = table().graph_settings
+            fixed.update({k: x for k, x in lead.params.items() if k in graph})
             self.note("graph", "stages: refining a compiled trial holds its batch, accumulation and DDP settings "
                                "(each change is a new compile) and searches its input side")
         self.study.enqueue_trial(fixed, user_attrs={"stage": "refine"}, skip_if_exists=False)
         return "refine"
 
     def identity(self, v: TrialView) -> tuple:
-        return tuple((k, v.params[k]) for k in IDENTITY if k in self.space and k in v.params)
+        return tuple((k, v.params[k]) for k in table().identity if k in self.space and k in v.params)
 
     # ---- what a draw can reach --------------------------------------------------------------------------------------
 
@@ -760,5 +754,6 @@ def _value(p: Param, fixed: dict[str, Any], baseline: dict[str, Any], base: dict
 
 
 def shown_settings(overrides: dict[str, Any]) -> dict[str, Any]:
-    """A stage measurement's settings as a person reads them: the ones that tell it from the others."""
-    return {k: overrides[k] for k in SHOWN if k in overrides}
+    """A stage measurement's settings as a person reads them: the ones that tell it from the others (its mode, then
+    the knobs a stage line shows, ``trainer.knobs.Table.shown``)."""
+    return {k: overrides[k] for k in ("training.mode", *table().shown) if k in overrides}

@@ -6,7 +6,8 @@ import optuna
 import pytest
 
 from autotune.exceptions import SpecError
-from autotune.space import DEFAULT_SPACE, predicted_oom, resolve
+from autotune.ranges import default_space
+from autotune.space import predicted_oom, resolve
 from autotune.spec import StudySpec
 from trainer.config import TrainConfig
 
@@ -23,7 +24,7 @@ def test_default_space_has_the_architecture_knobs_and_resolves_auto_per_rank():
     spec = _spec()
     space = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=False, cores=32)
     p = space.by_path()
-    assert set(p) == set(DEFAULT_SPACE)
+    assert set(p) == set(default_space())
     assert (p["loader.num_workers"].low, p["loader.num_workers"].high) == (0, 16)  # cores per rank
     assert p["data.decode"].choices == ("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid")
     assert not any(k.startswith("nccl.") for k in p)  # NCCL's debugging variables: a spec adds them

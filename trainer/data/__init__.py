@@ -30,11 +30,13 @@ from trainer.data.cpu import LoaderPipeline
 from trainer.data.files import resolve_splits
 from trainer.data.gpu import GpuDecodePipeline, HybridDecodePipeline
 from trainer.data.synthetic import SyntheticPipeline
+from trainer.knobs import knob
 
 __all__ = ["GPU_DECODE_PATHS", "Pipeline", "build_pipeline", "num_classes"]
 
-GPU_DECODE_PATHS = ("nvjpeg-gpu", "nvjpeg-hw", "hybrid")
-"""``data.decode`` values whose training pipeline decodes on the device (``trainer.data.gpu``)."""
+GPU_DECODE_PATHS = knob("data.decode").gpu_values
+"""``data.decode`` values whose training pipeline decodes on the device (``trainer.data.gpu``): the decode choices
+that need a GPU (``trainer.knobs``)."""
 
 
 @runtime_checkable

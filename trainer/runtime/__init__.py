@@ -21,10 +21,9 @@ Under plain ``torchrun`` (no search) every value is the script's default and not
 built-in job's meter; under ``autotune train --config best.yaml`` (or ``AUTOTUNE_CONFIG=best.yaml torchrun ...``)
 the exported ones. Importing this module loads torch, not the tuner (no Optuna, SQLAlchemy or plotly).
 
-The settings a script can take, by name: ``batch_size``, ``accum_steps``, ``precision``, ``channels_last``,
-``compile``, ``compile_mode``, ``cudnn_benchmark``, ``num_workers``, ``prefetch_factor``, ``pin_memory``,
-``persistent_workers``, ``decode``, ``hybrid_cpu_fraction``, ``bucket_cap_mb``, ``gradient_as_bucket_view``,
-``static_graph`` (``trainer.knobs``); NCCL's variables are set by the launcher before the process group exists.
+The settings a script can take are the knobs of ``trainer.knobs`` that have a runtime name (``Knob.runtime``), each
+applied by the helper its entry names (``Knob.applied_by``); NCCL's variables are set by the launcher before the
+process group exists.
 """
 
 from __future__ import annotations

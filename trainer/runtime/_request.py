@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainer.config import MeasureConfig, TrainConfig
-from trainer.knobs import BY_RUNTIME_NAME
+from trainer.knobs import table
 
 ENV_REQUEST = "AUTOTUNE_RUNTIME"
 """A JSON request file (``Request.to_json``): what the tuner launches a script with."""
@@ -66,7 +66,8 @@ class Request:
         """The request of a TrainConfig of a script job: the settings the script applies (``script.applies``)
         taken from the config, the mode from ``training.mode`` (``loader``: supply) and ``data.kind``
         (``synthetic``: the ceiling)."""
-        settings = {name: _get(cfg, BY_RUNTIME_NAME[name].path) for name in cfg.script.applies}
+        names = table().by_runtime_name
+        settings = {name: _get(cfg, names[name].path) for name in cfg.script.applies}
         t = cfg.training
         mode: Mode = ("supply" if t.mode == "loader" else "ceiling" if cfg.data.kind == "synthetic" else t.mode)
         if result is None and t.mode == "train":

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from trainer.config import ConfigError, DataConfig, LoaderConfig, TrainConfig, TrainingConfig
 from trainer.job import Dist, apply_env, count_nonfinite, prefetched_batches, start_record, summary_record
-from trainer.knobs import BY_RUNTIME_NAME
+from trainer.knobs import table
 from trainer.loop import AUTOCAST_DTYPES
 from trainer.meter import ThroughputMeter, sync
 from trainer.optim import init_momentum_buffers
@@ -34,16 +34,17 @@ from trainer.protocol import Kind, ResultWriter, error_record
 from trainer.runtime import _request
 from trainer.runtime._batches import Batches
 
-LOADER = ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+# Which helper applies which setting is the knob table's (``trainer.knobs.Knob.applied_by``).
+LOADER = table().applied_by("loader")
 """The settings ``Run.loader`` applies (DataLoader arguments)."""
 
-MODEL = ("channels_last", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "compile", "compile_mode")
+MODEL = table().applied_by("model")
 """The settings ``Run.model`` applies (layout, the DDP wrapper, torch.compile)."""
 
-STEP = ("precision", "accum_steps")
+STEP = table().applied_by("step")
 """The settings ``Run.step`` applies (autocast and the GradScaler, gradient accumulation)."""
 
-IMAGES = ("decode", "hybrid_cpu_fraction")
+IMAGES = table().applied_by("image_loader")
 """The settings ``Run.image_loader`` applies on top of the loader's (the input pipeline of ``trainer.data``)."""
 
 _UNSET = object()
@@ -70,10 +71,10 @@ def setup(*, unit: str = "samples", **defaults: Any) -> Run:
     the script's own default, by the names of ``trainer.knobs`` (``batch_size``, ``precision``, ...); ``unit``: what
     ``report()`` counts (images, tokens, samples). Starts the process group when there is none (as torchrun's
     environment says, NCCL on GPUs, gloo on the CPU), so a script need not."""
-    unknown = [k for k in defaults if k not in BY_RUNTIME_NAME]
+    names = table().by_runtime_name
+    unknown = [k for k in defaults if k not in names]
     if unknown:
-        raise TypeError(f"runtime.setup(): unknown setting {unknown[0]!r}; the settings are "
-                        f"{', '.join(BY_RUNTIME_NAME)}")
+        raise TypeError(f"runtime.setup(): unknown setting {unknown[0]!r}; the settings are {', '.join(names)}")
     active = _request.active()
     request = active.request if active else _request.current()
     return Run(request, defaults, unit=unit, writer=active.writer if active else None,
@@ -124,7 +125,7 @@ class Run:
     # ---- settings ------------------------------------------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name not in BY_RUNTIME_NAME:
+        if name.startswith("_") or name not in table().by_runtime_name:
             raise AttributeError(name)
         if name not in self._declared and name not in self.request.settings:
             raise AttributeError(f"run.{name}: not declared; pass {name}=<the script's default> to runtime.setup()")
@@ -139,7 +140,7 @@ class Run:
             return default
         if name in self._declared:
             return self._declared[name]
-        return BY_RUNTIME_NAME[name].runtime_default
+        return table().by_runtime_name[name].runtime_default
 
     def _apply(self, name: str, default: Any = _UNSET) -> Any:
         value = self._applied[name] = self._value(name, default)
