@@ -100,7 +100,10 @@ class Knob:
     """Short label in tables and the live view; empty: the value speaks for itself (``bf16``, ``nvjpeg-gpu``)."""
 
     scope: Scope
+    """What a change of it takes (``Scope``)."""
+
     doc: str = ""
+    """What it is, in a phrase."""
 
     # ---- the space ---------------------------------------------------------------------------------------------
 

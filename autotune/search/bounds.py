@@ -28,6 +28,7 @@ was interrupted or whose search vanished is always run again: it says nothing ab
 
 NOT_ITS_FAULT = (str(Failure.INTERRUPTED), str(Failure.STALE), str(Failure.SEARCH))
 
+
 def grid() -> tuple[Knob, ...]:
     """The ceiling's grid: the settings the model alone is measured over, each with its measuring order (the
     likeliest fastest first), how its values read and whether one costs once (``trainer.knobs``: ``measured``)."""
