@@ -54,6 +54,21 @@ def test_a_table_lists_a_path_once():
         knobs.Table((*knobs.SHIPPED.entries, knob("training.batch_size")))
 
 
+def test_a_config_failure_that_names_a_knob_is_repaired_as_its_entry_says():
+    from autotune.search.repair import repair_for
+    from trainer.config import ConfigError
+    from trainer.protocol import Failure
+
+    with pytest.raises(ConfigError) as refused:
+        TrainConfig().with_overrides({"ddp.static_graph": True, "training.accum_steps": 2})
+    repair = repair_for(Failure.CONFIG, str(refused.value), None, batches=[64])
+    assert repair.changes == {"ddp.static_graph": False} and "accumulation" in repair.why
+    message = "optimizer.momentum=0.99: refused"
+    assert repair_for(Failure.CONFIG, message, None, batches=[64]) is None
+    with knobs.extended(Knob(path="optimizer.momentum", label="mom", scope="model", repair=(0.9, "a test's"))):
+        assert repair_for(Failure.CONFIG, message, None, batches=[64]).changes == {"optimizer.momentum": 0.9}
+
+
 # ---- a test's own knob --------------------------------------------------------------------------------------------
 
 MOMENTUM = Knob(path="optimizer.momentum", label="mom", scope="model", space=Range(choices=(0.9, 0.95, 0.99)),
