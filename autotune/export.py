@@ -36,7 +36,7 @@ from autotune.study.storage import record_on_study, study_record
 from autotune.study.view import TrialView
 from trainer.config import TrainConfig
 from trainer.protocol import nonfinite_reason
-from trainer.runtime._request import ENV_CONFIG
+from trainer.runtime.request import ENV_CONFIG
 
 PICKS = ("best", "fastest", "util", "balanced")
 

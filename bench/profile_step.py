@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from trainer.apply import autocast, grad_scaler
 from trainer.compiled import PROCESS, compile_model, compile_record
 from trainer.config import TrainConfig
-from trainer.loop import autocast, grad_scaler, train_step
+from trainer.loop import train_step
 from trainer.model import build_model
 from trainer.optim import build_optimizer
 
@@ -79,7 +80,7 @@ def profile_mode(args, mode: str, device: torch.device) -> dict:
         model = compile_model(raw, cfg)
     before = PROCESS.clock.read()
     optimizer = build_optimizer(cfg, raw)
-    scaler, amp = grad_scaler(cfg, device), autocast(cfg, device)
+    scaler, amp = grad_scaler(t.precision, device), autocast(t.precision, device)
     graphs = t.compile and t.compile_mode in ("reduce-overhead", "max-autotune")
     images = torch.randn(args.batch, 3, args.size, args.size, device=device).contiguous(memory_format=fmt)
     labels = torch.randint(0, args.classes, (args.batch,), device=device)

@@ -1,6 +1,6 @@
 """`python -m trainer --config run.yaml --result out.jsonl [--set key=value ...] [--serve requests.jsonl]`, normally
-under torchrun. With ``--serve`` the process stays up after the run and runs the trials the requests file names
-(``trainer.worker``)."""
+under torchrun (``trainer.worker``). With ``--serve`` the process stays up after the run and runs the trials the
+requests file names."""
 
 from __future__ import annotations
 
@@ -70,12 +70,10 @@ def main(argv=None) -> int:
         print("trainer: invalid config:\n  " + "\n  ".join(e.problems), file=sys.stderr)
         return 3
     # The job imports torch: only now, so that a bad config is reported in a fraction of a second.
+    from trainer.worker import run, serve
+
     if args.serve:
-        from trainer.worker import serve
-
         return serve(cfg, args.result, args.serve, cancel=args.cancel)
-    from trainer.job import run
-
     return run(cfg, args.result, cancel=args.cancel)
 
 

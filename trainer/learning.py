@@ -48,7 +48,7 @@ def loss_verdict(losses: Sequence[float | None], *, nonfinite_steps: int = 0, di
     window's ``loss_end`` (``window_losses`` builds it from the windows; ``None`` entries, no model, are skipped).
     ``nonfinite_steps``: steps with a NaN/inf loss inside the windows the figure stands on. ``diverged_steps``: the
     run ended with this many non-finite step losses in a row (0: it did not diverge). The built-in job counts both on
-    the device (``trainer.job``); a runtime passes the sum of its windows' ``loss_nonfinite`` and 0.
+    the device (``trainer.records``); a runtime passes the sum of its windows' ``loss_nonfinite`` and 0.
 
     The figure is void when (1) the run diverged, (2) any step of the windows had a non-finite loss, or (3) the loss
     rose: the lower of the last two figures is ``RISE_LIMIT`` times the first or more. Each figure is one step's loss

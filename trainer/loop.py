@@ -1,30 +1,15 @@
-"""The train step and what it needs: autocast, a GradScaler only for fp16, accumulation without extra all-reduces,
-and validation."""
+"""The train step and what it needs: autocast, a GradScaler only for fp16 (both made by ``trainer.apply``),
+accumulation without extra all-reduces, and validation."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.config import TrainConfig
-
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast(cfg: TrainConfig, device: torch.device):
-    dtype = AUTOCAST_DTYPES.get(cfg.training.precision)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def grad_scaler(cfg: TrainConfig, device: torch.device) -> torch.amp.GradScaler | None:
-    # bf16 has fp32's exponent range, so only fp16 needs loss scaling.
-    return torch.amp.GradScaler(device.type) if cfg.training.precision == "fp16" else None
+from trainer.apply import grad_sync
 
 
 def train_step(model: nn.Module, batches: Iterator, optimizer: torch.optim.Optimizer,
@@ -47,8 +32,7 @@ def train_step(model: nn.Module, batches: Iterator, optimizer: torch.optim.Optim
     for micro in range(accum_steps):
         images, labels = next(batches)
         final = micro == accum_steps - 1
-        sync_ctx = contextlib.nullcontext() if final or not hasattr(model, "no_sync") else model.no_sync()
-        with sync_ctx:
+        with grad_sync(model, final=final):
             with autocast_ctx:
                 loss = nn.functional.cross_entropy(model(images), labels) / accum_steps
             (scaler.scale(loss) if scaler is not None else loss).backward()

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from trainer.apply import prepare_optimizer
 from trainer.config import TrainConfig
 
 
@@ -22,27 +23,10 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer
     # step, and under a GradScaler the skip of an overflowed step happens on the device, with no host sync.
     if o.name == "sgd":
         optimizer = torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, fused=True)
-        init_momentum_buffers(optimizer)
-        return optimizer
-    return torch.optim.AdamW(groups, lr=o.lr, fused=True)
-
-
-def init_momentum_buffers(optimizer: torch.optim.SGD) -> None:
-    """Create SGD's momentum buffers as zeros before the first step.
-
-    The fused SGD kernel allocates the buffers uninitialized (``torch.empty_like``) on its first call and fills them
-    only when that step runs. Under a GradScaler the first fp16 steps usually overflow and are skipped *on the
-    device*, so the first call leaves the buffers holding whatever memory they got, and every later step pours it
-    into the weights (on 2xH200 every fp16 ResNet-50 run had a NaN loss from step 3). Zeros make the kernel's
-    ordinary update ``buf = momentum * buf + grad`` equal stock SGD's first step ``buf = grad`` (no dampening), and a
-    skipped step leaves them zero, as stock SGD leaves them absent."""
-    for group in optimizer.param_groups:
-        if group["momentum"] == 0:
-            continue
-        if group["dampening"] != 0:
-            raise ValueError("init_momentum_buffers: with dampening the first step differs from stock SGD's")
-        for p in group["params"]:
-            optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=o.lr, fused=True)
+    prepare_optimizer(optimizer)  # fused SGD's momentum buffers as zeros (trainer.apply), as for a script's
+    return optimizer
 
 
 def build_scheduler(cfg: TrainConfig, optimizer, *, total_steps: int, steps_per_epoch: int):

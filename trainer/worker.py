@@ -1,4 +1,6 @@
-"""A trial worker: one process group, trial after trial.
+"""The process torchrun starts: one run (``run``), or a trial worker, one process group and trial after trial
+(``serve``). Either way a run is the built-in ``Job`` or a user's entry function (``run_job``), and every failure
+ends in an error record (``run_recorded``).
 
 ``python -m trainer --config first.yaml --result first.jsonl --serve requests.jsonl`` runs the first config as a
 fresh job does, then serves more: the tuner appends one JSON line per trial to the requests file,
@@ -26,19 +28,72 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainer.apply import init_distributed, shutdown_distributed
 from trainer.compiled import process_threads
 from trainer.config import ConfigError, TrainConfig, process_settings
-from trainer.job import init_distributed, run_job, run_recorded, shutdown_distributed
-from trainer.protocol import ResultWriter
+from trainer.job import Job
+from trainer.protocol import Failure, ResultWriter, error_record
+from trainer.records import Dist, start_record
+from trainer.runtime.entry import run_entry
 
 REQUEST_POLL_S = 0.02
 """How often an idle worker looks for the next request: 20 ms is nothing next to a trial, and costs no CPU."""
 
 LEAK_GRACE_S = 5.0
 """How long a closed trial's loader processes and threads get to go before the worker gives up on its process."""
+
+
+def run(cfg: TrainConfig, result_path: str | None, *, cancel: str | None = None) -> int:
+    """One run in a fresh process; returns the process exit code."""
+    writer = ResultWriter(result_path, int(os.environ.get("RANK", 0)))
+
+    def body() -> None:
+        env = init_distributed(cfg)
+        writer.rank = env.rank
+        run_job(cfg, env, writer, cancel=cancel)
+        shutdown_distributed()
+
+    try:
+        return run_recorded(writer, body)
+    finally:
+        writer.close()
+
+
+def run_job(cfg: TrainConfig, env: Dist, writer: ResultWriter, *, worker_trial: int | None = None,
+            cancel: str | None = None) -> None:
+    """The ``start`` record, then the run: a user's training function (``script.entry``, through the runtime) or
+    one built-in Job from build to close. The run ends early, at a window's end, once the file ``cancel`` exists."""
+    writer.write(start_record(env, worker_trial))
+    if cfg.script.given:  # a script file runs under torchrun itself, not here
+        if cfg.script.path:
+            raise ConfigError([f"script.path={cfg.script.path}: a script file runs as `torchrun ... "
+                               f"{cfg.script.path}`, not through `python -m trainer`; use script.entry for a function"])
+        run_entry(cfg, env, writer, cancel=cancel, worker_trial=worker_trial)
+        return
+    job = Job(cfg, env, writer, cancel=cancel)
+    try:
+        job.run()
+    finally:
+        job.close()
+
+
+def run_recorded(writer: ResultWriter, body) -> int:
+    """Run ``body()``; every failure ends in an error record (any rank), never in silence. Returns the exit code."""
+    try:
+        body()
+        return 0
+    except BaseException as e:
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        record = error_record(e)
+        writer.write(record, any_rank=True)
+        print(f"[rank {writer.rank}] {record['class']}: {record['message']}", file=sys.stderr)
+        traceback.print_exc()
+        return 3 if record["class"] == Failure.CONFIG else 1
 
 
 def serve(first: TrainConfig, first_result: str | None, requests: str | Path, *, cancel: str | None = None) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 from autotune.exceptions import LaunchError
 from trainer.config import TrainConfig
 from trainer.protocol import SAFETY_ENV, nccl_env_problems
-from trainer.runtime._request import ENV_REQUEST, Request
+from trainer.runtime.request import ENV_REQUEST, Request
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from tests.jobutil import tiny_config
-from trainer.loop import grad_scaler, train_step
+from trainer.apply import grad_scaler
+from trainer.loop import train_step
 from trainer.optim import build_optimizer
 
 OPTIMIZERS = {
@@ -44,7 +45,7 @@ def stock_like(job_optimizer: torch.optim.Optimizer, job_model: nn.Module, model
 
 
 def run_steps(model, optimizer, batches):
-    scaler = grad_scaler(tiny_config(**{"training.precision": "fp16"}), torch.device("cpu"))
+    scaler = grad_scaler("fp16", torch.device("cpu"))
     amp = torch.autocast("cpu", torch.float16)
     it = iter(batches)
     losses = [float(train_step(model, it, optimizer, scaler, accum_steps=1, autocast_ctx=amp)) for _ in batches]

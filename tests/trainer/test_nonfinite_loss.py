@@ -14,8 +14,8 @@ from autotune.study.storage import trial_attrs
 from tests.helpers.cli import autotune
 from tests.helpers.specs import tiny_spec
 from tests.jobutil import kinds, run_job, tiny_config
-from trainer.job import DIVERGED_STEPS, count_nonfinite, loss_diverged
 from trainer.loop import train_step
+from trainer.records import DIVERGED_STEPS, count_nonfinite, loss_diverged
 
 NAN, INF = float("nan"), float("inf")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainer.config import MeasureConfig
-from trainer.runtime._request import ENV_REQUEST, Request
+from trainer.runtime.request import ENV_REQUEST, Request
 
 pytestmark = pytest.mark.slow
 

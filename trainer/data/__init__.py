@@ -15,7 +15,8 @@ config asks), labels int64 — so the loop never knows which path produced them 
 
 ``files.py`` lists the images of the training and validation splits; ``sampling.py`` decides which of them each
 rank reads, in which order. The modules of this package import one another, never this one: it is the public API
-(``build_pipeline``, ``num_classes``, ``GPU_DECODE_PATHS``, ``Pipeline``) and imports them all.
+(``build_pipeline``, ``num_classes``, ``prefetched_batches``, ``GPU_DECODE_PATHS``, ``Pipeline``) and imports them
+all.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from trainer.data.gpu import GpuDecodePipeline, HybridDecodePipeline
 from trainer.data.synthetic import SyntheticPipeline
 from trainer.knobs import knob
 
-__all__ = ["GPU_DECODE_PATHS", "Pipeline", "build_pipeline", "num_classes"]
+__all__ = ["GPU_DECODE_PATHS", "Pipeline", "build_pipeline", "num_classes", "prefetched_batches"]
 
 GPU_DECODE_PATHS = knob("data.decode").gpu_values
 """``data.decode`` values whose training pipeline decodes on the device (``trainer.data.gpu``): the decode choices
@@ -94,3 +95,16 @@ def build_pipeline(cfg: TrainConfig, *, rank: int, world_size: int, device: torc
         # Validation is a small fraction of the run: the CPU tensor path is accurate and simple.
         cfg = cfg.with_overrides({"data.decode": "torchvision-cpu"})
     return LoaderPipeline(cfg, chosen, train=split == "train", rank=rank, world_size=world_size, device=device)
+
+
+def prefetched_batches(cfg: TrainConfig) -> int:
+    """Batches ready before the first step whose work is already done: decoded by the loader workers, or decoded
+    one ahead on the device. The workers of ``nvjpeg-gpu``/``nvjpeg-hw`` only read bytes: a buffer of bytes still
+    has its decode ahead of it, so it does not make a step faster and is not discarded (draining a deep one cost a
+    trial 10 s)."""
+    if cfg.data.kind == "synthetic" or cfg.loader.num_workers == 0:
+        return 0
+    ahead = 1 if cfg.data.decode in GPU_DECODE_PATHS else 0
+    if cfg.data.decode in ("nvjpeg-gpu", "nvjpeg-hw"):
+        return ahead
+    return cfg.loader.num_workers * (cfg.loader.prefetch_factor or 2) + ahead

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler
 
+from trainer.apply import data_loader
 from trainer.config import ConfigError, TrainConfig
 from trainer.data.files import Split
 from trainer.data.sampling import seed_worker, train_sampler
@@ -124,12 +125,9 @@ class LoaderPipeline:
         self.sampler = (train_sampler(dataset, cfg, rank=rank, world_size=world_size) if train
                         else range(rank, len(dataset), world_size))
         self.seed = cfg.training.seed
-        ld = cfg.loader
-        self.loader = DataLoader(
-            dataset, batch_size=batch, sampler=self.sampler, num_workers=ld.num_workers,
-            prefetch_factor=ld.prefetch_factor if ld.num_workers > 0 else None,
-            pin_memory=ld.pin_memory and device.type == "cuda", persistent_workers=ld.persistent_workers,
-            drop_last=train, worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(cfg.training.seed))
+        self.loader = data_loader(
+            dataset, cfg.loader, device, batch_size=batch, sampler=self.sampler, drop_last=train,
+            worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(cfg.training.seed))
         self.device = device
         self.normalize = DeviceNormalize(device, cfg.training.channels_last)
 

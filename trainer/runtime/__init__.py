@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
-    # Loaded on first use: the tuner reads this package's request format (``_request``) without importing torch.
+    # Loaded on first use: the tuner reads this package's request format (``trainer.runtime.request``) without
+    # importing torch.
     if name in __all__:
         from trainer.runtime import _run
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import datetime
 import gc
 import math
 import os
@@ -24,15 +23,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.config import ConfigError, DataConfig, LoaderConfig, TrainConfig, TrainingConfig
-from trainer.job import Dist, apply_env, count_nonfinite, prefetched_batches, start_record, summary_record
+from trainer.apply import (
+    autocast,
+    compile_script_model,
+    cudnn_benchmark,
+    data_loader,
+    grad_scaler,
+    grad_sync,
+    loader_settings,
+    place,
+    prepare_optimizer,
+    script_distributed,
+    takes_layout,
+    wrap_ddp,
+)
+from trainer.config import ConfigError, DataConfig, DDPConfig, TrainConfig, TrainingConfig
 from trainer.knobs import table
-from trainer.loop import AUTOCAST_DTYPES
 from trainer.meter import ThroughputMeter, sync
-from trainer.optim import init_momentum_buffers
 from trainer.protocol import Kind, ResultWriter, error_record
-from trainer.runtime import _request
-from trainer.runtime._batches import Batches
+from trainer.records import Dist, count_nonfinite, start_record, summary_record
+from trainer.runtime._batches import first_length, to_device, touch
+from trainer.runtime.request import Request, active, current, last_run, set_run
 
 # Which helper applies which setting is the knob table's (``trainer.knobs.Knob.applied_by``).
 LOADER = table().applied_by("loader")
@@ -46,6 +57,10 @@ STEP = table().applied_by("step")
 
 IMAGES = table().applied_by("image_loader")
 """The settings ``Run.image_loader`` applies on top of the loader's (the input pipeline of ``trainer.data``)."""
+
+DDP_WRAPPER = tuple(name for name in MODEL if table().by_runtime_name[name].path.startswith("ddp."))
+"""The settings of ``MODEL`` that are DistributedDataParallel's arguments: each a ``trainer.config.DDPConfig``
+field, by its knob's path."""
 
 _UNSET = object()
 
@@ -75,23 +90,22 @@ def setup(*, unit: str = "samples", **defaults: Any) -> Run:
     unknown = [k for k in defaults if k not in names]
     if unknown:
         raise TypeError(f"runtime.setup(): unknown setting {unknown[0]!r}; the settings are {', '.join(names)}")
-    active = _request.active()
-    request = active.request if active else _request.current()
-    return Run(request, defaults, unit=unit, writer=active.writer if active else None,
-               env=active.env if active else None)
+    live = active()
+    request = live.request if live else current()
+    return Run(request, defaults, unit=unit, writer=live.writer if live else None, env=live.env if live else None)
 
 
 class Run:
     """The settings of this run and the helpers that apply them; ``run.NAME`` reads a declared setting."""
 
-    def __init__(self, request: _request.Request, declared: dict[str, Any], *, unit: str,
+    def __init__(self, request: Request, declared: dict[str, Any], *, unit: str,
                  writer: ResultWriter | None, env: Dist | None):
         self.request, self.unit = request, unit
         self._declared = dict(declared)
         self._read: set[str] = set()
         self._applied: dict[str, Any] = {}
         self._owns_group = env is None and not dist.is_initialized()
-        self.env = env or _init_distributed()
+        self.env = env or script_distributed()
         self.rank, self.world_size, self.device = self.env.rank, self.env.world_size, self.env.device
         self.local_rank = self.env.local_rank
         self._own_writer = writer is None
@@ -115,8 +129,8 @@ class Run:
                            torch.zeros((), dtype=torch.int64, device=self.device))
         if self.device.type == "cuda":
             self._apply_cudnn()
-        _request.set_run(self)
-        if request.measured and _request.active() is None:  # a process of the script's own: its records are ours
+        set_run(self)
+        if request.measured and active() is None:  # a process of the script's own: its records are ours
             self.writer.write(start_record(self.env))
             atexit.register(self._at_exit)
             if not getattr(sys.excepthook, "autotune", False):
@@ -157,9 +171,7 @@ class Run:
 
     def _apply_cudnn(self) -> None:
         # Global to the process: set only when the run asks, else the script's (or torch's) own choice stands.
-        if "cudnn_benchmark" in self.request.settings:
-            torch.backends.cudnn.benchmark = bool(self.request.settings["cudnn_benchmark"])
-        self._applied["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+        self._applied["cudnn_benchmark"] = cudnn_benchmark(self.request.settings.get("cudnn_benchmark"))
 
     # ---- helpers ---------------------------------------------------------------------------------------------
 
@@ -175,11 +187,8 @@ class Run:
             loader = self._check_loader(data)
         else:
             args = {name: self._apply(name, kwargs.pop(name, _UNSET)) for name in LOADER}
-            if not args["num_workers"]:  # DataLoader refuses both without workers
-                args["prefetch_factor"] = None
-                args["persistent_workers"] = False
-            args["pin_memory"] = bool(args["pin_memory"]) and self.device.type == "cuda"
-            loader = DataLoader(data, **args, **kwargs)
+            batch_size = args.pop("batch_size")
+            loader = data_loader(data, loader_settings(**args), self.device, batch_size=batch_size, **kwargs)
             # What the loader really uses: DataLoader fills in its own prefetch depth when given none.
             self._applied["prefetch_factor"] = loader.prefetch_factor
         workers = loader.num_workers
@@ -213,7 +222,7 @@ class Run:
         (the ``decode`` setting), with random-resized-crop and flip augmentation, normalized, on the run's device,
         sharded over the ranks (``set_epoch`` reshuffles). ``loader_args``: the script's defaults for the loader's
         settings (``batch_size``, ``num_workers``, ...). Its ``num_classes`` is the folder's."""
-        from trainer.data import build_pipeline
+        from trainer.data import build_pipeline, prefetched_batches
         from trainer.data import num_classes as classes_of
 
         unknown = set(loader_args) - set(LOADER) - set(IMAGES)
@@ -227,9 +236,9 @@ class Run:
         if decode == "hybrid":
             data.hybrid_cpu_fraction = given("hybrid_cpu_fraction")
         workers = given("num_workers")
-        loader = LoaderConfig(num_workers=workers, prefetch_factor=given("prefetch_factor") if workers else None,
-                              pin_memory=given("pin_memory"),
-                              persistent_workers=bool(given("persistent_workers")) and workers > 0)
+        # Without workers a loader has no prefetch depth to apply (loader_settings clears it either way).
+        loader = loader_settings(num_workers=workers, prefetch_factor=given("prefetch_factor") if workers else None,
+                                 pin_memory=given("pin_memory"), persistent_workers=given("persistent_workers"))
         # A trial reads one endless stream of epochs (no epoch boundary inside its windows), as the built-in job's
         # measurements do; a plain or full run has the epochs of the script's loop.
         cfg = TrainConfig(data=data, loader=loader, training=TrainingConfig(
@@ -250,24 +259,17 @@ class Run:
         """The module on the run's device, in channels_last when the run asks, wrapped in DistributedDataParallel
         with the run's bucket size, gradient-as-bucket-view and static-graph settings (a value given here is the
         script's default; other DDP arguments pass through), then torch.compile'd when the run asks."""
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        module = module.to(self.device)
-        # A layout only means something to a model with image-shaped (4-D) weights: a language model does not
-        # apply it, so its trials do not search it.
-        if any(p.ndim == 4 for p in module.parameters()) and self._apply("channels_last"):
-            module = module.to(memory_format=torch.channels_last)
-        ddp = DDP(module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                  bucket_cap_mb=self._apply("bucket_cap_mb", ddp_kwargs.pop("bucket_cap_mb", _UNSET)),
-                  gradient_as_bucket_view=self._apply("gradient_as_bucket_view",
-                                                      ddp_kwargs.pop("gradient_as_bucket_view", _UNSET)),
-                  static_graph=self._apply("static_graph", ddp_kwargs.pop("static_graph", _UNSET)), **ddp_kwargs)
+        # A language model (no image-shaped weights) does not apply a layout, so its trials do not search it.
+        module = place(module, self.device, channels_last=takes_layout(module) and bool(self._apply("channels_last")))
+        wrapper = {table().by_runtime_name[name].path.partition(".")[2]: self._apply(name, ddp_kwargs.pop(name, _UNSET))
+                   for name in DDP_WRAPPER}
+        ddp = wrap_ddp(module, self.device, DDPConfig(**wrapper), **ddp_kwargs)
         self._model = ddp
         if self._apply("compile"):
             # Compile the DDP wrapper: Dynamo's DDPOptimizer splits the graph at bucket boundaries so the
             # all-reduces still overlap the backward pass (as the built-in job does).
             self._closables.append(torch._dynamo.reset)
-            return torch.compile(ddp, mode=self._apply("compile_mode"))
+            return compile_script_model(ddp, self._apply("compile_mode"))
         return ddp
 
     @contextlib.contextmanager
@@ -276,16 +278,13 @@ class Run:
         ``no_sync()`` unless it is the last micro-step of an optimizer step (so gradients are all-reduced once per
         optimizer step); after the last: the optimizer step through the GradScaler (fp16), then ``zero_grad``."""
         accum = max(1, int(self._apply("accum_steps")))
-        dtype = AUTOCAST_DTYPES.get(self._apply("precision"))
+        amp = autocast(self._apply("precision"), self.device)
         self._prepare(optimizer)
         self._mark_ready()
         final = self._micro % accum == accum - 1
-        model = self._model
-        no_sync = model.no_sync() if not final and model is not None and hasattr(model, "no_sync") else None
-        amp = torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
         self._stepping = True
         try:
-            with no_sync or contextlib.nullcontext(), amp:
+            with grad_sync(self._model, final=final), amp:
                 yield
         finally:
             self._stepping = False
@@ -311,13 +310,11 @@ class Run:
         if id(optimizer) in self._optimizers:
             return
         self._optimizers.add(id(optimizer))
-        if self._applied.get("precision") == "fp16" and self._scaler is None:
-            self._scaler = torch.amp.GradScaler(self.device.type)
+        if self._scaler is None:
+            self._scaler = grad_scaler(self._applied.get("precision"), self.device)
         # The fused SGD kernel leaves its momentum buffers uninitialized when the GradScaler skips the very first
-        # step; zeros make its first update equal stock SGD's (trainer.optim.init_momentum_buffers).
-        if isinstance(optimizer, torch.optim.SGD) and optimizer.defaults.get("fused") and \
-                optimizer.defaults.get("dampening", 0) == 0:
-            init_momentum_buffers(optimizer)
+        # step; zeros make its first update equal stock SGD's (trainer.apply.init_momentum_buffers).
+        prepare_optimizer(optimizer)
 
     def epochs(self, n: int) -> Iterator[int]:
         """``range(n)``, but while a search measures the trial the epochs go on until it is measured (a short
@@ -450,7 +447,7 @@ class Run:
         if self.request.mode == "train" and self.meter is not None and self.reports and not self.done:
             self._finish()
         problem = self.ended()
-        if problem is not None and _request.active() is None:  # a live worker's trial: the worker records it
+        if problem is not None and active() is None:  # a live worker's trial: the worker records it
             self.writer.write(error_record(ScriptError([problem])), any_rank=True)
         for release in self._closables:
             release()
@@ -470,39 +467,12 @@ class Run:
             self.close()
 
 
-def _init_distributed() -> Dist:
-    """This process's place in the run; the process group started (as the built-in job does) when the script did
-    not start one."""
-    apply_env_for_script()
-    if "RANK" not in os.environ:  # `python train.py` without torchrun: a world of one
-        from trainer.job import _free_port
-
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    t0 = time.perf_counter()
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=300),
-                                device_id=device if cuda else None)
-    return Dist(rank=dist.get_rank(), local_rank=local_rank, world_size=dist.get_world_size(), device=device,
-                backend=dist.get_backend(), init_s=round(time.perf_counter() - t0, 4))
-
-
-def apply_env_for_script() -> None:
-    """The safety variables (NVLink multicast off) for a script started by hand as well as by the tuner."""
-    apply_env(TrainConfig())
-
-
 def _record_uncaught(previous):
     """An exception that ends a plain script is recorded with its failure class (the tuner's verdict), then
     printed as before (its traceback goes to the trial's log)."""
 
     def hook(kind, value, tb):
-        run = _request.last_run()
+        run = last_run()
         if run is not None and not run.done and not isinstance(value, SystemExit):
             run.writer.write(error_record(value), any_rank=True)
             run.done = True  # recorded: nothing more to say at exit
@@ -510,3 +480,81 @@ def _record_uncaught(previous):
 
     hook.autotune = True
     return hook
+
+
+# ---- the batches -----------------------------------------------------------------------------------------------
+
+
+class Batches:
+    """The batches a script's loader hands it, as the run wants them: on the run's device, and in a stage's modes
+    the loader alone (``supply``) or its first batch replayed on the device (``ceiling``). Iterating yields them;
+    ``len()``, ``set_epoch`` and any other attribute are the loader's (its ``sampler``, ``dataset``).
+
+    Both stage modes need nothing more of a script than that its loader goes through ``run.loader`` or
+    ``run.image_loader``: the supply is its input pipeline without the model (how much it can feed), the ceiling its
+    model without the input pipeline (a batch that is already on the device costs nothing to fetch) — the two
+    numbers the search's stages weigh for the built-in job too."""
+
+    def __init__(self, run: Run, loader, *, samples: Callable[[Any], int] | None = None, buffered: int = 0):
+        self._run, self._loader, self._samples = run, loader, samples or first_length
+        self.buffered = buffered
+        """Batches the loader's workers have ready before the first step: the meter discards at least these."""
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def samples_per_rank(self) -> int | None:
+        """How many samples of its data this rank sees per epoch (the largest batch it can fill), when the loader
+        can tell: its sampler's length (a DistributedSampler's is per rank), else its dataset's over the ranks."""
+        for get in (lambda: len(self._loader.sampler), lambda: len(self._loader.dataset) // self._run.world_size):
+            try:
+                return int(get())
+            except (AttributeError, TypeError):
+                continue
+        return None
+
+    def set_epoch(self, epoch: int) -> None:
+        target = getattr(self._loader, "set_epoch", None) or getattr(getattr(self._loader, "sampler", None),
+                                                                      "set_epoch", None)
+        if target is not None:
+            target(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        run = self._run
+        mode = run.request.mode
+        if mode == "supply":
+            self._supply()  # ends the run (TrialDone)
+        run._mark_ready()
+        channels_last = bool(run._value("channels_last"))
+        if mode == "ceiling":
+            first = to_device(next(iter(self._loader)), run.device, channels_last)
+            while True:
+                yield first
+        for batch in self._loader:
+            yield to_device(batch, run.device, channels_last)
+
+    def _supply(self) -> None:
+        """The loader alone, no model: batches to the device as fast as it delivers them, until the meter's windows
+        agree; then the summary, and the trial ends."""
+        run = self._run
+        run._mark_ready()
+        meter = run.meter = run._meter(continuous=False, buffered=self.buffered)
+        checksum = torch.zeros((), device=run.device)
+        epoch = 0
+        channels_last = bool(run._value("channels_last"))
+        while not meter.done:
+            self.set_epoch(epoch)
+            for batch in self._loader:
+                moved = to_device(batch, run.device, channels_last)
+                checksum += touch(moved).to(run.device)
+                meter.step(images=self._samples(batch))
+                run.steps += 1
+                if meter.done:
+                    break
+            epoch += 1
+        run.loss = checksum
+        run._finish(loss_known=False)
+        raise TrialDone()

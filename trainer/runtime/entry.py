@@ -2,8 +2,8 @@
 trial after trial in one live worker (``trainer.worker``) or once in a fresh process (``python -m trainer``).
 
 The function calls ``trainer.runtime.setup()`` as a script does; here that finds the worker's request, record
-stream and process group (``_request.activate``) instead of the environment's. The process group belongs to the
-worker: ``setup()`` starts none and the run's ``close()`` ends none.
+stream and process group (``trainer.runtime.request.activate``) instead of the environment's. The process group
+belongs to the worker: ``setup()`` starts none and the run's ``close()`` ends none.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.config import ConfigError, TrainConfig
-from trainer.runtime import _request
 from trainer.runtime._run import ScriptError, TrialDone
+from trainer.runtime.request import Active, Request, activate, last_run
 
 
 def load_entry(entry: str) -> Callable[[], Any]:
@@ -83,13 +83,13 @@ def run_entry(cfg: TrainConfig, env, writer, *, cancel: str | None = None, worke
     """Run the entry function once as this config's run; raises what makes the run no trial (ScriptError: it
     never reported, ended too early), so the caller records it."""
     fn = load_entry(cfg.script.entry)
-    request = _request.Request.from_config(cfg, result=writer.path, cancel=cancel)
-    _request.activate(_request.Active(request=request, writer=writer, env=env, worker_trial=worker_trial))
+    request = Request.from_config(cfg, result=writer.path, cancel=cancel)
+    activate(Active(request=request, writer=writer, env=env, worker_trial=worker_trial))
     argv, sys.argv = sys.argv, [cfg.script.entry, *cfg.script.args]
     try:
         with contextlib.suppress(TrialDone):  # the trial was measured and the function went on: it ends here
             fn()
-        run = _request.last_run()
+        run = last_run()
         if run is None:
             raise ScriptError([f"script.entry={cfg.script.entry!r}: the function returned without calling "
                                "trainer.runtime.setup(): call it first thing, and run.report(samples, loss) after "
@@ -99,7 +99,7 @@ def run_entry(cfg: TrainConfig, env, writer, *, cancel: str | None = None, worke
             raise ScriptError([problem])
     finally:
         sys.argv = argv
-        run = _request.last_run()
+        run = last_run()
         if run is not None:
             run.close()
-        _request.activate(None)
+        activate(None)

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader
 
+from trainer.apply import data_loader
 from trainer.config import ConfigError, TrainConfig
 from trainer.data.cpu import cpu_transforms
 from trainer.data.gpu.crop import batched_resized_crop, normalize_into, sample_crop_boxes
@@ -59,12 +59,8 @@ class BatchedDecodePipeline:
                                 f"{world_size} ranks: lower training.batch_size or add images")])
         self.dataset, collate = self._dataset(samples)
         self.sampler = train_sampler(self.dataset, cfg, rank=rank, world_size=world_size)
-        ld = cfg.loader
-        self.loader = DataLoader(
-            self.dataset, batch_size=batch, sampler=self.sampler, collate_fn=collate, drop_last=True,
-            num_workers=ld.num_workers, prefetch_factor=ld.prefetch_factor if ld.num_workers > 0 else None,
-            pin_memory=ld.pin_memory and self.device.type == "cuda",
-            persistent_workers=ld.persistent_workers and ld.num_workers > 0, **self._loader_seeding())
+        self.loader = data_loader(self.dataset, cfg.loader, self.device, batch_size=batch, sampler=self.sampler,
+                                  collate_fn=collate, drop_last=True, **self._loader_seeding())
         self.rank, self.ahead, self.epoch = rank, ahead, 0
         self.stream = (torch.cuda.Stream(self.device, priority=stream_priority) if self.device.type == "cuda"
                        else None)

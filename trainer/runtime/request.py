@@ -93,7 +93,7 @@ class Active:
     """The trial's ``trainer.protocol.ResultWriter``."""
 
     env: Any
-    """The worker's ``trainer.job.Dist``."""
+    """The worker's ``trainer.records.Dist``."""
 
     worker_trial: int | None = None
 
