@@ -34,8 +34,8 @@ from autotune.runner.trial import TrialJob, run_trial
 from autotune.study import view
 from autotune.study.storage import record_on_study, study_record
 from autotune.study.view import TrialView
+from autotune.verdict import judge
 from trainer.config import TrainConfig
-from trainer.protocol import nonfinite_reason
 from trainer.runtime.request import ENV_CONFIG
 
 PICKS = ("best", "fastest", "util", "balanced")
@@ -209,12 +209,11 @@ def remeasure(study, trial: TrialView, data: dict[str, Any], folder: Path, *, ti
                    gpus=[g.uuid for g in gpus] if gpus else (visible[:nproc] or None),
                    torchrun_args=list(data["autotune"]["torchrun"]["args"]), timeout_s=timeout_s)
     run = run_trial(job)
-    s = run.summary or {}
-    if not run.ok or s.get("loss_finite") is False or s.get("imgs_per_s") is None:
-        why = run.failure_message or nonfinite_reason(s)
-        data["autotune"]["measured"]["remeasured"] = {"failed": str(run.failure_class or "diverged"), "why": why}
-        return f"re-measure FAILED in a fresh process ({run.failure_class or 'diverged'}: {why}); log {run.log_path}"
-    return record_remeasure(study, trial, data, s)
+    v = judge(run)
+    if not v.ok:
+        data["autotune"]["measured"]["remeasured"] = {"failed": str(v.failure), "why": v.reason}
+        return f"re-measure FAILED in a fresh process ({v.failure}: {v.reason}); log {run.log_path}"
+    return record_remeasure(study, trial, data, run.summary)
 
 
 def record_remeasure(study, trial: TrialView, data: dict[str, Any], s: dict[str, Any]) -> str:

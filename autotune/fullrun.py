@@ -31,8 +31,9 @@ from autotune.runner.torchrun import Torchrun, merge_args, program, run_env
 from autotune.runner.trial import TrialRun, follow, steady_windows
 from autotune.search.progress import fmt_duration
 from autotune.study.view import per_second
+from autotune.verdict import FIXES, OK, Verdict, ending
 from trainer.config import TrainConfig, load_yaml_mapping
-from trainer.protocol import Kind, nccl_env_problems, root_cause_rank
+from trainer.protocol import Failure, Kind, nccl_env_problems
 
 SLOWER_WARNING = 0.05
 """Warn when the run's median imgs/s is more than this fraction below the search's figure for the config."""
@@ -249,6 +250,8 @@ class TrainResult:
 
     wall_s: float = 0.0
     leftover_pids: list[int] = field(default_factory=list)
+    verdict: Verdict = OK
+    """How the job ended (``autotune.verdict.ending``): its failure's class and reason, when it failed."""
 
     @classmethod
     def of(cls, records: list[dict], **kw) -> TrainResult:
@@ -300,8 +303,9 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
         followed.records.append(rec)
         view.record(rec)
     view.close()
+    followed.returncode, followed.t_end = tree.returncode, time.time()
     result = TrainResult.of(followed.records, returncode=tree.returncode, leftover_pids=leftover,
-                            wall_s=time.monotonic() - t0)
+                            wall_s=time.monotonic() - t0, verdict=ending(followed))
     windows = steady_windows(followed.windows, result.summary)
     result.gpu = summarize(sampler.samples, windows, len(gpus)) if gpus else \
         {"util_available": False, "reason": "no GPU" if not p.gpu_entries else (nvml.reason or "no NVML device")}
@@ -458,7 +462,7 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
 def loss_line(s: dict[str, Any]) -> str:
     """The training loss over the run's windows and at its end: a full run that does not learn is not done."""
     if s.get("loss_finite") is False:
-        return "not finite (NaN/inf): the run diverged; lower optimizer.lr or use bf16/fp32"
+        return f"not finite (NaN/inf): the run diverged; {FIXES[Failure.DIVERGED]}"
     start, end, last = s.get("loss_start"), s.get("loss_end"), s.get("loss")
     if start is None and end is None and last is None:
         return "not recorded"
@@ -467,10 +471,12 @@ def loss_line(s: dict[str, Any]) -> str:
 
 
 def failure_message(p: TrainPlan, r: TrainResult) -> str:
-    if r.errors:
-        e = min(r.errors, key=lambda e: (root_cause_rank(e.get("class")), float(e.get("t", 0))))
-        return f"the job failed ({e.get('class')}, rank {e.get('rank')}): {e.get('message')}; log: {p.log_path}"
-    return f"the job exited with code {r.returncode} and no error record; log: {p.log_path}"
+    """Why the job failed, in one line (``r.verdict``): the root cause's rank and message, or what its log shows."""
+    v, e = r.verdict, r.verdict.error
+    if e is not None:
+        return f"the job failed ({v.failure}, rank {e.get('rank')}): {e.get('message')}; log: {p.log_path}"
+    shows = f" ({v.failure}: {v.reason})" if v.failure is not None else ""
+    return f"the job exited with code {r.returncode} and no error record{shows}; log: {p.log_path}"
 
 
 def log_tail(path: Path, lines: int = 15) -> list[str]:

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotune.hw import nvml as nvml_gpu
 from autotune.hw.placement import to_nvml, visible_entries
 from autotune.runner.trial import TrialJob, run_trial
+from autotune.verdict import judge
 from trainer.config import TrainConfig
-from trainer.protocol import nonfinite_reason
 
 HERE = Path(__file__).resolve().parent
 LOADER = {"training.mode": "loader"}
@@ -194,12 +194,11 @@ def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: flo
     spans = [(w["t0"], w["t1"]) for w in run.steady_windows]
     cpu_in = [c for t, c in cpu_samples if any(t0 <= t <= t1 for t0, t1 in spans)]
     summary = run.summary or {}
-    failure, message = run.failure_class, run.failure_message
-    if failure is None and summary.get("loss_finite") is False:
-        # A run that does not learn is not fast: its imgs/s is kept in the raw JSON, never shown as a figure.
-        failure, message = "diverged", nonfinite_reason(summary)
+    # A run that does not learn is not fast (``diverged``): its imgs/s is kept in the raw JSON, never shown as a
+    # figure.
+    v = judge(run)
     return {
-        "name": name, "ok": failure is None and run.ok, "failure": failure, "failure_message": message,
+        "name": name, "ok": v.ok, "failure": v.failure, "failure_message": v.reason,
         "loss_start": summary.get("loss_start"), "loss_end": summary.get("loss_end"),
         "loss_finite": summary.get("loss_finite"), "loss_nonfinite_steps": summary.get("loss_nonfinite_steps"),
         "imgs_per_s": summary.get("imgs_per_s"), "imgs_per_s_windows": summary.get("imgs_per_s_windows"),

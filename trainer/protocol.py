@@ -13,8 +13,11 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import time
 import traceback
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, TypedDict
 
 
@@ -94,6 +97,57 @@ def root_cause_rank(cls: str | None) -> int:
         return ROOT_CAUSE_ORDER.index(Failure(cls))
     except ValueError:
         return ROOT_CAUSE_ORDER.index(Failure.CRASH)
+
+
+# ---- how a failure shows ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Signature:
+    """How one failure class shows, in an exception raised inside the job (``classify``) and in a run's log when no
+    rank could write its error record (the tuner reads the log's end with the same table)."""
+
+    failure: Failure
+    phrases: tuple[str, ...]
+    """Regular expressions that are evidence of the failure in a log line (case as written) and in an exception's
+    ``Type: message`` (any case). An exception type's name is one: the log's traceback line names it too."""
+
+    exception_only: tuple[str, ...] = ()
+    """Evidence in an exception's text only: an exception raised with these words is the failure, while a log says
+    them in passing (every ``NCCL INFO`` line under ``NCCL_DEBUG=INFO`` names nccl)."""
+
+    @cached_property
+    def _in_log(self) -> re.Pattern:
+        return re.compile("|".join(self.phrases))
+
+    @cached_property
+    def _in_exception(self) -> re.Pattern:
+        return re.compile("|".join(self.phrases + self.exception_only), re.IGNORECASE)
+
+    def in_log(self, line: str) -> bool:
+        return self._in_log.search(line) is not None
+
+    def in_exception(self, text: str) -> bool:
+        """``text``: the exception as ``Type: message``."""
+        return self._in_exception.search(text) is not None
+
+
+SIGNATURES = (
+    Signature(Failure.OOM, ("OutOfMemoryError", "CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED",
+                            "CUDNN_STATUS_ALLOC_FAILED"),
+              exception_only=("out of memory",)),
+    Signature(Failure.LOADER, (r"DataLoader worker \(pid", "is killed by signal", "Bus error",
+                               r"unable to (?:open|write to) (?:shared memory|file </torch_)",
+                               "No space left on device.*shm", "/dev/shm"),
+              exception_only=("dataloader worker", "shared memory", "shm")),
+    Signature(Failure.NCCL, ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "NCCL error",
+                             r"nccl\w*Error", "ProcessGroupNCCL", "Watchdog caught collective", "NCCL WARN",
+                             r"\[gloo", "Gloo", "Connection closed by peer", "Connection reset by peer",
+                             "Socket Timeout"),
+              exception_only=("nccl", "watchdog")),
+)
+"""The failures recognized by what they say, in the order they are looked for: an out-of-memory error brings down
+the loader and the collectives after it, so its words win over theirs. Every other exception is a ``crash``."""
 
 
 # ---- the records ---------------------------------------------------------------------------------------------------
@@ -248,20 +302,13 @@ class ResultWriter:
 
 def classify(exc: BaseException) -> Failure:
     """The failure class of an exception raised inside the job. An exception type may name its own class in a
-    ``failure`` attribute (``ConfigError`` does); the rest is recognized by type name and message, so this module
-    imports neither torch nor the job."""
+    ``failure`` attribute (``ConfigError`` does); the rest is recognized by ``SIGNATURES``, so this module imports
+    neither torch nor the job."""
     own = getattr(exc, "failure", None)
     if own is not None:
         return Failure(own)
-    text = f"{type(exc).__name__}: {exc}".lower()
-    if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text:
-        return Failure.OOM
-    if any(s in text for s in ("dataloader worker", "shared memory", "bus error", "shm")):
-        return Failure.LOADER
-    if type(exc).__name__ in ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError") or any(
-            s in text for s in ("nccl", "gloo", "connection closed by peer", "connection reset by peer", "watchdog")):
-        return Failure.NCCL
-    return Failure.CRASH
+    text = f"{type(exc).__name__}: {exc}"
+    return next((s.failure for s in SIGNATURES if s.in_exception(text)), Failure.CRASH)
 
 
 def error_message(exc: BaseException) -> str:

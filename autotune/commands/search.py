@@ -58,6 +58,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 @command("search", help="tune a DDP job: an Optuna study whose trials are short torchrun runs", arguments=arguments)
 def run(args: argparse.Namespace) -> int:
     from autotune.search import SearchOptions, best_line, search
+    from autotune.verdict import FIXES
+    from trainer.protocol import Failure
 
     options = SearchOptions(spec=args.spec, model=args.model, data=args.data, image_size=args.image_size,
                             optimizer=args.optimizer, lr=args.lr, trials=args.trials, timeout_s=args.timeout,
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         if sys.stdout.isatty():
             print(flush=True)
         e.args = (f"{str(e) or 'interrupted'}; finished trials are kept and a running one is recorded as "
-                  "interrupted: run the same command again to resume the study",)
+                  f"interrupted: {FIXES[Failure.INTERRUPTED]}",)
         raise
     finally:
         for s, h in old.items():
@@ -92,10 +94,11 @@ def all_failed(study) -> str | None:
     """Why no end-to-end trial of the study measured a configuration, when every one that ended failed (None
     otherwise): their failure classes, and the first one's message and log."""
     from autotune.study import view
+    from autotune.verdict import NOT_ITS_FAULT
 
-    # A trial stopped from outside (Ctrl-C, its search gone) says nothing about whether its configuration runs.
+    # A trial ended from outside (Ctrl-C, its search gone) says nothing about whether its configuration runs.
     ended = [v for v in view.views(study) if v.end_to_end and v.outcome in ("measured", "infeasible", "fail")
-             and v.failure_class not in ("interrupted", "stale")]
+             and v.failure_class not in NOT_ITS_FAULT]
     if not ended or any(v.feasible for v in ended):
         return None
     counts = collections.Counter(v.failure_class or "unknown" for v in ended)

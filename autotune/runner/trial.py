@@ -1,27 +1,26 @@
 """One measured run of a TrainConfig — a search trial, a benchmark row, an export's re-measure — and what happened.
 
 The job's JSON-lines stream is read while it runs (that is what makes pruning possible). A watchdog ends the run when
-no measurement window arrives within the trial timeout (class ``hang``); pruning and Ctrl-C end it too. Every run has
+no measurement window arrives within the trial timeout (``stopped: hang``); pruning and Ctrl-C end it too. What the
+run's end means (its failure class) is ``autotune.verdict``'s to say: this module collects. Every run has
 the NVLink-multicast safety variables set, and a config or an inherited environment that would turn NVLS on or
 force LL128 is refused before anything starts.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.runner.process import LineReader, ProcessTree, log_tail
+from autotune.runner.process import LineReader, ProcessTree
 from autotune.runner.torchrun import Torchrun, program, run_env
 from trainer.config import TrainConfig, process_settings
-from trainer.protocol import Failure, Kind, root_cause_rank
+from trainer.protocol import Kind
 
 POLL_S = 0.1
-_FAILURE_NAMES = frozenset(f.value for f in Failure)
 
 SCRIPT_EXIT_GRACE_S = 20.0
 """A user's script told its trial is measured gets this long to end by itself (it may save a checkpoint, or run
@@ -29,21 +28,6 @@ validation) before it is stopped; its figures stand either way."""
 
 ERROR_GRACE_S = 30.0
 """After a rank reported an error, the others get this long to exit before the tree is killed."""
-
-_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]: )?[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b(?::|$)")
-"""A traceback's last line: ``ImportError: no module named x`` (torchrun prefixes a rank's lines with
-``[rankN]:``)."""
-
-_LOG_PATTERNS = [
-    (Failure.OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
-                             r"CUDNN_STATUS_ALLOC_FAILED")),
-    (Failure.LOADER, re.compile(r"DataLoader worker \(pid|is killed by signal|Bus error|unable to (?:open|write to) "
-                                r"(?:shared memory|file </torch_)|No space left on device.*shm|/dev/shm")),
-    (Failure.NCCL, re.compile(r"NCCL error|nccl\w*Error|ProcessGroupNCCL|Watchdog caught collective|NCCL WARN|"
-                              r"\[gloo|Gloo|Connection closed by peer|Connection reset by peer|DistNetworkError|"
-                              r"DistStoreError|Socket Timeout")),
-]
-
 
 @dataclass(kw_only=True)
 class TrialJob:
@@ -76,14 +60,13 @@ class TrialJob:
 
 @dataclass(kw_only=True)
 class TrialRun:
-    """What happened: the job's records, how it ended, and where the evidence is."""
+    """What happened: the job's records, how it ended, and where the evidence is. Collected, not judged: its
+    failure class, if any, is ``autotune.verdict``'s to decide (``judge``)."""
 
     records: list[dict] = field(default_factory=list)
     returncode: int | None = None
     """The process's exit code; None for a trial of a worker that lives on."""
 
-    failure_class: Failure | None = None
-    failure_message: str | None = None
     stopped: str | None = None
     """Why the launcher ended the run: ``hang``, ``pruned``, ``interrupted``, ``error`` (peers did not exit),
     ``measured`` (a user's script that went on after its summary)."""
@@ -125,10 +108,6 @@ class TrialRun:
     @property
     def steady_windows(self) -> list[dict]:
         return steady_windows(self.windows, self.summary)
-
-    @property
-    def ok(self) -> bool:
-        return self.failure_class is None and self.summary is not None
 
     def timing(self) -> dict[str, Any]:
         """launch_s: asked for → the job's start record (a fresh process: torchrun, import torch, the process group);
@@ -204,39 +183,6 @@ def follow(tree: ProcessTree, reader: LineReader, run: TrialRun, *, timeout_s: f
         time.sleep(POLL_S)
 
 
-def classify(run: TrialRun) -> tuple[Failure | None, str | None]:
-    """(failure class, one-line message) of a finished run; (None, None) for a success or a pruned run."""
-    considered = run.records if run.n_before_stop is None else run.records[:run.n_before_stop]
-    errors = [r for r in considered if r.get("kind") == Kind.ERROR]
-    if run.stopped in ("pruned", "measured"):
-        return None, None
-    if errors:
-        first = min(errors, key=lambda r: (root_cause_rank(r.get("class")), float(r.get("t", 0))))
-        cls = Failure(first["class"]) if first.get("class") in _FAILURE_NAMES else Failure.CRASH
-        return cls, f"rank {first.get('rank', '?')}: {first.get('message', '')}".strip()
-    if run.stopped == "hang":
-        last = "a window" if run.windows else "the first window"
-        return Failure.HANG, (f"no measurement window for {round(run.t_end - run.t_launch)} s (trial timeout); "
-                              f"waiting for {last}; process tree killed, each rank's stack is in the log")
-    if run.stopped == "interrupted":
-        return Failure.INTERRUPTED, "interrupted (Ctrl-C)"
-    if run.summary is not None and run.returncode in (0, None):
-        return None, None
-    tail = log_tail(run.log_path)
-    for cls, pattern in _LOG_PATTERNS:
-        for line in reversed(tail):
-            if pattern.search(line):
-                return cls, line.strip()[:300]
-    if run.returncode == 0:
-        return Failure.CRASH, "the job exited without a summary record"
-    # A rank's own exception line says what went wrong (a user's script failing at import leaves no record); the
-    # launcher's summary of the failure after it does not.
-    raised = [ln for ln in tail if _EXCEPTION_LINE.match(ln) and "ChildFailedError" not in ln]
-    meaningful = raised or [ln for ln in tail if re.search(r"Error|error|Exception|exitcode|Signal", ln)]
-    return Failure.CRASH, (meaningful[-1] if meaningful else (tail[-1] if tail else
-                                                              f"exit code {run.returncode}"))[:300].strip()
-
-
 # ---- a run in a process of its own -------------------------------------------------------------------------------
 
 
@@ -293,9 +239,9 @@ def linger(tree: ProcessTree, grace_s: float) -> bool:
 
 
 def end(run: TrialRun, tree: ProcessTree, reader: LineReader, *, alive: bool = False) -> None:
-    """Close the books of a run: the last records, the exit code, the process groups, the verdict."""
+    """Close the books of a run: the last records, the exit code, the process groups (``autotune.verdict`` judges
+    it)."""
     run.returncode = None if alive else tree.returncode
     run.t_end = time.time()
     run.pgids = sorted(tree.groups)
     run.records.extend(reader.read(final=not alive))
-    run.failure_class, run.failure_message = classify(run)

@@ -15,6 +15,7 @@ from typing import Any
 
 from autotune.space import get_path
 from autotune.study.view import TrialView, feasible, stage
+from autotune.verdict import NOT_ITS_FAULT
 from trainer.knobs import Knob, table
 from trainer.protocol import Failure
 
@@ -24,9 +25,8 @@ memory, and fewer images per step for the input pipeline to deliver in one go)."
 
 ENV_RETRIES = 1
 """A measurement that failed for the environment (hang, crash, NCCL, loader) is run again this many times; one that
-was interrupted or whose search vanished is always run again: it says nothing about the measurement."""
-
-NOT_ITS_FAULT = (str(Failure.INTERRUPTED), str(Failure.STALE), str(Failure.SEARCH))
+was interrupted or whose search vanished (``autotune.verdict.NOT_ITS_FAULT``) is always run again: it says nothing
+about the measurement."""
 
 
 def grid() -> tuple[Knob, ...]:

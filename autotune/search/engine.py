@@ -15,6 +15,7 @@ import time
 import optuna
 from optuna.trial import TrialState
 
+from autotune import verdict
 from autotune.hw.nvml import fingerprint
 from autotune.runner.pool import WorkerPool
 from autotune.search import script
@@ -28,7 +29,6 @@ from autotune.study import view
 from autotune.study.liveness import STALE_AFTER_S, reclaim_stale
 from autotune.study.setup import create_or_load, parts_study
 from autotune.study.storage import display_url, log_root, open_storage
-from trainer.protocol import Failure
 
 
 def search(o: SearchOptions, say=print) -> optuna.Study:
@@ -151,8 +151,8 @@ class Engine:
             else:
                 why = (f"the same measurement as trial p{twin}: two search workers planned it at once; that one "
                        "stands")
-            trial.set_user_attr("failure_class", str(Failure.SEARCH))
-            trial.set_user_attr("failure_message", why)
+            for key, value in verdict.search_failure(why).attrs().items():
+                trial.set_user_attr(key, value)
             study.tell(trial, state=TrialState.FAIL)
         return self.study, self.study.ask()
 
@@ -212,10 +212,8 @@ class Engine:
 def abandon(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> None:
     """A trial the search could not finish (Ctrl-C, an unsafe environment, a bug) is FAIL, not left RUNNING."""
     try:  # on a trial that was already told, Optuna refuses the first call: nothing to do then
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        trial.set_user_attr("failure_class", str(Failure.INTERRUPTED if interrupted else Failure.SEARCH))
-        trial.set_user_attr("failure_message", (str(exc) or "interrupted (Ctrl-C)") if interrupted else
-                            f"{type(exc).__name__}: {exc}"[:300])
+        for key, value in verdict.abandoned(exc).attrs().items():
+            trial.set_user_attr(key, value)
         study.tell(trial, state=TrialState.FAIL)
     except Exception:
         pass

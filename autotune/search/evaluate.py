@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune import verdict
 from autotune.hw.nvml import Sampler, summarize
 from autotune.objective import measured_attrs
 from autotune.runner.pool import WorkerPool
@@ -26,7 +27,7 @@ from autotune.study.pruning import LIVE_WINDOWS, best_feasible, judged, pace
 from autotune.study.storage import record_on_trial, set_trial_attrs
 from autotune.study.view import MEASUREMENT_STAGES, views
 from trainer.config import ConfigError, TrainConfig
-from trainer.protocol import Failure, Kind, nonfinite_reason
+from trainer.protocol import Failure, Kind
 
 BASELINE_WINDOWS = 2
 """Trial 0 may measure this many times the windows of other trials before it stands on an unsettled figure: it is
@@ -51,6 +52,10 @@ class Evaluation:
     """Pruned before launch: a bound the stages measured is below the best (costs no trial of the budget)."""
 
     launched: bool = False
+
+    def judged(self, v: verdict.Verdict) -> None:
+        """Take ``autotune.verdict``'s decision as the trial's failure and message."""
+        self.failure, self.message = v.failure, v.reason
 
 
 class Evaluator:
@@ -86,13 +91,11 @@ class Evaluator:
             if cudnn is not None and "training.cudnn_benchmark" not in overrides:
                 ev.config = ev.config.with_overrides({"training.cudnn_benchmark": cudnn})
         except ConfigError as e:
-            ev.failure, ev.message = Failure.CONFIG, "; ".join(e.problems)
+            ev.judged(verdict.invalid(e.problems))
             return ev
         prior = self.known_oom(ev.config.to_dict())
         if prior is not None:
-            ev.failure = Failure.OOM
-            ev.message = (f"trial {prior} ran out of memory at a batch <= this one with the same memory-relevant "
-                          "settings; not launched")
+            ev.judged(verdict.predicted_oom(prior))
             ev.attrs["oom_predicted_from"] = prior
             return ev
         if self.bounded(ev):
@@ -174,7 +177,7 @@ class Evaluator:
             ev.attrs["shapes_new_to_worker"] = shape not in ran
             ran.setdefault(shape, ev.config.training.cudnn_benchmark)
         ev.pruned = run.stopped == "pruned" and watch.stopped == "pruned"
-        ev.failure, ev.message = run.failure_class, run.failure_message
+        ev.judged(verdict.judge(run, pruned=ev.pruned))
         ev.attrs.update(run_attrs(run))
         if watch.stopped == "pruned":
             # The figure a pruned trial shows is the one Optuna stores: its last report, the median of the windows
@@ -186,11 +189,6 @@ class Evaluator:
             ev.attrs["stopped_early"] = watch.stopped
         if plan.util_available:
             ev.attrs.update(summarize(samples, run.steady_windows, len(plan.gpus)))
-        summary = run.summary or {}
-        if ev.failure is None and not ev.pruned and summary.get("loss_finite") is False:
-            ev.failure, ev.message = Failure.DIVERGED, nonfinite_reason(summary)
-        if ev.failure is None and not ev.pruned and summary.get("imgs_per_s") is None:
-            ev.failure, ev.message = Failure.CRASH, "the job reported no throughput"
 
 
 def conv_shape(config: TrainConfig) -> tuple | None:

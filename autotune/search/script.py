@@ -25,6 +25,7 @@ from autotune.exceptions import AutotuneError
 from autotune.hw.nvml import Sampler
 from autotune.runner.trial import TrialJob, TrialRun, run_trial
 from autotune.spec import StudySpec
+from autotune.verdict import ending
 from trainer.knobs import table
 from trainer.protocol import Failure, Kind
 
@@ -138,7 +139,7 @@ def probe(plan, logs: Path, say) -> Probe:
     finally:
         samples = sampler.stop()
     settings = run.of_kind(Kind.SETTINGS)
-    if run.failure_class is not None or run.summary is None or not settings:
+    if not ending(run).ok or run.summary is None or not settings:
         raise ScriptError(failure_line(run, plan.options.script))
     found = settings[-1]
     applies = {name: value for name, value in (found.get("applied") or {}).items() if name in table().by_runtime_name}
@@ -161,16 +162,17 @@ def known(storage, name: str) -> Probe | None:
 def failure_line(run: TrialRun, script: str) -> str:
     """One line for a first run that cannot stand as a trial: what happened, where the whole story is."""
     log = run.log_path
-    if run.failure_class is None and run.summary is None:
+    v = ending(run)
+    if v.ok and run.summary is None:
         if not run.of_kind(Kind.START):
             why = ("it never called trainer.runtime.setup() (or ended before it): call `run = runtime.setup(...)` "
                    "first thing")
         else:
             why = "it ended without a summary"
-    elif run.failure_class == Failure.HANG:
-        why = f"{run.failure_message}; does it call run.report(samples, loss) after each step?"
+    elif v.failure == Failure.HANG:
+        why = f"{v.reason}; does it call run.report(samples, loss) after each step?"
     else:
-        why = f"{run.failure_class}: {run.failure_message}"
+        why = f"{v.failure}: {v.reason}"
     return f"--script {script}: its first run (trial 0, its own defaults) failed: {why} (log: {log})"
 
 

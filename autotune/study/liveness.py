@@ -14,6 +14,7 @@ import socket
 import time
 from typing import Any
 
+from autotune import verdict
 from autotune.study.storage import trial_attrs
 
 HEARTBEAT_S = 10.0
@@ -135,8 +136,8 @@ def reclaim_stale(study, storage, *, stale_after_s: float = STALE_AFTER_S, prefi
             study_id = storage.get_study_id_from_name(study.study_name)
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
         try:
-            storage.set_trial_user_attr(trial_id, "failure_class", "stale")
-            storage.set_trial_user_attr(trial_id, "failure_message", reason)
+            for key, value in verdict.stale(reason).attrs().items():
+                storage.set_trial_user_attr(trial_id, key, value)
             storage.set_trial_user_attr(trial_id, "reclaimed_by", f"{me['owner_host']}:{me['owner_pid']}")
             if not storage.set_trial_state_values(trial_id, TrialState.FAIL):
                 continue

@@ -21,8 +21,7 @@ from autotune.exceptions import StorageError
 from autotune.objective import Objective
 from autotune.spec import StudySpec
 from autotune.study.pruning import BestFeasiblePruner
-from autotune.study.storage import SPEC_KEY, first_line, record_on_study
-from autotune.study.view import parts_name
+from autotune.study.storage import SPEC_KEY, first_line, parts_name, record_on_study
 
 SETUP_WAIT_S = 30.0
 """A search that finds the study just created by another worker waits this long for that worker to record the spec

@@ -28,6 +28,14 @@ SPEC_KEY = "autotune:spec"
 CONFIG_KEY = "autotune:config"
 """A trial's full TrainConfig (a mapping), in the trial's system attrs."""
 
+PARTS_SUFFIX = ".parts"
+"""The parts study of study ``x`` (its measurements of parts, ``autotune.study.view``) is ``x.parts``, in the same
+storage: not a study to pick by itself."""
+
+
+def parts_name(study_name: str) -> str:
+    return study_name + PARTS_SUFFIX
+
 
 # ---- records a person does not read -----------------------------------------------------------------------------
 # Bulky records (the spec, a trial's whole config, its logs, owner, timings, per-window figures) go into Optuna's
@@ -259,8 +267,6 @@ def load(study_name: str | None, storage_url: str):
         raise StorageError(f"storage {display_url(storage_url)}: {first_line(e)}; is it an autotune/Optuna "
                            "study storage?") from None
     shown = display_url(storage_url)
-    from autotune.study.view import PARTS_SUFFIX
-
     if study_name is None:  # a study's parts study is not a study to pick
         names = [n for n in names if not (n.endswith(PARTS_SUFFIX) and n[:-len(PARTS_SUFFIX)] in names)]
         if not names:
@@ -294,8 +300,6 @@ def resolve_storage(study_name: str | None, storage: str | None, *, every_study:
     which shows every study of a storage): without ``--study``, the default file."""
     if storage:
         return storage
-    from autotune.study.view import PARTS_SUFFIX
-
     # A study's parts study (its stage measurements) is not a study to pick.
     files = {f: [n for n in held if not (n.endswith(PARTS_SUFFIX) and n[:-len(PARTS_SUFFIX)] in held)]
              for f, held in study_files().items()}

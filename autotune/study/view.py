@@ -18,14 +18,11 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study.storage import CONFIG_KEY, trial_attrs
+from autotune.study.storage import CONFIG_KEY, parts_name, trial_attrs
 from trainer.protocol import Failure
 
 MEASUREMENT_STAGES = ("ceiling", "supply")
 """Stages that measure a part of the job (not an end-to-end configuration)."""
-
-PARTS_SUFFIX = ".parts"
-"""The parts study of study ``x`` is ``x.parts``, in the same storage."""
 
 REQUEST_ATTRS = ("stage", "overrides", "start", "baseline", "remeasure_of", "cudnn_evidence", "stop_when",
                  "uncertain")
@@ -125,10 +122,6 @@ def finite(x) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if v == v and v not in (float("inf"), float("-inf")) else None
-
-
-def parts_name(study_name: str) -> str:
-    return study_name + PARTS_SUFFIX
 
 
 def parts_of(study):

@@ -22,7 +22,7 @@ from typing import Any
 from autotune.hw.nvml import Nvml
 from autotune.objective import Objective
 from autotune.runner.torchrun import Torchrun
-from autotune.runner.trial import TrialRun, classify
+from autotune.runner.trial import TrialRun
 from autotune.search.prepare import DataSummary, Plan, SearchOptions
 from autotune.space import resolve
 from autotune.spec import StudySpec
@@ -197,7 +197,6 @@ class FakePool:
 
     def _end(self, run: TrialRun) -> TrialRun:
         run.t_end = time.time()
-        run.failure_class, run.failure_message = classify(run)
         return run
 
     def close(self) -> list[int]:

@@ -13,6 +13,7 @@ import torch
 
 from autotune.runner.pool import WorkerPool
 from autotune.runner.trial import TrialJob, run_trial
+from autotune.verdict import ending
 from tests.jobutil import tiny_config
 from trainer.compiled import PROCESS, CompileClock, compile_model, graph_key
 from trainer.config import ConfigError, TrainConfig
@@ -37,7 +38,7 @@ def job(cfg, folder):
 
 
 def first_step(run):
-    assert run.ok, (run.failure_class, run.failure_message)
+    assert ending(run).ok and run.summary is not None, ending(run)
     (rec,) = run.of_kind("first_step")
     return rec
 

@@ -10,6 +10,7 @@ import pytest
 from autotune.runner.pool import WorkerPool
 from autotune.runner.process import processes_in
 from autotune.runner.trial import TrialJob, run_trial
+from autotune.verdict import ending
 from tests.jobutil import make_jpeg_folder, tiny_config
 
 pytestmark = pytest.mark.slow
@@ -41,8 +42,13 @@ def job(cfg, folder, timeout_s=90.0):
     return TrialJob(config=cfg, trial_dir=folder, nproc_per_node=2, timeout_s=timeout_s)
 
 
+def ok(run) -> bool:
+    """The run ended well and wrote its summary (train-mode runs of a few steps close no window: no figure)."""
+    return ending(run).ok and run.summary is not None
+
+
 def final_loss(run):
-    assert run.ok, (run.failure_class, run.failure_message)
+    assert ok(run), ending(run)
     return run.summary["loss"]
 
 
@@ -81,11 +87,11 @@ def test_failures_cost_their_worker_and_the_next_trial_still_runs(jpegs, tmp_pat
         hang = pool.run(job(config(jpegs, tmp_path, **{"model.name": "tests.helpers.models:hang"}), tmp_path / "t3",
                             timeout_s=8.0))
         after_hang = pool.run(job(config(jpegs, tmp_path), tmp_path / "t4"))
-    assert first.ok and first.worker == "worker-1"
-    assert oom.failure_class == "oom" and oom.worker == "worker-1"  # the OOM was in the live worker ...
-    assert after_oom.ok and after_oom.worker == "worker-2"  # ... which went with it
-    assert hang.failure_class == "hang" and hang.worker == "worker-2" and hang.leftover_pids == []
-    assert after_hang.ok and after_hang.worker == "worker-3"
+    assert ok(first) and first.worker == "worker-1"
+    assert ending(oom).failure == "oom" and oom.worker == "worker-1"  # the OOM was in the live worker ...
+    assert ok(after_oom) and after_oom.worker == "worker-2"  # ... which went with it
+    assert ending(hang).failure == "hang" and hang.worker == "worker-2" and hang.leftover_pids == []
+    assert ok(after_hang) and after_hang.worker == "worker-3"
     for r in (first, oom, after_oom, hang, after_hang):
         assert processes_in(set(r.pgids)) == []
 
@@ -102,9 +108,9 @@ def test_a_pruned_trial_is_cancelled_in_band_and_its_worker_lives_on(jpegs, tmp_
         pool.run(job(config(jpegs, tmp_path), tmp_path / "t0"))
         pruned = pool.run(job(long, tmp_path / "t1"), on_record=prune_after_two)
         after = pool.run(job(config(jpegs, tmp_path), tmp_path / "t2"))
-    assert pruned.stopped == "pruned" and pruned.failure_class is None
+    assert pruned.stopped == "pruned" and ending(pruned).ok
     assert pruned.summary["cancelled"] is True and 2 <= len(pruned.windows) <= 3  # stopped at the next window's end
-    assert after.ok and after.worker == pruned.worker == "worker-1"
+    assert ok(after) and after.worker == pruned.worker == "worker-1"
 
 
 def test_a_process_scope_change_or_a_fresh_request_starts_a_new_worker(jpegs, tmp_path, repo_on_pythonpath):
@@ -114,7 +120,7 @@ def test_a_process_scope_change_or_a_fresh_request_starts_a_new_worker(jpegs, tm
         c = pool.run(job(config(jpegs, tmp_path, **{"ddp.timeout_s": 45.0}), tmp_path / "c"))
         d = pool.run(job(config(jpegs, tmp_path, **{"ddp.timeout_s": 45.0}), tmp_path / "d"), fresh=True)
     assert [r.worker for r in (a, b, c, d)] == ["worker-1", "worker-2", "worker-2", "worker-3"]
-    assert all(r.ok for r in (a, b, c, d))
+    assert all(ok(r) for r in (a, b, c, d))
 
 
 def test_pools_sharing_a_logs_folder_run_only_their_own_trials(jpegs, tmp_path, repo_on_pythonpath):
@@ -123,7 +129,7 @@ def test_pools_sharing_a_logs_folder_run_only_their_own_trials(jpegs, tmp_path, 
         a.run(job(config(jpegs, tmp_path), tmp_path / "a1"))
         b.run(job(config(jpegs, tmp_path), tmp_path / "b1"))
         second = a.run(job(config(jpegs, tmp_path), tmp_path / "a2"))
-    assert second.ok and second.worker == "worker-1"
+    assert ok(second) and second.worker == "worker-1"
     assert len(second.of_kind("start")) == 1  # one job ran it
     starts = [line for line in (tmp_path / "a2" / "result.jsonl").read_text().splitlines() if '"start"' in line]
     assert len(starts) == 1, starts

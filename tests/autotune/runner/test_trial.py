@@ -1,5 +1,5 @@
-"""A run in a process of its own: torchrun argv and environment (NVLS safety), failure classes, and a real job
-stopped mid-run."""
+"""A run in a process of its own: torchrun argv and environment (NVLS safety), and a real job stopped mid-run (how a
+run's records read as a failure class: tests/autotune/test_verdict.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from autotune.exceptions import LaunchError
 from autotune.runner.process import processes_in
 from autotune.runner.torchrun import Torchrun, run_env, trainer_args
-from autotune.runner.trial import TrialJob, TrialRun, classify, run_trial, steady_windows
+from autotune.runner.trial import TrialJob, run_trial, steady_windows
+from autotune.verdict import ending
 from trainer.config import TrainConfig
 from trainer.protocol import SAFETY_ENV
 
@@ -87,39 +88,6 @@ def test_torchrun_arguments_are_read_by_torchruns_own_parser(args, nnodes, own):
     assert ("--standalone" in t.argv(2, [])) is not own
 
 
-def _run(tmp_path, records=(), log="", rc=1, stopped=None, n_before_stop=None):
-    (tmp_path / "log.txt").write_text(log)
-    return TrialRun(records=list(records), returncode=rc, stopped=stopped, log_path=tmp_path / "log.txt",
-                    n_before_stop=n_before_stop)
-
-
-def test_root_cause_wins_when_ranks_report_different_classes(tmp_path):
-    recs = [{"kind": "error", "class": "nccl", "rank": 0, "t": 1.0, "message": "Connection closed by peer"},
-            {"kind": "error", "class": "oom", "rank": 1, "t": 2.0, "message": "CUDA out of memory"}]
-    assert classify(_run(tmp_path, recs)) == ("oom", "rank 1: CUDA out of memory")
-    recs[1]["class"] = "crash"
-    assert classify(_run(tmp_path, recs))[0] == "crash"
-
-
-@pytest.mark.parametrize("log, cls", [
-    ("...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n", "oom"),
-    ("RuntimeError: DataLoader worker (pid 123) is killed by signal: Bus error.\n", "loader"),
-    ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n", "nccl"),
-    ("Traceback ...\nValueError: something else\n", "crash"),
-])
-def test_without_an_error_record_the_log_tail_decides(tmp_path, log, cls):
-    assert classify(_run(tmp_path, log=log))[0] == cls
-
-
-def test_killed_runs_are_classified_by_why_they_were_killed(tmp_path):
-    late = [{"kind": "error", "class": "nccl", "rank": 0, "t": 5.0, "message": "peer closed"}]
-    assert classify(_run(tmp_path, late, stopped="hang", n_before_stop=0))[0] == "hang"
-    assert classify(_run(tmp_path, late, stopped="pruned", n_before_stop=0)) == (None, None)
-    ok = [{"kind": "summary", "imgs_per_s": 10.0}]
-    assert classify(_run(tmp_path, ok, rc=0)) == (None, None)
-    assert classify(_run(tmp_path, [], rc=0))[0] == "crash"  # exit 0 without a summary is not a success
-
-
 @pytest.mark.slow
 def test_a_real_job_is_streamed_live_and_stopped_with_its_whole_process_tree(tmp_path, repo_on_pythonpath):
     cfg = TrainConfig().with_overrides({
@@ -136,7 +104,7 @@ def test_a_real_job_is_streamed_live_and_stopped_with_its_whole_process_tree(tmp
     polls = []
     run = run_trial(TrialJob(config=cfg, trial_dir=tmp_path / "t", nproc_per_node=2, timeout_s=60), on_record,
                     on_poll=lambda: polls.append(time.monotonic()))
-    assert run.stopped == "pruned" and run.failure_class is None
+    assert run.stopped == "pruned" and ending(run).ok
     assert len(polls) > 10 and max(b - a for a, b in itertools.pairwise(polls)) < 2  # the heartbeat's chance, often
     kinds = [k for k, _ in arrivals]
     assert kinds[:4] == ["start", "ready", "first_step", "warmup_done"] and kinds.count("window") == 2

@@ -1,0 +1,209 @@
+"""A run's outcome, decided in one place: whether it failed, the failure's class, why in one line, and the fix to
+name where one is known.
+
+Every run the tuner launches — a search trial, a measurement of a part, an export's re-measure, a full run — is
+judged here, and every failure a search records without a finished run (an invalid combination, an OOM already
+seen, a trial whose search is gone, Ctrl-C) is made here too, so ``failure_class`` and ``failure_message`` mean the
+same wherever they are read. The launcher only collects (``autotune.runner.trial``); this module reads what it
+collected:
+
+1. ``ending``: the run's own account. The error records its ranks wrote (when ranks disagree the root cause wins,
+   ``trainer.protocol.ROOT_CAUSE_ORDER``: an OOM outranks the NCCL errors it makes its peers raise), then why the
+   launcher stopped it, then its exit code and the end of its log, read with the signatures the job classifies its
+   own exceptions by (``trainer.protocol.SIGNATURES``).
+2. ``figure``: whether the figure it reported stands: a loss that did not hold is a divergence, no figure a crash.
+
+``judge`` is both, for a run whose figure is wanted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.runner.process import log_tail
+from trainer.protocol import SIGNATURES, Failure, Kind, nonfinite_reason, root_cause_rank
+
+FIXES: dict[Failure, str] = {
+    Failure.OOM: "a smaller per-GPU batch (training.batch_size; training.accum_steps keeps the global batch)",
+    Failure.DIVERGED: "lower optimizer.lr or use bf16/fp32",
+    Failure.LOADER: "fewer loader.num_workers, or more shared memory for the workers (/dev/shm; a container's "
+                    "--shm-size)",
+    Failure.NCCL: "NCCL_DEBUG=WARN in the environment names the collective that failed and why",
+    Failure.HANG: "a longer --trial-timeout when the job is slow to its first window rather than stuck",
+    Failure.INTERRUPTED: "run the same command again to resume the study",
+}
+"""The change to make for a failure of each class, where one is known. A ``config`` failure's message names its own
+fix (every ``ConfigError`` problem does); a crash's is in its log."""
+
+NOT_ITS_FAULT = (str(Failure.INTERRUPTED), str(Failure.STALE), str(Failure.SEARCH))
+"""Classes of a trial ended from outside (Ctrl-C, its search gone, the search's own error): they say nothing about
+its configuration nor about the machine, so such a trial is run again and counted in no verdict on the study."""
+
+_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]: )?[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b(?::|$)")
+"""A traceback's last line: ``ImportError: no module named x`` (torchrun prefixes a rank's lines with
+``[rankN]:``)."""
+
+_FAILURE_NAMES = frozenset(f.value for f in Failure)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """How a run ended, for the study, the terminal and the export."""
+
+    failure: Failure | None = None
+    """None: no failure (measured, or stopped by the pruner)."""
+
+    reason: str | None = None
+    """What went wrong, in one line: a rank's own message, the log line that shows it, why the launcher stopped."""
+
+    fix: str | None = None
+    """The change to make, where one is known (``FIXES``)."""
+
+    error: dict[str, Any] | None = None
+    """The error record the class stands on (the root cause over the ranks), when a rank wrote one."""
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def attrs(self) -> dict[str, str]:
+        """The trial attributes that record it: the same two keys wherever a trial is told ({} for no failure)."""
+        if self.failure is None:
+            return {}
+        return {"failure_class": str(self.failure), "failure_message": self.reason}
+
+
+OK = Verdict()
+
+
+def failed(failure: Failure, reason: str, *, error: dict[str, Any] | None = None) -> Verdict:
+    """A failure of ``failure``'s class, its fix from ``FIXES``."""
+    return Verdict(failure=failure, reason=reason, fix=FIXES.get(failure), error=error)
+
+
+class Finished(Protocol):
+    """What the launcher collected of a finished run (``autotune.runner.trial.TrialRun``)."""
+
+    records: list[dict]
+    returncode: int | None
+    stopped: str | None
+    n_before_stop: int | None
+    log_path: Path | None
+    t_launch: float
+    t_end: float
+
+
+# ---- a finished run --------------------------------------------------------------------------------------------------
+
+
+def judge(run: Finished, *, pruned: bool = False) -> Verdict:
+    """A run whose figure is wanted: how it ended (``ending``), then whether its figure stands (``figure``), unless
+    ``pruned`` (the pruner stopped it: its figure is the pruner's, not a summary's)."""
+    v = ending(run)
+    if v.failure is not None or pruned:
+        return v
+    return figure(_last(run.records, Kind.SUMMARY))
+
+
+def ending(run: Finished) -> Verdict:
+    """What the run says of itself: its ranks' error records (those written before the launcher decided to stop it:
+    the kill makes peers report closed connections), why the launcher stopped it, its exit code and its log."""
+    if run.stopped in ("pruned", "measured"):
+        return OK
+    considered = run.records if run.n_before_stop is None else run.records[:run.n_before_stop]
+    errors = [r for r in considered if r.get("kind") == Kind.ERROR]
+    if errors:
+        return root_cause(errors)
+    if run.stopped == "hang":
+        last = "a window" if any(r.get("kind") == Kind.WINDOW for r in run.records) else "the first window"
+        return failed(Failure.HANG, f"no measurement window for {round(run.t_end - run.t_launch)} s (trial "
+                                    f"timeout); waiting for {last}; process tree killed, each rank's stack is in "
+                                    "the log")
+    if run.stopped == "interrupted":
+        return failed(Failure.INTERRUPTED, "interrupted (Ctrl-C)")
+    if _last(run.records, Kind.SUMMARY) is not None and run.returncode in (0, None):
+        return OK
+    tail = log_tail(run.log_path)
+    found = from_log(tail)
+    if found is not None:
+        return found
+    if run.returncode == 0:
+        return failed(Failure.CRASH, "the job exited without a summary record")
+    return failed(Failure.CRASH, crash_line(tail, run.returncode))
+
+
+def root_cause(errors: Sequence[dict]) -> Verdict:
+    """The verdict of a run whose ranks wrote error records: the root cause's, the earliest of its class."""
+    first = min(errors, key=lambda r: (root_cause_rank(r.get("class")), float(r.get("t", 0))))
+    cls = Failure(first["class"]) if first.get("class") in _FAILURE_NAMES else Failure.CRASH
+    return failed(cls, f"rank {first.get('rank', '?')}: {first.get('message', '')}".strip(), error=first)
+
+
+def from_log(lines: Sequence[str]) -> Verdict | None:
+    """The class a log's end shows (its latest line with a failure's signature, the classes in the order of
+    ``SIGNATURES``), or None when no line has one."""
+    for signature in SIGNATURES:
+        for line in reversed(lines):
+            if signature.in_log(line):
+                return failed(signature.failure, line.strip()[:300])
+    return None
+
+
+def crash_line(tail: Sequence[str], returncode: int | None) -> str:
+    """The line of a log that says what went wrong in a crash: a rank's own exception line (a user's script failing
+    at import leaves no record), not the launcher's summary of the failure after it."""
+    raised = [ln for ln in tail if _EXCEPTION_LINE.match(ln) and "ChildFailedError" not in ln]
+    meaningful = raised or [ln for ln in tail if re.search(r"Error|error|Exception|exitcode|Signal", ln)]
+    return (meaningful[-1] if meaningful else (tail[-1] if tail else f"exit code {returncode}"))[:300].strip()
+
+
+def figure(summary: dict[str, Any] | None) -> Verdict:
+    """Whether a summary's figure stands: a run that does not learn is not fast (``loss_finite``), and a run that
+    reported no figure measured nothing."""
+    s = summary or {}
+    if s.get("loss_finite") is False:
+        return failed(Failure.DIVERGED, nonfinite_reason(s))
+    if s.get("imgs_per_s") is None:
+        return failed(Failure.CRASH, "the job reported no throughput")
+    return OK
+
+
+def _last(records: Sequence[dict], kind: str) -> dict | None:
+    return next((r for r in reversed(records) if r.get("kind") == kind), None)
+
+
+# ---- a trial without a finished run ----------------------------------------------------------------------------------
+
+
+def invalid(problems: Sequence[str]) -> Verdict:
+    """A configuration the job refuses (``trainer.config.ConfigError``): each problem names its fix."""
+    return failed(Failure.CONFIG, "; ".join(problems))
+
+
+def predicted_oom(prior: int | str) -> Verdict:
+    """Not launched: trial ``prior`` already ran out of memory at a batch <= this one's with the same
+    memory-relevant settings."""
+    return failed(Failure.OOM, f"trial {prior} ran out of memory at a batch <= this one with the same "
+                               "memory-relevant settings; not launched")
+
+
+def abandoned(exc: BaseException) -> Verdict:
+    """A trial its search could not finish: Ctrl-C (or a signal that ends the search like it), or the search's own
+    error (a bug, the storage gone)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return failed(Failure.INTERRUPTED, str(exc) or "interrupted (Ctrl-C)")
+    return failed(Failure.SEARCH, f"{type(exc).__name__}: {exc}"[:300])
+
+
+def search_failure(why: str) -> Verdict:
+    """A trial the search itself ended before it ran (two search workers took the same measurement)."""
+    return failed(Failure.SEARCH, why)
+
+
+def stale(reason: str) -> Verdict:
+    """A RUNNING trial whose search is gone (``autotune.study.liveness``)."""
+    return failed(Failure.STALE, reason)
