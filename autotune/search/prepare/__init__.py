@@ -23,7 +23,7 @@ from autotune.search.prepare._choice import (
 )
 from autotune.search.prepare._data import data_cache_root, generate_data, given_data, images_per_rank, summarize_data
 from autotune.search.prepare._data_check import DataCheck, check_progress, files_signature
-from autotune.search.prepare._images import check_images, image_problem, unreadable_images
+from autotune.search.prepare._images import image_problem, unreadable_images
 from autotune.search.prepare._model import classes_of, describe_model, model_problems, preflight
 from autotune.search.prepare._options import SearchOptions, check_options
 from autotune.search.prepare._plan import DataSummary, Plan
@@ -31,7 +31,7 @@ from autotune.space import resolve
 from autotune.study.storage import default_storage, missing_folder, writable_problem
 
 __all__ = [
-    "DataCheck", "DataSummary", "Plan", "SearchOptions", "check_images", "check_options", "check_progress",
+    "DataCheck", "DataSummary", "Plan", "SearchOptions", "check_options", "check_progress",
     "choose_spec", "classes_of", "data_cache_root", "describe_model", "files_signature", "generate_data",
     "given_data", "image_problem", "images_per_rank", "job_spec", "model_problems", "optimizer_section",
     "placement", "preflight", "prepare", "study_name", "summarize_data", "unreadable_images", "with_command_line",
