@@ -146,12 +146,13 @@ def check_data(tmp_path, monkeypatch):
     """``prepare`` a search of the tiny spec on ``--data DIR``, in this process, with a private data cache; returns
     a function: folder -> (lines said, files checked)."""
     from autotune.search import prepare as P
+    from autotune.search.prepare import _images
 
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
     spec = tiny_spec(tmp_path, "check")
     checked: list[str] = []
-    image_problem = P.image_problem
-    monkeypatch.setattr(P, "image_problem", lambda p: checked.append(p) or image_problem(p))
+    image_problem = _images.image_problem
+    monkeypatch.setattr(_images, "image_problem", lambda p: checked.append(p) or image_problem(p))
 
     def check(folder: Path) -> tuple[list[str], int]:
         said: list[str] = []
@@ -209,7 +210,7 @@ def test_a_failing_check_is_never_recorded(check_data, tmp_path):
 def test_a_long_check_shows_its_progress_on_stderr(check_data, tmp_path, monkeypatch, capsys):
     import io
 
-    from autotune.search import prepare as P
+    from autotune.search.prepare import _data_check as P
 
     d = make_jpeg_folder(tmp_path / "imgs", classes=2, per_class=12)
     monkeypatch.setattr(P, "MANY_FILES", 20)

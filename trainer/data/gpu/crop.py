@@ -196,27 +196,14 @@ def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, si
     tap_index, tap_w = _antialias_taps(torch.cat([crop_h, crop_w]), size, taps, flip=tap_flip)
     tap_w = tap_w.to(compute_dtype)
 
-    # The tail pad lets the last row's run read Wc cells past the end; uint8 needs no initialization to be finite.
-    pad = max(s[3] for s in spans)
-    if hwc:  # offsets count pixels: a crop row of all three channels is one run of pixels
-        flat = torch.empty((offset + pad) * 3, dtype=torch.uint8, device=device)
-        torch.cat([im.permute(1, 2, 0).reshape(-1) for im in images], out=flat[:offset * 3])
-        runs = flat.view(-1, 3)  # P pixels x 3 channels
-    else:
-        flat = torch.empty(offset + pad, dtype=torch.uint8, device=device)
-        torch.cat([im.reshape(-1) for im in images], out=flat[:offset])
-        runs = flat
+    runs = _flat_buffer(images, offset, max(s[3] for s in spans), hwc=hwc)
     channel = torch.arange(3, device=device)
     # Each group: one gather, two matmuls, one fused normalize — kept in line, the device work in its order.
     for start, end, hc, wc in spans:
         g = end - start
         ys = torch.arange(hc, device=device).view(1, -1)
         rows = row0[start:end, None] + torch.minimum(ys, last_row[start:end, None]) * width[start:end, None]
-        if hwc:  # unfold of P x 3 pixels: [i, c, j] = pixel i + j, channel c; one index per (image, row)
-            crops = runs.unfold(0, wc, 1).index_select(0, rows.reshape(-1)).to(compute_dtype).view(g, hc, 3 * wc)
-        else:
-            first = rows.view(g, hc, 1) + plane[start:end, None, None] * channel  # g x Hc x 3 run starts
-            crops = flat.unfold(0, wc, 1).index_select(0, first.view(-1)).to(compute_dtype).view(g, hc, 3 * wc)
+        crops = _gather_rows(runs, rows, plane[start:end], channel, wc).to(compute_dtype).view(g, hc, 3 * wc)
         wy = _scatter_rows(tap_index[start:end], tap_w[start:end], hc)
         wx = _scatter_rows(tap_index[n + start:n + end], tap_w[n + start:n + end], wc)
         resampled = torch.bmm(wy, crops)  # g x size x (3 * Wc): rows, channels, columns
@@ -231,6 +218,31 @@ def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, si
         if len(spans) > 1:
             out.index_copy_(0, position[start:end], target)
     return out
+
+
+def _flat_buffer(images: Sequence[torch.Tensor], size: int, pad: int, *, hwc: bool) -> torch.Tensor:
+    """All images in one flat uint8 buffer of ``size`` cells, then ``pad`` more: the last row's run reads Wc cells
+    past the end (uint8 needs no initialization to be finite). Planar channels (a 1-D buffer), or with ``hwc``
+    interleaved pixels (P pixels x 3 channels: offsets count pixels, a crop row of all three channels is one run)."""
+    device = images[0].device
+    if hwc:
+        flat = torch.empty((size + pad) * 3, dtype=torch.uint8, device=device)
+        torch.cat([im.permute(1, 2, 0).reshape(-1) for im in images], out=flat[:size * 3])
+        return flat.view(-1, 3)
+    flat = torch.empty(size + pad, dtype=torch.uint8, device=device)
+    torch.cat([im.reshape(-1) for im in images], out=flat[:size])
+    return flat
+
+
+def _gather_rows(runs: torch.Tensor, rows: torch.Tensor, plane: torch.Tensor, channel: torch.Tensor,
+                 wc: int) -> torch.Tensor:
+    """Every crop row of a group (``rows``: g x Hc first pixels) in one gather from ``_flat_buffer``'s buffer:
+    g * Hc * 3 runs of ``wc`` uint8 cells in (image, row, channel) order, ``plane`` apart for planar channels."""
+    if runs.dim() == 2:  # unfold of P x 3 pixels: [i, c, j] = pixel i + j, channel c; one index per (image, row)
+        return runs.unfold(0, wc, 1).index_select(0, rows.reshape(-1))
+    g, hc = rows.shape
+    first = rows.view(g, hc, 1) + plane[:, None, None] * channel  # g x Hc x 3 run starts
+    return runs.unfold(0, wc, 1).index_select(0, first.view(-1))
 
 
 def _crop_metadata(images: Sequence[torch.Tensor], boxes: list[list[int]], flips: list[bool],

@@ -1,0 +1,180 @@
+"""The house rules that a reader of ``autotune/`` and ``trainer/`` can check without running anything (DEVELOPERS.md):
+no import circle, no function over 80 lines, each DDP knob named in at most one module besides the knob table and the
+config, and ``trainer/`` never importing ``autotune/``. Read from the source with ``ast``: nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]  # the folder holding ``autotune/`` and ``trainer/``
+PACKAGES = ("autotune", "trainer")
+MAX_FUNCTION_LINES = 80
+KNOB_HOMES = {"trainer.knobs", "trainer.config"}
+"""Where a knob's facts belong: the table and the config's field; every other module derives them from those."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+@cache
+def tree(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))
+
+
+def project_module(dotted: str) -> str | None:
+    """The module of ours that importing ``dotted`` runs last: itself, or the nearest package above it that is
+    one of ours (``import autotune.spec.X`` where ``X`` is a name, not a module); None outside the project."""
+    while dotted and dotted not in MODULES:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None
+
+
+def imports(name: str) -> set[str]:
+    """Every project module ``name`` imports (``imports_in``)."""
+    return imports_in(tree(name), name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0])
+
+
+def imports_in(module: ast.Module, package: str) -> set[str]:
+    """Every project module a module of ``package`` imports, wherever the import stands: at module level, inside a
+    function, under ``if TYPE_CHECKING:`` (a type-only import is still a dependency a reader follows). ``from P
+    import m`` counts ``P.m`` when ``m`` is a module, else ``P``; relative imports are resolved against ``package``."""
+    found = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                source = ".".join(parts[:len(parts) - (node.level - 1)] + ([source] if source else []))
+            targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in MODULES else source for a in node.names]
+        else:
+            continue
+        found |= {m for t in targets if (m := project_module(t)) is not None}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports. A module importing a package that contains it is left out: Python
+    has that package half-initialised already when the module runs (``trainer.data``'s own test forbids it there)."""
+    return {name: {t for t in imports(name) if t != name and not name.startswith(t + ".")} for name in MODULES}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative: no recursion
+    limit), each sorted, sorted by their first module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def test_the_walk_sees_every_kind_of_import_and_finds_a_circle():
+    assert {"autotune.spec", "autotune.search.engine", "trainer.knobs", "trainer.runtime"} <= set(MODULES)
+    source = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "import optuna\n"
+        "import trainer.config\n"
+        "from . import knobs, no_such_module\n"
+        "from .data import files\n"
+        "if TYPE_CHECKING:\n"
+        "    from autotune.spec import StudySpec\n"
+        "def f():\n"
+        "    from autotune.search.prepare import _plan, prepare\n")
+    assert imports_in(source, "trainer") == {"trainer.config", "trainer.knobs", "trainer", "trainer.data.files",
+                                             "autotune.spec", "autotune.search.prepare._plan",
+                                             "autotune.search.prepare"}
+    assert circles({"a": {"b"}, "b": {"c", "a"}, "c": set(), "d": {"a"}}) == [["a", "b"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"d"}, "e": {"f"}, "f": {"e"}}) == [["a", "b", "c"],
+                                                                                                ["e", "f"]]
+
+
+@pytest.mark.xfail(strict=True, reason="three circles are being removed on other branches: autotune.space <-> "
+                   "autotune.spec, autotune.study.storage <-> autotune.study.view, trainer.job <-> trainer.runtime")
+def test_no_import_circle_among_the_modules_of_autotune_and_trainer():
+    assert circles(import_graph()) == []
+
+
+def test_trainer_never_imports_autotune():
+    found = [f"{name} imports {t}" for name, targets in import_graph().items() if name.startswith("trainer")
+             for t in sorted(targets) if t.split(".")[0] == "autotune"]
+    assert found == []
+
+
+def test_no_function_is_over_80_lines():
+    """Counted from its ``def`` line to its last, docstring included; nested functions and methods too."""
+    long = [f"{MODULES[name].relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)"
+            for name in MODULES for node in ast.walk(tree(name))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and (lines := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES]
+    assert long == []
+
+
+def ddp_knobs() -> list[str]:
+    """The DDP wrapper's tuned flags: the fields of ``trainer.config.DDPConfig`` that the wrapper takes as they are
+    (the process group's backend and timeout, and the flags a model needs, are not knobs)."""
+    config = tree("trainer.config")
+    ddp = next(n for n in config.body if isinstance(n, ast.ClassDef) and n.name == "DDPConfig")
+    fields = [n.target.id for n in ddp.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    return [f for f in fields if f not in ("backend", "timeout_s", "find_unused_parameters", "broadcast_buffers")]
+
+
+def test_the_ddp_knobs_are_the_three_the_table_tunes():
+    assert ddp_knobs() == ["bucket_cap_mb", "gradient_as_bucket_view", "static_graph"]
+    table = MODULES["trainer.knobs"].read_text()
+    assert all(re.search(rf"\b{k}\b", table) for k in ddp_knobs())
+
+
+@pytest.mark.xfail(strict=True, reason="the DDP knobs are still named in trainer.job, trainer.runtime and "
+                   "autotune modules; other branches move their facts into trainer.knobs and the one applier")
+def test_each_ddp_knob_is_named_in_at_most_one_module_besides_the_table_and_the_config():
+    """Named anywhere in a module's text (code, string, comment or docstring): a fact about a knob written outside
+    the table is a copy that the next knob's author does not know to change."""
+    named = {k: sorted(name for name, path in MODULES.items() if name not in KNOB_HOMES
+                       and re.search(rf"\b{k}\b", path.read_text())) for k in ddp_knobs()}
+    assert {k: where for k, where in named.items() if len(where) > 1} == {}
