@@ -58,10 +58,11 @@ SAMPLES_PER_RANK = 256
 @dataclass(kw_only=True)
 class CpuRanks(Machine):
     """CPU ranks as issue 28 saw them: a small batch runs faster per image than the largest one (``small_batch`` >
-    1: the batch stays in the caches), and an end-to-end run's windows can swing by ``pattern`` (epoch restarts of
-    the script's loader, another load on the machine)."""
+    1: the batch stays in the caches)."""
 
     pattern: tuple[float, ...] = ()
+    """An end-to-end run's windows as shares of its pace, window after window (epoch restarts of the script's loader,
+    another load on the machine); empty: ``Machine``'s."""
 
     def window(self, cfg, i: int, steady: float) -> float:
         if self.pattern and self.kind(cfg) == "e2e":
@@ -70,13 +71,12 @@ class CpuRanks(Machine):
 
 
 def cpu_ranks(**changes) -> CpuRanks:
-    m = CpuRanks(ceilings={("fp32", False): 300.0, ("fp32", True): 200.0, ("bf16", False): 150.0,
-                           ("bf16", True): 120.0},
-                 supplies={"pil": 3000.0}, plateau=64, small_batch=1.4, max_workers=1, **changes)
-    return m
+    return CpuRanks(ceilings={("fp32", False): 300.0, ("fp32", True): 200.0, ("bf16", False): 150.0,
+                              ("bf16", True): 120.0},
+                    supplies={"pil": 3000.0}, plateau=64, small_batch=1.4, max_workers=1, **changes)
 
 
-def script_plan(trials: int, *, applies: dict | None = None, loader: bool = True, root: Path | None = None) -> Plan:
+def script_plan(trials: int, *, root: Path | None = None) -> Plan:
     """The plan ``autotune search --script segment.py`` makes on 2 CPU ranks of a 2-core machine once its trial 0
     has said what it applies (``autotune.search.script.apply``)."""
     spec = script.script_spec(str(SEGMENT), [], gpu=False)
@@ -86,8 +86,7 @@ def script_plan(trials: int, *, applies: dict | None = None, loader: bool = True
                 space=resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2), base=base, probe=base,
                 baseline={}, starts=[], data=None, storage_url=f"sqlite:///{root or Path('studies')}/autotune.db",
                 trials=trials, timeout_s=None, trial_timeout_s=300.0)
-    found = script.Probe(applies=dict(applies or APPLIES), unit="images", loader=loader,
-                         samples_per_rank=SAMPLES_PER_RANK)
+    found = script.Probe(applies=dict(APPLIES), unit="images", loader=True, samples_per_rank=SAMPLES_PER_RANK)
     script.apply(plan, found)
     return plan
 
@@ -105,15 +104,13 @@ class Sim:
     """A search of the script on a simulated machine: its lines (what ``autotune search`` prints), the study, the
     configs the pool was asked to run."""
 
-    def __init__(self, tmp: Path, machine: Machine, trials: int, *, probe_s: float = 20.0, enqueue=(), **plan_kw):
-        self.plan = plan = script_plan(trials, root=tmp, **plan_kw)
+    def __init__(self, tmp: Path, machine: Machine, trials: int, *, enqueue=()):
+        self.plan = plan = script_plan(trials, root=tmp)
         self.pool = FakePool(machine, tmp)
-        # Trial 0 ran before the study existed (the probe), in a fresh process, for ``probe_s`` seconds.
+        # Trial 0 ran before the study existed (the probe), in a fresh process: the baseline trial records it.
         job = TrialJob(config=plan.base.with_overrides({"output_dir": str(tmp / "trial-0")}),
                        trial_dir=tmp / "trial-0", nproc_per_node=2)
-        run = self.pool.run(job, fresh=True)
-        run.t_launch -= probe_s
-        plan.preloaded["baseline"] = (run, [])
+        plan.preloaded["baseline"] = (self.pool.run(job, fresh=True), [])
         self.pool.runs.clear()
         storage = optuna.storages.InMemoryStorage()
         self.study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,

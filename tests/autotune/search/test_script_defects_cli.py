@@ -57,6 +57,14 @@ class Searched:
                               "--images", "64", cwd=cwd, timeout=600)
         assert self.train.returncode == 0, self.train.stdout[-3000:] + self.train.stderr[-3000:]
 
+    def needs_an_early_stop(self) -> None:
+        """Item 1 shows where a supply stops early (its windows above the ceiling: on 2 CPU ranks the in-memory
+        loader feeds 3-6x what the U-Net computes); a machine where it does not cannot show it."""
+        from autotune.study.view import parts_of
+
+        if not any(trial_attrs(t).get("stopped_early") for t in parts_of(self.study).get_trials()):
+            pytest.skip("no supply stopped early on this machine: the plain-script path's early stop is not reached")
+
     def rows(self, stage: str) -> list[str]:
         """``show``'s table rows of a stage."""
         return [ln for ln in self.show.splitlines() if re.match(rf"p?\d+\*?\S*\s+{stage}\s", ln)]
@@ -73,26 +81,29 @@ def searched(tmp_path_factory) -> Searched:
 @pytest.mark.xfail(strict=True, reason="issue 28 item 1: a supply stopped early on the plain-script path is recorded "
                                        "as `crash: the job reported no throughput`")
 def test_a_supply_stopped_early_stands_as_a_measurement(searched):
+    searched.needs_an_early_stop()
     supplies = searched.rows("supply")
-    assert supplies, searched.show
     assert "measured (stopped early)" in searched.search.stdout  # what the live view said ...
-    assert not [r for r in supplies if " fail " in r or "reported no throughput" in r], supplies  # ... show too
+    assert supplies and not [r for r in supplies if " fail " in r or "reported no throughput" in r], supplies
 
 
 @pytest.mark.xfail(strict=True, reason="issue 28 item 1: the stopped supply is run again (p2) and fails again")
 def test_a_supply_is_measured_once(searched):
+    searched.needs_an_early_stop()
     assert len(searched.rows("supply")) == 1, searched.rows("supply")
 
 
 @pytest.mark.xfail(strict=True, reason="issue 28 item 1: a 4-trial plain-script search gets no end-to-end trial")
 def test_a_4_trial_plain_script_search_gets_an_end_to_end_trial(searched):
-    e2e = [t for t in searched.study.get_trials() if t.user_attrs.get("stage") not in ("baseline", None)
-           and t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("imgs_per_s")]
+    searched.needs_an_early_stop()
+    e2e = [t for t in searched.study.get_trials() if trial_attrs(t).get("stage") != "baseline"
+           and t.state == optuna.trial.TrialState.COMPLETE and trial_attrs(t).get("imgs_per_s")]
     assert e2e, searched.show
 
 
 @pytest.mark.xfail(strict=True, reason="issue 28 item 1: show says the pipeline 'was not measured alone' after it was")
 def test_show_does_not_say_a_measured_supply_was_not_measured(searched):
+    searched.needs_an_early_stop()
     assert "was not measured alone" not in searched.show, searched.show
 
 

@@ -6,11 +6,12 @@ Dataset), a DistributedSampler, AdamW, bf16 where CUDA is, fp32 otherwise.
     autotune search --script tests/helpers/scripts/segment.py               # a fresh torchrun per trial
     autotune search --script tests/helpers/scripts/segment.py:main          # one live worker
 
-``--variant`` makes it one of the scripts issue 28's items need: ``own-loader`` builds its own
-``DataLoader(num_workers=3)`` while it reads ``run.num_workers``; ``own-group`` starts its own process group;
-``nan`` has a loss that goes NaN after a few steps; ``clip`` clips its gradients (fp16 where CUDA is); ``short``
-has an epoch of a few steps and no persistent workers (each epoch restarts the loader's workers); ``slow`` goes on
-stepping, but each step after the third takes seconds (a trial too slow for its timeout, not a hang).
+``--variant`` makes it one of the scripts the defect tests need (``tests/autotune/search/test_script_defects*``):
+``own-loader`` builds its own ``DataLoader(num_workers=3)`` while it reads ``run.num_workers``; ``own-group`` starts
+its own process group; ``nan`` has a loss that goes NaN after a few steps; ``clip`` clips its gradients (fp16 where
+CUDA is); ``short`` has an epoch of a few steps and no persistent workers (each epoch restarts the loader's workers);
+``slow`` goes on stepping, but each step after the third takes seconds (a trial too slow for its timeout, not a
+hang). With ``SEGMENT_EPOCHS=FILE`` rank 0 appends the wall-clock time each epoch's loop starts to FILE.
 """
 
 import argparse
