@@ -9,8 +9,6 @@ import re
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]  # the folder holding ``autotune/`` and ``trainer/``
 PACKAGES = ("autotune", "trainer")
 MAX_FUNCTION_LINES = 80
@@ -134,8 +132,6 @@ def test_the_walk_sees_every_kind_of_import_and_finds_a_circle():
                                                                                                 ["e", "f"]]
 
 
-@pytest.mark.xfail(strict=True, reason="three circles are being removed on other branches: autotune.space <-> "
-                   "autotune.spec, autotune.study.storage <-> autotune.study.view, trainer.job <-> trainer.runtime")
 def test_no_import_circle_among_the_modules_of_autotune_and_trainer():
     assert circles(import_graph()) == []
 
@@ -170,8 +166,6 @@ def test_the_ddp_knobs_are_the_three_the_table_tunes():
     assert all(re.search(rf"\b{k}\b", table) for k in ddp_knobs())
 
 
-@pytest.mark.xfail(strict=True, reason="the DDP knobs are still named in trainer.job, trainer.runtime and "
-                   "autotune modules; other branches move their facts into trainer.knobs and the one applier")
 def test_each_ddp_knob_is_named_in_at_most_one_module_besides_the_table_and_the_config():
     """Named anywhere in a module's text (code, string, comment or docstring): a fact about a knob written outside
     the table is a copy that the next knob's author does not know to change."""
