@@ -20,7 +20,7 @@ import pytest
 from autotune.study.storage import open_storage, trial_attrs
 from tests.helpers.cli import REPO, autotune, cli_env
 from trainer.config import MeasureConfig
-from trainer.runtime._request import ENV_REQUEST, Request
+from trainer.runtime.request import ENV_REQUEST, Request
 
 pytestmark = pytest.mark.slow
 
