@@ -21,7 +21,9 @@
 #   search=N[@S]   as above, with a time budget of its own (S seconds, never past the call's deadline)
 #   script=N[@S]   a fresh search of the seed example script (examples/seed_ddp.py, a fresh torchrun per trial) on
 #                  the same JPEGs; script-fn=N[@S]: the same script as a function on a live worker (seed_ddp.py:main);
-#                  their studies are seed-script and seed-fn (final=seed-fn re-measures and trains its best)
+#                  their studies are seed-script and seed-fn (final=seed-fn re-measures and trains its best);
+#                  folder=N[@S]: examples/folder_ddp.py:main, a script with its own ImageFolder and DataLoader handed
+#                  to run.loader (study folder-fn)
 #   model=NAME[@S] a fresh 16-trial search of a torchvision classifier by name (--model NAME) on the same JPEGs
 #   hand=ROWS      bench/run.py rows into hand.json; hand-NAME=ROWS: the same rows with --set model.name=NAME (and
 #                  the model family's optimizer: AdamW 1e-3 for convnext/vit/swin/maxvit)
@@ -158,7 +160,7 @@ PY
       [ -n "${DRY:-}" ] && [ "${sc[0]}" != --row ] && sc+=(--set measure.window_s=0.5 --set measure.warmup_min_steps=2)
       python3 bench/scale.py --out "$out/scale.json" --trials-dir "$scratch/bench-scale" --timeout 150 "${sc[@]}" \
         2>&1 | quiet ;;
-    search=*|script=*|script-fn=*|model=*)
+    search=*|script=*|script-fn=*|folder=*|model=*)
       kind=${stage%%=*}; arg=${stage#*=}; n=${arg%@*}; secs=${arg#*@}; [ "$secs" = "$arg" ] && secs=
       budget=$(( $(left) - 45 ))  # the trial in flight when it runs out still ends inside the call
       [ -n "$secs" ] && [ "$secs" -lt "$budget" ] && budget=$secs
@@ -166,10 +168,11 @@ PY
         search) name=resnet50; what=(--spec resnet50 --data "$data" "${search_set[@]}") ;;
         script) name=seed-script; what=(--script examples/seed_ddp.py) ;;
         script-fn) name=seed-fn; what=(--script examples/seed_ddp.py:main) ;;
+        folder) name=folder-fn; what=(--script examples/folder_ddp.py:main) ;;
         model) name="held-$n"; what=(--spec resnet50 --model "$n" --data "$data" "${search_set[@]}"); n=16 ;;
       esac
       extra=()
-      if [ "$kind" = script ] || [ "$kind" = script-fn ]; then
+      if [ "$kind" = script ] || [ "$kind" = script-fn ] || [ "$kind" = folder ]; then
         what+=(--trial-timeout "${TRIAL_TIMEOUT:-150}"); [ -n "${DRY:-}" ] && what+=(--nproc-per-node 1)
         extra=(-- --data "$data/train"); [ -n "${DRY:-}" ] && extra+=(--model resnet18 --image-size 32)
       fi
