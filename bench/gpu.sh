@@ -18,7 +18,8 @@
 #                  final-STUDY.json (the YAML itself stays at $SCRATCH/state/best-STUDY.yaml); HAND rows
 #                  (bench/run.py) into hand.json if named. ~40 s per re-measure + TRAIN_S + ~30 s.
 #   RUN            any bench/run.py row by name
-#   search=N[@S]   as above, with a time budget of its own (S seconds, never past the call's deadline)
+#   search=N[@S]   as above, with a time budget of its own (S seconds, never past the call's deadline);
+#                  SEARCH_STUDY=NAME: another study of the same spec (a fresh search beside one already there)
 #   script=N[@S]   a fresh search of the seed example script (examples/seed_ddp.py, a fresh torchrun per trial) on
 #                  the same JPEGs; script-fn=N[@S]: the same script as a function on a live worker (seed_ddp.py:main);
 #                  their studies are seed-script and seed-fn (final=seed-fn re-measures and trains its best);
@@ -165,7 +166,7 @@ PY
       budget=$(( $(left) - 45 ))  # the trial in flight when it runs out still ends inside the call
       [ -n "$secs" ] && [ "$secs" -lt "$budget" ] && budget=$secs
       case "$kind" in
-        search) name=resnet50; what=(--spec resnet50 --data "$data" "${search_set[@]}") ;;
+        search) name=${SEARCH_STUDY:-resnet50}; what=(--spec resnet50 --data "$data" "${search_set[@]}") ;;
         script) name=seed-script; what=(--script examples/seed_ddp.py) ;;
         script-fn) name=seed-fn; what=(--script examples/seed_ddp.py:main) ;;
         folder) name=folder-fn; what=(--script examples/folder_ddp.py:main) ;;
