@@ -36,6 +36,7 @@ def trials_of(cwd: Path, name: str):
     return study_of(cwd, name).get_trials()
 
 
+@pytest.mark.timeout(1500)  # three commands; CI's slow day took 388 s of the default 600
 def test_the_seed_example_is_tuned_exported_and_trained_as_a_fresh_torchrun_per_trial(tmp_path):
     r = autotune("search", "--script", EXAMPLES / "seed_ddp.py", "--trials", "3", *SEED_ARGS, cwd=tmp_path,
                  timeout=900)
