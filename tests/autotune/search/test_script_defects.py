@@ -458,8 +458,6 @@ def first_screen(study) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", page))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 16: the report's first screen names two baselines (trial 2 in "
-                                       "its verdict, trial 0 in its table)")
 def test_the_reports_first_screen_names_one_baseline(tmp_path):
     text = first_screen(cpu_demo_study(storage_of(tmp_path)))
     named = set(re.findall(r"trial (\d+) \(the baseline|trial (\d+) \(baseline", text))
@@ -467,8 +465,6 @@ def test_the_reports_first_screen_names_one_baseline(tmp_path):
     assert len(baselines) == 1, f"baselines named: {sorted(baselines)}: {text}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 16: the report gives the fastest trial's rising loss without a "
-                                       "word")
 def test_the_report_says_when_the_fastest_trials_loss_rose(tmp_path):
     text = first_screen(cpu_demo_study(storage_of(tmp_path)))
     assert "1.16->1.55" in text  # the figure is there ...
@@ -506,14 +502,12 @@ def constructed(storage: str, failures: list[tuple[str, str, str]], *, pruned_be
     return study
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: `interrupted: interrupted (Ctrl-C)`")
 def test_an_interrupted_trial_is_not_said_twice(tmp_path):
     # What the search records for a trial stopped by Ctrl-C (autotune.search.engine.abandon).
     text = overview.table(constructed(storage_of(tmp_path), [("fail", "interrupted", "interrupted (Ctrl-C)")]))
     assert not re.search(r"interrupted: interrupted", text), text
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: `diverged: … (diverged)`")
 def test_a_diverged_trial_is_not_said_twice(tmp_path):
     message = nonfinite_reason({"loss_nonfinite_run": 7})  # what a summary without loss_reason is judged as
     text = overview.table(constructed(storage_of(tmp_path), [("infeasible", "diverged", message)]))
@@ -521,21 +515,18 @@ def test_a_diverged_trial_is_not_said_twice(tmp_path):
     assert not re.search(r"diverged: .*\(diverged\)", row), row  # its class, then its reason: not the class again
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: 'stages: not run' printed twice")
 def test_stages_not_run_is_said_once(tmp_path, two_cores):
     sim = Sim(tmp_path, cpu_ranks(), 2)
     said = [ln for ln in sim.lines.splitlines() if "stages: not run" in ln]
     assert len(said) == 1, said
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: 'N trial(s) stopped early' counts draws never launched")
 def test_pruning_counts_only_the_trials_it_stopped(tmp_path):
     text = overview.table(constructed(storage_of(tmp_path), [], pruned_before_launch=5, pruned_running=1))
     line = next(ln for ln in text.splitlines() if ln.startswith("pruning:"))
     assert "1 trial stopped early" in line or "1 trial(s) stopped early" in line, line
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: 'never agreed (spread 4.9%)' under a 5 % target")
 def test_windows_that_never_agreed_are_not_given_a_spread_under_the_target(tmp_path, two_cores):
     # The latest 3 windows agree within 5 %; the one before them does not: not settled (trainer.meter).
     sim = Sim(tmp_path, cpu_ranks(pattern=(1.0, 0.8, 1.0, 1.049, 1.02)), 8)
@@ -546,13 +537,11 @@ def test_windows_that_never_agreed_are_not_given_a_spread_under_the_target(tmp_p
         assert spread is None or float(spread.group(1)) > 100 * sim.plan.base.measure.spread_target, line
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: '1 trials'")
 def test_one_trial_is_one_trial(tmp_path):
     text = overview.table(constructed(storage_of(tmp_path), []))
     assert "1 trials" not in text, text.splitlines()[0]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: the `vs #0` column when the baseline is #2")
 def test_the_gain_column_names_the_baseline_it_is_against(tmp_path):
     study = cpu_demo_study(storage_of(tmp_path))
     assert view.baseline(view.views(study)).number == 2  # the settled re-measure of trial 0
