@@ -76,10 +76,10 @@ def cpu_ranks(**changes) -> CpuRanks:
                     supplies={"pil": 3000.0}, plateau=64, small_batch=1.4, max_workers=1, **changes)
 
 
-def script_plan(trials: int, *, root: Path | None = None) -> Plan:
-    """The plan ``autotune search --script segment.py`` makes on 2 CPU ranks of a 2-core machine once its trial 0
-    has said what it applies (``autotune.search.script.apply``)."""
-    spec = script.script_spec(str(SEGMENT), [], gpu=False)
+def script_plan(trials: int, *, root: Path | None = None, spec_file: Path | None = None) -> Plan:
+    """The plan ``autotune search --script segment.py [--spec spec_file]`` makes on 2 CPU ranks of a 2-core machine
+    once its trial 0 has said what it applies (``autotune.search.script.apply``)."""
+    spec = script.script_spec(str(SEGMENT), [], gpu=False, spec=str(spec_file) if spec_file else None)
     base = spec.base_config()
     plan = Plan(options=SearchOptions(script=str(SEGMENT)), spec=spec, name=spec.name, objective=Objective(),
                 nproc=2, torchrun=Torchrun.parse([]), entries=None, gpus=[], nvml=Nvml(), util_reason="no GPU",
@@ -184,7 +184,6 @@ def test_on_cpu_ranks_no_trial_runs_above_the_bound_its_ceiling_puts_on_it(tmp_p
 # ---- 7. a script's study name --------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 7: train.py and train.py:main get the same study name")
 def test_the_plain_and_the_function_path_of_a_script_are_two_studies():
     plain = script.script_spec(str(SEGMENT), [], gpu=False).name
     function = script.script_spec(f"{SEGMENT}:main", [], gpu=False).name
@@ -192,8 +191,6 @@ def test_the_plain_and_the_function_path_of_a_script_are_two_studies():
     assert plain != function, plain
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 7: the error for a script's study speaks of a spec that was "
-                                       "never given")
 def test_a_script_study_made_by_the_other_path_is_refused_without_speaking_of_a_spec():
     storage = optuna.storages.InMemoryStorage()
     kw = {"storage": storage, "objective": Objective(), "nproc": 2, "baseline": {}, "starts": []}
@@ -204,13 +201,36 @@ def test_a_script_study_made_by_the_other_path_is_refused_without_speaking_of_a_
     assert "spec" not in str(e.value), str(e.value)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 7: the README says neither how a script's study is named nor "
-                                       "how to narrow what it searches")
 def test_the_readme_says_how_a_scripts_study_is_named_and_how_to_narrow_its_space():
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Tune your own script"):readme.index("## How a search finds what is fast")]
     assert "script-" in section, "how a script's study is named (script-<its name>) is not said"
     assert re.search(r"narrow|--spec|space:", section), "how to narrow or widen what a script's search searches"
+
+
+def test_a_spec_for_a_script_narrows_and_widens_what_it_searches(tmp_path, two_cores):
+    spec = tmp_path / "segment-narrow.yaml"
+    spec.write_text("space:\n  training.batch_size: {choices: [8, 16, 32]}\n  loader.persistent_workers: null\n"
+                    "  training.cudnn_benchmark: [true, false]\nbudget: {trials: 5}\n")
+    plan = script_plan(5, spec_file=spec)
+    space = plan.space.by_path()
+    assert list(space["training.batch_size"].choices) == [8, 16, 32]  # widened below the built-in choices, and narrowed
+    assert "loader.persistent_workers" not in space and "loader.num_workers" in space  # one knob off, the rest kept
+    assert plan.spec.budget.trials == 5 and plan.spec.name == "script-segment"
+    # A knob it names that the script does not apply is said, not dropped in silence.
+    assert any(n.startswith("training.cudnn_benchmark: not searched (the script does not apply") for n in
+               plan.space.notes), plan.space.notes
+
+
+def test_a_spec_for_a_script_refuses_what_the_script_owns(tmp_path):
+    from autotune.exceptions import SpecError
+
+    spec = tmp_path / "wrong.yaml"
+    spec.write_text("model: {name: resnet18}\nbaseline: {training.batch_size: 8}\nbase: {optimizer: {lr: 0.1}}\n")
+    with pytest.raises(SpecError) as e:
+        script.script_spec(str(SEGMENT), [], gpu=False, spec=str(spec))
+    text = str(e.value)
+    assert "model: not for a script" in text and "baseline: not for a script" in text and "base.optimizer" in text
 
 
 # ---- 8. a script's export ------------------------------------------------------------------------------------------
