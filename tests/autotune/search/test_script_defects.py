@@ -236,8 +236,6 @@ def test_a_spec_for_a_script_refuses_what_the_script_owns(tmp_path):
 # ---- 8. a script's export ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 8: a script's exported YAML carries the built-in job's model, "
-                                       "optimizer and image size")
 def test_a_scripts_export_carries_no_setting_of_the_built_in_job(tmp_path, two_cores):
     from autotune import export
 
@@ -277,8 +275,6 @@ SCRIPT_SUMMARY = {"mode": "train", "unit": "images", "imgs_per_s": 150.0, "windo
 """What the script's full run (the runtime in train mode) summarizes."""
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 9: `autotune train` of a script claims a checkpoints folder that "
-                                       "does not exist")
 def test_train_of_a_script_claims_no_checkpoints_folder_it_does_not_keep(tmp_path, two_cores):
     from autotune.fullrun import verdict
 
@@ -289,7 +285,6 @@ def test_train_of_a_script_claims_no_checkpoints_folder_it_does_not_keep(tmp_pat
     assert not claimed or Path(p.config.checkpoint_dir).is_dir(), claimed
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 9: `autotune train` of a script prints `step 8/None epoch None`")
 def test_train_progress_of_a_script_prints_no_none():
     from autotune.fullrun import ProgressView
 
@@ -302,8 +297,6 @@ def test_train_progress_of_a_script_prints_no_none():
     assert "None" not in out.getvalue(), out.getvalue()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 9: `autotune train` compares with the search's figure, not the "
-                                       "re-measure the export said to trust")
 def test_train_compares_with_the_re_measure_the_export_said_to_trust(tmp_path, two_cores):
     from autotune.fullrun import verdict
 
@@ -313,7 +306,6 @@ def test_train_compares_with_the_re_measure_the_export_said_to_trust(tmp_path, t
     assert any("160" in ln for ln in compared), compared
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 9: `autotune train` says 'median of 1 windows, spread 0.0%'")
 def test_train_of_one_window_claims_no_spread(tmp_path, two_cores):
     from autotune.fullrun import verdict
 
