@@ -393,8 +393,6 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a folder os.access ca
 
 
 @needs_root
-@pytest.mark.xfail(strict=True, reason="issue 28 item 15: export checks a folder it cannot make only after the "
-                                       "re-measure (a script's study)")
 def test_export_of_a_script_to_a_folder_it_cannot_make_fails_before_measuring(tmp_path, monkeypatch, two_cores):
     sim = Sim(tmp_path / "sim", cpu_ranks(), 2)
     optuna.copy_study(from_study_name=sim.study.study_name, from_storage=sim.study._storage,
@@ -406,8 +404,6 @@ def test_export_of_a_script_to_a_folder_it_cannot_make_fails_before_measuring(tm
 
 
 @needs_root
-@pytest.mark.xfail(strict=True, reason="issue 28 item 15: export checks a folder it cannot make only after the "
-                                       "re-measure (the built-in job)")
 def test_export_of_the_built_in_job_to_a_folder_it_cannot_make_fails_before_measuring(tmp_path, monkeypatch):
     study = cpu_demo_study(storage_of(tmp_path))
     code, err, measured = export_to_unmakeable(tmp_path, study, monkeypatch)
