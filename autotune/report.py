@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.outputs import write_atomic
-from autotune.overview import baseline_words, conclusions, fmt_loss, headline, loss_words
+from autotune.overview import baseline_words, conclusions, fmt_loss, headline, loss_words, plural
 from autotune.study import view
 from autotune.study.view import finite
 
@@ -80,6 +80,9 @@ class TrialRow:
     loss: str = "-"
     """The loss over the measured windows, start -> end, or "diverged" (``autotune show``'s column)."""
 
+    not_launched: bool = False
+    """A pruned draw that never ran: the bound the stages measured for it was below the best."""
+
     @property
     def label(self) -> str:
         return f"p{self.number}" if self.part else str(self.number)
@@ -101,6 +104,7 @@ def trial_rows(study) -> list[TrialRow]:
             failure_class=cls if outcome in ("infeasible", "fail") else None,
             failure_message=a.get("failure_message"), log_path=a.get("log_path"),
             baseline=v.baseline, params=dict(v.params), loss=fmt_loss(a),
+            not_launched=bool(a.get("pruned_before_launch")),
         ))
     return rows
 
@@ -390,10 +394,13 @@ def failures_section(rows) -> Section:
 
     s = Section(id="failures", title="Failures by class")
     failed = [r for r in rows if r.outcome in ("infeasible", "fail")]
-    pruned = sum(1 for r in rows if r.outcome == "pruned")
+    pruned = sum(1 for r in rows if r.outcome == "pruned" and not r.not_launched)
+    skipped = sum(1 for r in rows if r.not_launched)
     if not failed:
-        s.note = (f"No trial failed ({len(rows)} trial(s); {pruned} pruned — stopped early because their windows "
-                  "were clearly below the best, not a failure).")
+        s.note = (f"No trial failed ({plural(len(rows), 'trial')}; {pruned} pruned — stopped early because their "
+                  "windows were clearly below the best, not a failure"
+                  + (f"; {plural(skipped, 'draw')} not launched, its measured bound below the best" if skipped
+                     else "") + ").")
         return s
     counts: dict[tuple[str, str], int] = {}
     for r in failed:
