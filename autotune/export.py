@@ -2,7 +2,8 @@
 accept, re-measured in a fresh process so that the figure it carries is one a fresh job reaches.
 
 The file is the trial's full TrainConfig (top-level keys as in any job YAML) with the spec's ``export`` overrides
-applied (a train run instead of a measurement), plus one ``autotune:`` section the job ignores::
+applied (a train run instead of a measurement) — for a user's script, only what its run reads (the settings it
+applies, the mode, the measurement, the script: ``script_only``) — plus one ``autotune:`` section the job ignores::
 
     autotune:
       study: resnet50            # where it came from
