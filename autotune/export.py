@@ -2,7 +2,8 @@
 accept, re-measured in a fresh process so that the figure it carries is one a fresh job reaches.
 
 The file is the trial's full TrainConfig (top-level keys as in any job YAML) with the spec's ``export`` overrides
-applied (a train run instead of a measurement), plus one ``autotune:`` section the job ignores::
+applied (a train run instead of a measurement) — for a user's script, only what its run reads (the settings it
+applies, the mode, the measurement, the script: ``script_only``) — plus one ``autotune:`` section the job ignores::
 
     autotune:
       study: resnet50            # where it came from
@@ -36,7 +37,8 @@ from autotune.study.storage import record_on_study, study_record
 from autotune.study.view import TrialView
 from autotune.verdict import judge
 from trainer.config import TrainConfig
-from trainer.runtime.request import ENV_CONFIG
+from trainer.knobs import table
+from trainer.runtime.request import ENV_CONFIG, ENV_REQUEST
 
 PICKS = ("best", "fastest", "util", "balanced")
 
@@ -128,6 +130,7 @@ def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
     if cfg.script.given:  # the script owns its optimizer: its learning rate is its own to scale
         lr_record, warn = None, script_batch_note(cfg, reference=study.user_attrs.get("reference_global_batch"),
                                                   world=nproc * torchrun.nnodes)
+        data = script_only(data, cfg)
     else:
         lr_record, warn = scale_lr(data, reference_batch=study.user_attrs.get("reference_global_batch"),
                                    world=nproc * torchrun.nnodes)
@@ -151,11 +154,36 @@ def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
         "objective": study.user_attrs.get("objective"),
         "torchrun": {"nproc_per_node": nproc, "args": list(torchrun.args),
                      "command": run_command(cfg, torchrun, nproc, "<this file>")},
-        "env": dict(a.get("env") or {}), "fingerprint": fingerprint, "measured": measured,
+        "env": {k: v for k, v in (a.get("env") or {}).items() if k not in TRIAL_ENV}, "fingerprint": fingerprint,
+        "measured": measured,
     }
     if lr_record:
         data["autotune"]["lr_scaling"] = lr_record
     return data, warnings
+
+
+TRIAL_ENV = (ENV_REQUEST, ENV_CONFIG)
+"""Variables of the trial's own run (its request file, in its trial folder): a run of the export makes its own."""
+
+SCRIPT_TRAINING = ("mode", "log_every_s")
+"""Of ``training``, what a script's run reads besides the settings it applies (``trainer.runtime.request``)."""
+
+
+def script_only(data: dict[str, Any], cfg: TrainConfig) -> dict[str, Any]:
+    """A script's config as its run reads it: the settings it applies, the run's mode and measurement, the script.
+    The script builds its own model, optimizer and data: the built-in job's defaults for them (resnet50, SGD at 0.1,
+    224 px) would be read as its own."""
+    out: dict[str, Any] = {"name": data["name"], "output_dir": data["output_dir"], "data": {"kind": "script"},
+                           "training": {k: data["training"][k] for k in SCRIPT_TRAINING}}
+    names = table().by_runtime_name
+    for name in cfg.script.applies:
+        *parents, leaf = names[name].path.split(".")
+        src, dst = data, out
+        for part in parents:
+            src, dst = src[part], dst.setdefault(part, {})
+        dst[leaf] = src[leaf]
+    out["measure"], out["script"] = data["measure"], data["script"]
+    return out
 
 
 def run_command(cfg: TrainConfig, torchrun: Torchrun, nproc: int, config: str) -> str:

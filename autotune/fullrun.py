@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,6 +35,7 @@ from autotune.study.view import per_second
 from autotune.verdict import FIXES, OK, Verdict, ending
 from trainer.config import TrainConfig, load_yaml_mapping
 from trainer.protocol import Failure, Kind, nccl_env_problems
+from trainer.runtime.request import ENV_CONFIG, ENV_REQUEST
 
 SLOWER_WARNING = 0.05
 """Warn when the run's median imgs/s is more than this fraction below the search's figure for the config."""
@@ -153,7 +155,8 @@ def plan(o: TrainOptions, *, nvml: Nvml | None = None) -> TrainPlan:
         raise TrainError(f"{cfg.checkpoint_dir} holds checkpoints of an earlier run (newest {ckpts[-1].name}): "
                          "pass --resume to continue it, or --out NEW_DIR for a fresh run")
     notes += _notes(o, cfg, torchrun, has_checkpoints=bool(ckpts))
-    env = {str(k): str(v) for k, v in (section.get("env") or {}).items()}
+    # (an older export carried the search trial's own request file: a run makes its own)
+    env = {str(k): str(v) for k, v in (section.get("env") or {}).items() if k not in (ENV_REQUEST, ENV_CONFIG)}
     # The search host's GPU list means nothing here; thread counts are per rank, so only valid at that world size.
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if nproc != searched_nproc:
@@ -277,6 +280,8 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
     with open(p.log_path, "ab") as log:
         log.write(("\n$ " + " ".join(argv) + "\n").encode())
         log.flush()
+        # A user's script prints its own progress: shown as it prints it, and kept in the log.
+        echo = Echo(p.log_path, log.tell(), view.say) if p.config.script.given else None
         # Only the main thread may install handlers (the CLI runs there; an embedding caller keeps its own).
         old = ({s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
                if threading.current_thread() is threading.main_thread() else {})
@@ -284,21 +289,24 @@ def run(p: TrainPlan, *, out: TextIO = sys.stdout, progress: bool | None = None,
         try:
             sampler.start()
             tree = ProcessTree(argv, env=env, log=log)
-            follow(tree, reader, followed, timeout_s=None, on_record=view.record)
+            follow(tree, reader, followed, timeout_s=None, on_record=view.record, on_poll=echo)
             leftover = tree.finish() if tree.poll() is not None else tree.kill()
         except KeyboardInterrupt:
             view.close()
             if tree is not None:
                 left = tree.kill()
                 stuck = f" ({len(left)} processes would not die: {left})" if left else ""
-                print(f"autotune train: interrupted: job killed{stuck}; continue it with `autotune train --config "
-                      f"{p.config_path} --resume` (checkpoints in {p.config.checkpoint_dir})", file=sys.stderr,
-                      flush=True)
+                again = ("run it again as it was run (the script resumes from its own checkpoints, if it keeps any)"
+                         if p.config.script.given else f"continue it with `autotune train --config {p.config_path} "
+                         f"--resume` (checkpoints in {p.config.checkpoint_dir})")
+                print(f"autotune train: interrupted: job killed{stuck}; {again}", file=sys.stderr, flush=True)
             raise
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
             sampler.stop()
+    if echo is not None:
+        echo(final=True)
     for rec in reader.read(final=True):
         followed.records.append(rec)
         view.record(rec)
@@ -329,6 +337,29 @@ def _raise_interrupted(signum, frame):
     raise Terminated(signum)
 
 
+class Echo:
+    """A log's new lines, from ``pos`` on, handed to ``say`` each time it is called (a line still being written
+    waits for its end, unless ``final``)."""
+
+    def __init__(self, path: Path, pos: int, say: Callable[[str], None]):
+        self.path, self.pos, self.say, self.rest = path, pos, say, b""
+
+    def __call__(self, final: bool = False) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                chunk = f.read()
+        except OSError:
+            return
+        self.pos += len(chunk)
+        lines = (self.rest + chunk).split(b"\n")
+        self.rest = b"" if final else lines.pop()
+        for line in lines:
+            text = line.decode(errors="replace").rstrip("\r")
+            if text or not final:
+                self.say(f"| {text}")
+
+
 class ProgressView:
     """The job's records on the terminal: a tqdm bar (steps, imgs/s, loss, ETA) on a TTY, plain lines otherwise;
     validation results and checkpoints always get a line of their own."""
@@ -339,7 +370,7 @@ class ProgressView:
         self.per = "imgs/s"
         """The rate's label: a user's script says its unit in its settings record."""
 
-    def _say(self, text: str) -> None:
+    def say(self, text: str) -> None:
         if self.bar is not None:
             self.bar.write(text, file=self.out)
         else:
@@ -363,10 +394,10 @@ class ProgressView:
         elif kind == "settings":
             self.per = per_second(rec.get("unit"))
         elif kind == "start":
-            self._say(f"job started: {rec.get('world_size')} rank(s), {rec.get('backend')} on {rec.get('device')}"
+            self.say(f"job started: {rec.get('world_size')} rank(s), {rec.get('backend')} on {rec.get('device')}"
                       + (f" ({rec['gpu']})" if rec.get("gpu") else ""))
         elif kind == "resume":
-            self._say(f"resumed from {rec.get('path')} (epoch {rec.get('epoch')}, step {rec.get('step')})")
+            self.say(f"resumed from {rec.get('path')} (epoch {rec.get('epoch')}, step {rec.get('step')})")
             self._ensure_bar(None, int(rec.get("step", 0)))
         elif kind in ("progress", "epoch"):
             step = int(rec.get("step", 0))
@@ -375,24 +406,33 @@ class ProgressView:
                 self.rate = float(rec["imgs_per_s"])
             if self.bar is not None:
                 self.bar.update(max(0, step - self.bar.n))
-                post = {"epoch": rec.get("epoch")}
+                post = {"epoch": rec["epoch"]} if rec.get("epoch") is not None else {}
                 if rec.get("loss") is not None:
                     post["loss"] = f"{float(rec['loss']):.4f}"
                 if self.rate is not None:
                     post[self.per] = f"{self.rate:,.0f}"
                 self.bar.set_postfix(post, refresh=True)
             elif kind == "progress":
-                total = rec.get("total_steps")
-                speed = f"{self.rate:,.1f} {self.per}" if self.rate else "warming up"
-                self._say(f"step {step}/{total} epoch {rec.get('epoch')} loss {float(rec.get('loss', 'nan')):.4f} "
-                          f"{speed}")
+                self.say(self._progress_line(rec, step))
         elif kind == "val":
-            self._say(f"epoch {rec.get('epoch')}: val top1 {float(rec['top1']):.4f} top5 {float(rec['top5']):.4f} "
+            self.say(f"epoch {rec.get('epoch')}: val top1 {float(rec['top1']):.4f} top5 {float(rec['top5']):.4f} "
                       f"loss {float(rec['loss']):.4f} ({rec.get('images')} images)")
         elif kind == "checkpoint":
-            self._say(f"checkpoint: {rec.get('path')} (epoch {rec.get('epoch')}, step {rec.get('step')})")
+            self.say(f"checkpoint: {rec.get('path')} (epoch {rec.get('epoch')}, step {rec.get('step')})")
         elif kind == "error":
-            self._say(f"error on rank {rec.get('rank')} ({rec.get('class')}): {rec.get('message')}")
+            self.say(f"error on rank {rec.get('rank')} ({rec.get('class')}): {rec.get('message')}")
+
+    def _progress_line(self, rec: dict, step: int) -> str:
+        """``step 8/32 epoch 1 loss 0.5000 120.0 imgs/s``, saying only what the run knows (a user's script that
+        loops without ``run.epochs`` has no epoch and no total)."""
+        total, epoch, loss = rec.get("total_steps"), rec.get("epoch"), rec.get("loss")
+        parts = [f"step {step}" + (f"/{total}" if total is not None else "")]
+        if epoch is not None:
+            parts.append(f"epoch {epoch}")
+        if loss is not None:
+            parts.append(f"loss {float(loss):.4f}")
+        parts.append(f"{self.rate:,.1f} {self.per}" if self.rate else "warming up")
+        return " ".join(parts)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -414,11 +454,17 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
     m = p.export.get("measured") or {}
     # A user's script that loops without ``run.epochs`` reports steps only.
     epochs = f"{s.get('epochs', '?')} epoch(s), " if s.get("epochs") or p.config.data.kind != "script" else ""
+    script = p.config.script.given
+    # A script keeps its own checkpoints (if any) and runs its own validation: the runtime writes neither.
+    kept = (f"; checkpoints in {p.config.checkpoint_dir}" if not script or r.checkpoints else "")
     lines.append(f"done in {fmt_duration(r.wall_s)}: {epochs}{s.get('steps', '?')} steps"
                  + (f"; final val top1 {last_val['top1']:.4f} top5 {last_val['top5']:.4f} (epoch {last_val['epoch']})"
-                    if last_val else "; no validation") + f"; checkpoints in {p.config.checkpoint_dir}")
+                    if last_val else "; no validation" if not script else "") + kept)
     if ips is None:
         lines.append("measured: no timed window closed (the run was too short to measure throughput)")
+    elif (s.get("windows") or 0) <= 1:
+        lines.append(f"measured: {ips:,.1f} {per} (one window: no spread to judge it by; a longer run measures "
+                     "more)")
     else:
         lines.append(f"measured: {ips:,.1f} {per} (median of {s.get('windows')} windows, spread "
                      f"{float(s.get('spread') or 0):.1%})")
@@ -435,21 +481,7 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
                      f"power {g.get('power_mean_w')} W, memory max {g.get('mem_used_max_mib')} MiB")
     else:
         lines.append(f"GPU: NVML utilization unavailable ({g.get('reason') or 'no sample inside a timed window'})")
-    ratio = None
-    if m.get("imgs_per_s") and ips is not None:
-        searched = float(m["imgs_per_s"])
-        ratio = ips / searched
-        util = f", util {m['util_mean']:.0f} %" if m.get("util_mean") is not None else ""
-        src = f"study {p.export.get('study')}, trial {p.export.get('trial')}"
-        if p.comparable:
-            lines.append(f"search ({src}): {searched:,.1f} {per}{util} -> this run: {ratio:.1%} of it")
-            if ratio < 1 - SLOWER_WARNING:
-                warnings.append(f"this run is {1 - ratio:.1%} slower than the search measured for the same config "
-                                f"({ips:,.1f} vs {searched:,.1f} {per}): check that the host, GPUs, data location "
-                                "and concurrent load match the search's (`autotune show`); each window's imgs/s "
-                                f"is in {p.result_path}")
-        else:
-            lines.append(f"search ({src}): {searched:,.1f} {per}{util} at another world size: not compared")
+    ratio = _compare(p, ips, per, lines, warnings)
     summary = {"imgs_per_s": ips, "spread": s.get("spread"), "windows": s.get("windows"), "epochs": s.get("epochs"),
                "loss_start": s.get("loss_start"), "loss_end": s.get("loss_end"), "loss": s.get("loss"),
                "loss_finite": s.get("loss_finite"),
@@ -457,6 +489,33 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
                "comparable": p.comparable, "wall_s": round(r.wall_s, 3), "returncode": r.returncode,
                "checkpoints": [c.get("path") for c in r.checkpoints]}
     return lines, warnings, summary
+
+
+def _compare(p: TrainPlan, ips: float | None, per: str, lines: list[str], warnings: list[str]) -> float | None:
+    """This run against the export's figure: its fresh-process re-measure when it has one (the figure the export
+    said to trust: the search's may have profited from a warm worker), else the search's. Returns the ratio."""
+    m = p.export.get("measured") or {}
+    again = m.get("remeasured") or {}
+    if not m.get("imgs_per_s") or ips is None:
+        return None
+    src = f"study {p.export.get('study')}, trial {p.export.get('trial')}"
+    if again.get("imgs_per_s"):
+        ref, what = float(again["imgs_per_s"]), "the export's re-measure in a fresh process"
+        name = f"re-measure ({src}, in a fresh process; the search measured {float(m['imgs_per_s']):,.1f})"
+    else:
+        ref, what = float(m["imgs_per_s"]), "the search measured"
+        util = f", util {m['util_mean']:.0f} %" if m.get("util_mean") is not None else ""
+        name = f"search ({src}{util})"
+    if not p.comparable:
+        lines.append(f"{name}: {ref:,.1f} {per} at another world size: not compared")
+        return None
+    ratio = ips / ref
+    lines.append(f"{name}: {ref:,.1f} {per} -> this run: {ratio:.1%} of it")
+    if ratio < 1 - SLOWER_WARNING:
+        warnings.append(f"this run is {1 - ratio:.1%} slower than {what} for the same config ({ips:,.1f} vs "
+                        f"{ref:,.1f} {per}): check that the host, GPUs, data location and concurrent load match the "
+                        f"search's (`autotune show`); each window's {per} is in {p.result_path}")
+    return ratio
 
 
 def loss_line(s: dict[str, Any]) -> str:

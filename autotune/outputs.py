@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 from autotune.exceptions import AutotuneError
@@ -16,8 +17,10 @@ class OutputError(AutotuneError):
 
 
 def check_output(path: str | Path, flag: str = "the output") -> Path | None:
-    """Raises OutputError when ``path`` cannot be written; returns the folder that writing it will make (None: it
-    exists)."""
+    """Raises OutputError when ``path`` cannot be written; returns the folder it made for it (None: it existed).
+
+    The folder is made and a file written in it here, not judged by its permission bits: ``os.access`` calls a
+    folder writable for root that ``mkdir`` then refuses (``/proc``, a read-only mount's subfolder)."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise OutputError(f"{flag} {path} is a folder: name the file to write, e.g. {path / 'out'}")
@@ -28,7 +31,16 @@ def check_output(path: str | Path, flag: str = "the output") -> Path | None:
         raise OutputError(f"{flag} {path}: {folder} is a file, not a folder; choose another path")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputError(f"{flag} {path}: the folder {folder} is not writable; choose a path you can write")
-    return None if folder == path.parent else path.parent
+    made = None if folder == path.parent else path.parent
+    try:
+        if made is not None:
+            made.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise OutputError(f"{flag} {path}: {e.strerror or e} ({e.filename or path.parent}); choose a path you can "
+                          "write") from None
+    return made
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -27,6 +27,34 @@ def fmt_loss(attrs: dict) -> str:
     return f"{start:.3g}->{end:.3g}" if start is not None else f"{end:.3g}"
 
 
+def plural(n: int, word: str) -> str:
+    """``1 trial``, ``2 trials``."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def why_failed(cls: str | None, message: str | None) -> str:
+    """A failure as ``class: reason``, the class said once: a reason that already opens with its class
+    ("interrupted (Ctrl-C)") or closes with it ("... (diverged)", as older records do) is not prefixed again."""
+    msg = (message or "").strip()
+    if not cls:
+        return msg
+    tail = f" ({cls})"
+    if msg.endswith(tail):
+        msg = msg[:-len(tail)]
+    return msg if msg.split(" ", 1)[0].rstrip(":") == cls else f"{cls}: {msg}"
+
+
+def loss_words(attrs: dict) -> str:
+    """The loss over the measured windows (``fmt_loss``), with a word when it rose: a fast figure of a run whose loss
+    went up is a figure of a run that may not be learning."""
+    text = fmt_loss(attrs)
+    start, end = attrs.get("loss_start"), attrs.get("loss_end")
+    if attrs.get("loss_finite") is not False and start is not None and end is not None and end > start:
+        text += (" — it rose over the measured windows: a few steps can be noise, but a run that does not learn is "
+                 "not fast; check its loss over a longer run (`autotune train`)")
+    return text
+
+
 def headline(trials: list[TrialView], devices: str = "GPUs",
              remeasured: dict[int, dict] | None = None, per: str = "imgs/s") -> list[str]:
     """Ceiling, supplies, and the tuned configuration against both (lines; fewer when a stage has not run)."""
@@ -44,7 +72,7 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
     best, base = view.fastest(trials), view.baseline(trials)
     if best is not None:
         share = f" = {best.imgs_per_s / top.imgs_per_s:.0%} of the ceiling" if top else ""
-        gain = f", {best.imgs_per_s / base.imgs_per_s:.2f}x trial {base.label} (the baseline, " \
+        gain = f", {best.imgs_per_s / base.imgs_per_s:.2f}x trial {base.label} ({baseline_words(base)}, " \
                f"{fmt_ips(base.imgs_per_s)})" if base and base.imgs_per_s else ""
         again = (remeasured or {}).get(best.number)
         fresh = ""
@@ -55,6 +83,12 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
         lines.append(f"the tuned configuration: trial {best.label}, {fmt_ips(best.imgs_per_s)} {per}{share}{gain}"
                      f"{fresh}")
     return lines
+
+
+def baseline_words(base: TrialView) -> str:
+    """What the baseline trial is, for a line that names it: trial 0, or its re-measure in a fresh process."""
+    again = base.attrs.get("remeasure_of")
+    return "the baseline" + (f": trial {again} measured again in a fresh process" if again is not None else "")
 
 
 BELOW = "↓"
@@ -155,17 +189,17 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
     below = {n for n, r in again.items() if r.get("below_baseline")}
     counts = {o: sum(1 for v in trials if v.outcome == o) for o in ("measured", "part", "infeasible", "fail",
                                                                     "pruned", "running", "waiting")}
-    summary = f"study {study.study_name}: {len(trials)} trials (" + ", ".join(
+    summary = f"study {study.study_name}: {plural(len(trials), 'trial')} (" + ", ".join(
         f"{n} {LABELS[o]}" for o, n in counts.items() if n) + ")"
     shown = sorted(trials, key=lambda v: -(v.imgs_per_s or -1)) if sort == "imgs" or top else trials
-    rows = [("#", "stage", "outcome", per, "vs #0", "spread", "loss", "util", "wall", "settings / why")]
+    rows = [("#", "stage", "outcome", per, f"vs #{base.label if base else 0}", "spread", "loss", "util", "wall", "settings / why")]
     for v in shown[:top] if top else shown:
         a = v.attrs
         gain = f"{v.imgs_per_s / base.imgs_per_s:.2f}x" if v.feasible and base else ""
         spread = f"{v.spread:.1%}" + ("!" if unsettled(v) else "") if v.spread is not None else "-"
         note = fmt_params(v.params, 90) or fmt_params(shown_settings(a.get("overrides") or {}), 90)
         if v.failure_class and v.outcome != "pruned":
-            note = f"{v.failure_class}: {(v.failure_message or '')[:80]}  [{note}]"
+            note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
         mark = ("*" if v is best else "") + (BELOW if not v.part and v.number in below else "")
         rows.append((f"{v.label}{mark}", v.stage,
                      v.outcome, fmt_ips(v.imgs_per_s) if v.imgs_per_s is not None else "-", gain, spread,
@@ -218,18 +252,24 @@ def trial_time(trials: list[TrialView]) -> list[str]:
 def pruning(trials: list[TrialView]) -> list[str]:
     """What pruning saved (window time not measured) and what it cost: pruned trials whose last window beat the
     best feasible trial (there should be none)."""
-    pruned = [v for v in trials if v.outcome == "pruned"]
-    if not pruned:
+    # A draw dropped before launch (its measured bound below the best) was never stopped: it never ran.
+    skipped = [v for v in trials if v.outcome == "pruned" and v.attrs.get("pruned_before_launch")]
+    pruned = [v for v in trials if v.outcome == "pruned" and not v.attrs.get("pruned_before_launch")]
+    if not pruned and not skipped:
         return []
+    not_launched = (f"{plural(len(skipped), 'draw')} not launched (the bound the stages measured for it was below "
+                    "the best)") if skipped else ""
+    if not pruned:
+        return [f"pruning: {not_launched}"]
     best = view.fastest(trials)
     full = [float(v.attrs["measure_s"]) for v in trials if v.feasible and v.attrs.get("measure_s")]
     typical = statistics.median(full) if full else None
     saved = sum(max(0.0, typical - float(v.attrs.get("measure_s") or 0)) for v in pruned) if typical else None
     lost = [v for v in pruned if best is not None and (v.attrs.get("imgs_per_s_windows") or [0])[-1]
             > best.imgs_per_s]
-    text = f"pruning: {len(pruned)} trial(s) stopped early"
+    text = f"pruning: {plural(len(pruned), 'trial')} stopped early"
     if saved is not None:
         text += f", about {saved:.0f} s of windows saved"
     text += ("; none had a last window above the best feasible trial" if not lost else
              f"; {len(lost)} had a last window above the best feasible trial: {[v.number for v in lost]}")
-    return [text]
+    return [text + (f"; {not_launched}" if not_launched else "")]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.outputs import write_atomic
-from autotune.overview import conclusions, fmt_loss, headline
+from autotune.overview import baseline_words, conclusions, fmt_loss, headline, loss_words, plural
 from autotune.study import view
 from autotune.study.view import finite
 
@@ -80,6 +80,9 @@ class TrialRow:
     loss: str = "-"
     """The loss over the measured windows, start -> end, or "diverged" (``autotune show``'s column)."""
 
+    not_launched: bool = False
+    """A pruned draw that never ran: the bound the stages measured for it was below the best."""
+
     @property
     def label(self) -> str:
         return f"p{self.number}" if self.part else str(self.number)
@@ -101,6 +104,7 @@ def trial_rows(study) -> list[TrialRow]:
             failure_class=cls if outcome in ("infeasible", "fail") else None,
             failure_message=a.get("failure_message"), log_path=a.get("log_path"),
             baseline=v.baseline, params=dict(v.params), loss=fmt_loss(a),
+            not_launched=bool(a.get("pruned_before_launch")),
         ))
     return rows
 
@@ -217,14 +221,15 @@ def history_section(study, rows, names) -> Section:
     fig.update_layout(title=f"Optimization history: {names[0]} per trial, best so far", yaxis_title=names[0])
     if len(rows) <= 30:
         fig.update_xaxes(dtick=1)  # trial numbers are integers; plotly would tick 0.5 steps on a short study
-    base = next((r for r in rows if r.baseline and r.outcome == "complete" and r.imgs_per_s), None)
+    measured = view.baseline(view.views(study))
+    base = next((r for r in rows if measured is not None and not r.part and r.number == measured.number), None)
     if base is not None:
         fig.add_hline(y=base.imgs_per_s, line_dash="dot", line_color="#555",
                       annotation_text=f"trial {base.number} (baseline): {base.imgs_per_s:,.1f} imgs/s")
     s.figure = fig
     s.caption = ("Each point is a trial's value; infeasible trials (OOM, invalid config) are recorded with value 0 "
-                 "and drawn grey. The line is the best feasible value so far; the dotted line is trial 0, the "
-                 "spec's baseline.")
+                 "and drawn grey. The line is the best feasible value so far; the dotted line is the baseline (trial 0, "
+                 "or its re-measure in a fresh process when trial 0's windows never agreed).")
     return s
 
 
@@ -389,10 +394,13 @@ def failures_section(rows) -> Section:
 
     s = Section(id="failures", title="Failures by class")
     failed = [r for r in rows if r.outcome in ("infeasible", "fail")]
-    pruned = sum(1 for r in rows if r.outcome == "pruned")
+    pruned = sum(1 for r in rows if r.outcome == "pruned" and not r.not_launched)
+    skipped = sum(1 for r in rows if r.not_launched)
     if not failed:
-        s.note = (f"No trial failed ({len(rows)} trial(s); {pruned} pruned — stopped early because their windows "
-                  "were clearly below the best, not a failure).")
+        s.note = (f"No trial failed ({plural(len(rows), 'trial')}; {pruned} pruned — stopped early because their "
+                  "windows were clearly below the best, not a failure"
+                  + (f"; {plural(skipped, 'draw')} not launched, its measured bound below the best" if skipped
+                     else "") + ").")
         return s
     counts: dict[tuple[str, str], int] = {}
     for r in failed:
@@ -520,21 +528,22 @@ def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
     counts = {o: sum(1 for r in rows if r.outcome == o) for o in ("complete", "part", "infeasible", "fail", "pruned",
                                                                    "running")}
     feasible = [r for r in rows if r.outcome == "complete" and r.imgs_per_s is not None]
-    best = max(feasible, key=lambda r: r.imgs_per_s, default=None)
-    base = next((r for r in feasible if r.baseline), None)
+    trials = view.views(study)
+    # The one baseline the headline names too: trial 0, or its settled re-measure in a fresh process.
+    best, base = view.fastest(trials), view.baseline(trials)
     fp = study.user_attrs.get("fingerprint") or {}
     from autotune.export import remeasures
 
     items = [(line.split(" (", 1)[0].split(":", 1)[0], line.split(": ", 1)[-1] if ": " in line else line)
-             for line in headline(view.views(study), view.devices(study), remeasures(study))]
+             for line in headline(trials, view.devices(study), remeasures(study))]
     items += [("study", study.study_name), ("storage", storage_url or ""), ("objective", kind),
               ("trials", ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "none")]
     if best is not None:
-        gain = f" — {best.imgs_per_s / base.imgs_per_s:.2f}× trial {base.number} (baseline, " \
+        gain = f" — {best.imgs_per_s / base.imgs_per_s:.2f}× trial {base.label} ({baseline_words(base)}, " \
                f"{base.imgs_per_s:,.1f})" if base and base.imgs_per_s else ""
         util = f", {best.util:.0f} % util" if best.util is not None else ""
-        items.append(("fastest", f"trial {best.number}: {best.imgs_per_s:,.1f} imgs/s{util}{gain}; loss over its "
-                                 f"windows {best.loss}"))
+        items.append(("fastest", f"trial {best.label}: {best.imgs_per_s:,.1f} imgs/s{util}{gain}; loss over its "
+                                 f"windows {loss_words(best.attrs)}"))
     where = (f"{fp.get('gpu_count')} × {fp.get('gpu_model')}" if fp.get("gpu_count") else
              f"CPU ({study.user_attrs.get('nproc_per_node', '?')} gloo ranks)")
     if fp.get("driver"):

@@ -219,6 +219,9 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
     for path, r in effective(spec).items():
         k = knob(path)
         if applies is not None and path in table().knobs and k.runtime not in applies:
+            if path in spec.space:  # named in a spec: said, not dropped in silence
+                notes.append(f"{path}: not searched (the script does not apply it"
+                             + (f": it would read run.{k.runtime}" if k.runtime else "") + ")")
             continue  # a knob the script does not apply: trials would measure the same thing under other names
         if synthetic and k.scope == "pipeline" and path not in spec.space:
             notes.append(f"{path}: not searched (synthetic data: no input pipeline)")

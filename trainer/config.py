@@ -210,8 +210,6 @@ class TrainingConfig:
             p.append(f"training.batch_size={self.batch_size}: must be >= 1")
         if self.accum_steps < 1:
             p.append(f"training.accum_steps={self.accum_steps}: must be >= 1")
-        if self.mode == "train" and self.epochs is None and self.steps is None:
-            p.append("training.mode=train needs training.epochs or training.steps")
         for name in ("epochs", "steps"):
             v = getattr(self, name)
             if v is not None and v < 1:
@@ -477,6 +475,9 @@ class TrainConfig:
         for section in (self.loader, self.data, self.training, self.ddp, self.measure, self.script):
             p += section.problems()
         t, d = self.training, self.data
+        if t.mode == "train" and t.epochs is None and t.steps is None and not self.script.given:
+            # (a user's script counts its own epochs)
+            p.append("training.mode=train needs training.epochs or training.steps")
         if d.kind == "synthetic" and t.mode == "loader":
             p.append("training.mode=loader measures an input pipeline: use data.kind=imagefolder")
         if (d.kind == "script") != self.script.given and not (self.script.given and d.kind == "synthetic"):

@@ -59,7 +59,7 @@ def loss_verdict(losses: Sequence[float | None], *, nonfinite_steps: int = 0, di
     Losses that start at or below zero (a user's loss need not be positive) are judged on (1) and (2) alone.
     """
     if diverged_steps:
-        return Verdict(False, f"loss NaN/inf for the last {diverged_steps} steps (diverged)")
+        return Verdict(False, f"loss NaN/inf for the last {diverged_steps} steps")
     if nonfinite_steps:
         return Verdict(False, f"loss NaN/inf in {nonfinite_steps} step(s) of the measured windows")
     # A non-finite figure outside the counted windows is one overflowed fp16 step the GradScaler skipped (the weights

@@ -88,7 +88,7 @@ def nonfinite_reason(summary: dict[str, Any]) -> str:
     inside = summary.get("loss_nonfinite_in_windows") or 0
     if inside:
         return f"loss NaN/inf in {inside} step(s) of the measured windows"
-    return f"loss NaN/inf for the last {summary.get('loss_nonfinite_run')} steps (diverged)"
+    return f"loss NaN/inf for the last {summary.get('loss_nonfinite_run')} steps"
 
 
 def root_cause_rank(cls: str | None) -> int:

@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     trial = export.pick_trial(study, args.pick)
     data, warnings = export.build(study, trial)
     made = check_output(args.output, "output")  # before the re-measure: a path that cannot be written costs nothing
+    if made is not None:
+        print(f"autotune export: making folder {made}", flush=True)
     for w in warnings:
         print(f"autotune export: warning: {w}", file=sys.stderr)
     m = data["autotune"]["measured"]
@@ -44,8 +46,6 @@ def run(args: argparse.Namespace) -> int:
         below = export.below_baseline_warning(trial, data)
         if below:
             print(f"autotune export: warning: {below}", file=sys.stderr, flush=True)
-    if made is not None:
-        print(f"autotune export: making folder {made}", flush=True)
     path = export.write(data, args.output)
     print(f"autotune export: -> {path}\n  run it: "
           f"{data['autotune']['torchrun']['command'].replace('<this file>', str(path))}")

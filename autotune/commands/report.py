@@ -17,6 +17,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                         "vs utilization, window spread, failures, Pareto front)", arguments=arguments)
 def run(args) -> int:
     from autotune.outputs import check_output
+    from autotune.overview import plural
     from autotune.report import trial_rows, write_report
     from autotune.study.storage import display_url, load, resolve_storage
 
@@ -28,6 +29,6 @@ def run(args) -> int:
     out = write_report(study, args.out, storage_url=display_url(url),  # no password in the page
                        storage_arg=display_url(args.storage) if args.storage else None)
     rows = trial_rows(study)
-    print(f"autotune: report of study {study.study_name} ({len(rows)} trials) written to {out} "
+    print(f"autotune: report of study {study.study_name} ({plural(len(rows), 'trial')}) written to {out} "
           f"({out.stat().st_size / 2**20:.1f} MiB, self-contained; open it in a browser)")
     return 0

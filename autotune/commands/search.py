@@ -20,7 +20,8 @@ class SearchFailed(AutotuneError):
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", help="study spec: a YAML path or a built-in name (resnet50, cpu-demo); default: "
-                                  "resnet50 when GPUs are visible, else cpu-demo")
+                                  "resnet50 when GPUs are visible, else cpu-demo. With --script: its space, budget "
+                                  "and search (space:, budget:, ...; see the README)")
     p.add_argument("--model", help="tune this model instead of the spec's: a torchvision classifier name (e.g. "
                                    "mobilenet_v3_small) or package.module:factory (called with num_classes=N)")
     p.add_argument("--data", help="tune on this ImageFolder (one sub-folder per class) instead of the spec's data")

@@ -114,14 +114,66 @@ def check(script: str) -> None:
                           "path/to/file.py:function)?")
 
 
-def script_spec(script: str, args: list[str], name: str | None = None, *, gpu: bool = True) -> StudySpec:
+def study_name(script: str) -> str:
+    """A script study's default name: ``script-<file stem>`` for a file run in a fresh torchrun per trial,
+    ``script-<stem>-<function>`` for a function on a live worker (``train.py:main``, ``pkg.mod:main``). Two names:
+    the two forms' trials do not compare (the function pays torchrun, imports and set-up once, the file per
+    trial)."""
     path, entry = parse_script(script)
-    stem = Path((path or entry).split(":")[0]).stem if path or entry.split(":")[0].endswith(".py") else \
-        entry.split(":")[0].rsplit(".", 1)[-1]
-    data = {"name": name or f"script-{re.sub(r'[^A-Za-z0-9_.-]+', '-', stem)}", **BASE_SPEC,
-            "base": {"data": {"kind": "script"}, "script": {"path": path, "entry": entry, "args": list(args)},
-                     "measure": MEASURE if gpu else CPU_MEASURE}}
-    return StudySpec.from_dict(data, source=f"--script {script}")
+    if path is not None:
+        name = Path(path).stem
+    else:
+        module, fn = entry.rsplit(":", 1)
+        name = f"{Path(module).stem if module.endswith('.py') else module.rsplit('.', 1)[-1]}-{fn}"
+    return f"script-{re.sub(r'[^A-Za-z0-9_.-]+', '-', name)}"
+
+
+SPEC_KEYS = ("name", "description", "space", "default_space", "fixed_global_batch", "starts", "budget", "sampler",
+             "pruner", "stages", "objective", "world", "base")
+"""What a spec for a script may set (``--script train.py --spec mine.yaml``): its space, budget and search; of its
+``base``, the measurement only. The script builds its own model, data and optimizer, and trial 0 is the script
+with its own defaults: a spec's ``baseline``, ``data`` or ``export`` would mean nothing to it."""
+
+
+def script_spec(script: str, args: list[str], name: str | None = None, *, gpu: bool = True,
+                spec: str | None = None) -> StudySpec:
+    """The study spec of ``--script script``: a modest budget and the script's measurement protocol, with what
+    the spec file ``spec`` (a YAML path) sets over it."""
+    path, entry = parse_script(script)
+    data: dict[str, Any] = {**BASE_SPEC, "name": study_name(script),
+                            "base": {"data": {"kind": "script"}, "measure": MEASURE if gpu else CPU_MEASURE}}
+    source = f"--script {script}"
+    if spec is not None:
+        data = _with_script_spec(data, spec)
+        source = f"{source} --spec {spec}"
+    data["base"]["script"] = {"path": path, "entry": entry, "args": list(args)}
+    if name:
+        data["name"] = name
+    return StudySpec.from_dict(data, source=source)
+
+
+def _with_script_spec(data: dict[str, Any], spec: str) -> dict[str, Any]:
+    from autotune.exceptions import SpecError
+    from autotune.spec import find_spec
+    from trainer.config import ConfigError, load_yaml_mapping
+
+    try:
+        given = load_yaml_mapping(find_spec(spec))
+    except ConfigError as e:
+        raise SpecError([x.split(": ", 1)[-1] for x in e.problems], spec) from None
+    problems = [f"{k}: not for a script (it builds its own model, data and optimizer, and trial 0 runs its own "
+                f"defaults); a script's spec sets {', '.join(SPEC_KEYS[:-1])} and base.measure" for k in given
+                if k not in SPEC_KEYS]
+    base = given.get("base") or {}
+    problems += [f"base.{k}: not for a script; of base, a script's spec sets measure only" for k in
+                 (base if isinstance(base, dict) else {"": None}) if k != "measure"]
+    if problems:
+        raise SpecError(problems, spec)
+    # A section it sets in part keeps the script study's other values (its sampler's start-up trials, say).
+    out = {**data, **{k: {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+                      for k, v in given.items() if k != "base"}}
+    out["base"] = {**data["base"], "measure": {**data["base"]["measure"], **(base.get("measure") or {})}}
+    return out
 
 
 def probe(plan, logs: Path, say) -> Probe:

@@ -158,6 +158,7 @@ class StagePlanner(Measured):
         if not self.plan.spec.stages.enabled:
             return "stages: off (the spec's stages.enabled); the sampler alone, from the baseline"
         if not self.enabled:
+            self._noted.add("none")  # said here: the planner's own note would say it again
             return ("stages: not run: this job can measure neither the model alone (a synthetic batch) nor its input "
                     "pipeline alone (its DataLoader); the sampler alone, from the baseline")
         vs = views(self.study, self.parts)
@@ -168,6 +169,7 @@ class StagePlanner(Measured):
                     f"bound, within {share}; then end to end, the sampler refining from the end-to-end trials")
         if not self._core_fits(budget):
             need = len(self.core()) + 1
+            self._noted.add("small")  # said here: the planner's own note would say it again
             return (f"stages: not run: {budget.left} trial(s) left for them, fewer than the {need} the smallest staged "
                     f"plan needs ({self._core_words()}, one end-to-end trial); the sampler alone, from the baseline "
                     f"(--trials {budget.trials - budget.left + need} or more runs them)")
@@ -532,9 +534,11 @@ class StagePlanner(Measured):
         first = runs[0]
         if first.outcome != "measured" or first.attrs.get("settled") is not False or self.budget.left < 2:
             return None
-        self.note("baseline", f"stages: trial {first.label}'s windows never agreed (spread {first.spread or 0:.1%}): "
-                              "measured again in a fresh process; the baseline is the faster settled figure "
-                              "(the faster of the two if neither settles)")
+        # Its latest windows' spread can be under the target while the one before them is not: no figure to give.
+        target = self.plan.base.measure.spread_target
+        self.note("baseline", f"stages: trial {first.label}'s windows never agreed within {target:.0%} before its "
+                              "window limit: measured again in a fresh process; the baseline is the faster settled "
+                              "figure (the faster of the two if neither settles)")
         self.study.enqueue_trial(dict(first.params), user_attrs={"stage": "baseline", "remeasure_of": first.number},
                                  skip_if_exists=False)
         return "baseline"

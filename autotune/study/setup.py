@@ -89,9 +89,7 @@ def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Obje
     ua = _wait_for_setup(study)
     old = ua.get("spec_fingerprint")
     if old is not None and old != fp:
-        raise StorageError(f"study {study_name} exists with a different spec or world size (fingerprint {old}, "
-                           f"now {fp}); use --study NEW, or rerun with the spec and --nproc-per-node it was made "
-                           "with")
+        raise StorageError(_other_setup(study_name, spec, old, fp))
     have = [d.name.lower() for d in study.directions]
     if have != [d.lower() for d in objective.directions]:
         raise StorageError(f"study {study_name} exists with objective directions {have}, this search needs "
@@ -107,6 +105,19 @@ def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Obje
         study.sampler = make_sampler(spec, worker_seed(base_seed, len(study.get_trials(deepcopy=False))))
     parts_study(study)
     return study
+
+
+def _other_setup(study_name: str, spec: StudySpec, old: str, fp: str) -> str:
+    """Why a study that exists cannot be joined, in the terms of what the search was given: a ``--script`` search
+    is given no spec, so it hears of the script's form (a file, or a function on a live worker), its arguments and
+    the world size."""
+    if spec.source.startswith("--script"):
+        return (f"study {study_name} exists, made for another script, another form of it (train.py and "
+                f"train.py:main are two studies), other script arguments or another world size (fingerprint {old}, "
+                f"now {fp}); use --study NEW, or rerun with the {spec.source}, arguments and --nproc-per-node it "
+                "was made with")
+    return (f"study {study_name} exists with a different spec or world size (fingerprint {old}, now {fp}); use "
+            "--study NEW, or rerun with the spec and --nproc-per-node it was made with")
 
 
 def worker_seed(seed: int, n_trials: int) -> int:

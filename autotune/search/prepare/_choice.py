@@ -117,5 +117,5 @@ def job_spec(o: SearchOptions, visible: list[str], say) -> tuple[StudySpec, str]
         from autotune.search.script import check, script_spec
 
         check(o.script)
-        return script_spec(o.script, o.script_args, o.study, gpu=bool(visible)), ""
+        return script_spec(o.script, o.script_args, o.study, gpu=bool(visible), spec=o.spec), ""
     return with_command_line(load_spec(choose_spec(o, len(visible), say)), o)

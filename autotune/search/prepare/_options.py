@@ -47,8 +47,8 @@ class SearchOptions:
 
 
 def check_options(o: SearchOptions) -> None:
-    if o.script and (o.spec or o.model or o.data or o.image_size or o.optimizer or o.lr):
-        given = next(f for f, v in (("--spec", o.spec), ("--model", o.model), ("--data", o.data),
+    if o.script and (o.model or o.data or o.image_size or o.optimizer or o.lr):
+        given = next(f for f, v in (("--model", o.model), ("--data", o.data),
                                     ("--image-size", o.image_size), ("--optimizer", o.optimizer), ("--lr", o.lr))
                      if v)
         raise AutotuneError(f"--script with {given}: the script builds its own model, optimizer and data; pass "

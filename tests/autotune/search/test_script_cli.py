@@ -76,7 +76,7 @@ def test_the_language_model_example_is_tuned_on_a_live_worker_in_tokens(tmp_path
                  timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "in tokens/s" in r.stdout and "trial after trial in one live worker" in r.stdout
-    trials = trials_of(tmp_path, "script-tiny_lm")
+    trials = trials_of(tmp_path, "script-tiny_lm-main")  # the function path: a study of its own
     applies = set(trials[0].system_attrs.get("autotune:config", {}).get("script", {}).get("applies", []))
     assert "channels_last" not in applies  # a transformer has no image-shaped weights: no layout to search
     assert {"batch_size", "accum_steps", "precision"} <= applies

@@ -76,10 +76,10 @@ def cpu_ranks(**changes) -> CpuRanks:
                     supplies={"pil": 3000.0}, plateau=64, small_batch=1.4, max_workers=1, **changes)
 
 
-def script_plan(trials: int, *, root: Path | None = None) -> Plan:
-    """The plan ``autotune search --script segment.py`` makes on 2 CPU ranks of a 2-core machine once its trial 0
-    has said what it applies (``autotune.search.script.apply``)."""
-    spec = script.script_spec(str(SEGMENT), [], gpu=False)
+def script_plan(trials: int, *, root: Path | None = None, spec_file: Path | None = None) -> Plan:
+    """The plan ``autotune search --script segment.py [--spec spec_file]`` makes on 2 CPU ranks of a 2-core machine
+    once its trial 0 has said what it applies (``autotune.search.script.apply``)."""
+    spec = script.script_spec(str(SEGMENT), [], gpu=False, spec=str(spec_file) if spec_file else None)
     base = spec.base_config()
     plan = Plan(options=SearchOptions(script=str(SEGMENT)), spec=spec, name=spec.name, objective=Objective(),
                 nproc=2, torchrun=Torchrun.parse([]), entries=None, gpus=[], nvml=Nvml(), util_reason="no GPU",
@@ -184,7 +184,6 @@ def test_on_cpu_ranks_no_trial_runs_above_the_bound_its_ceiling_puts_on_it(tmp_p
 # ---- 7. a script's study name --------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 7: train.py and train.py:main get the same study name")
 def test_the_plain_and_the_function_path_of_a_script_are_two_studies():
     plain = script.script_spec(str(SEGMENT), [], gpu=False).name
     function = script.script_spec(f"{SEGMENT}:main", [], gpu=False).name
@@ -192,8 +191,6 @@ def test_the_plain_and_the_function_path_of_a_script_are_two_studies():
     assert plain != function, plain
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 7: the error for a script's study speaks of a spec that was "
-                                       "never given")
 def test_a_script_study_made_by_the_other_path_is_refused_without_speaking_of_a_spec():
     storage = optuna.storages.InMemoryStorage()
     kw = {"storage": storage, "objective": Objective(), "nproc": 2, "baseline": {}, "starts": []}
@@ -204,8 +201,6 @@ def test_a_script_study_made_by_the_other_path_is_refused_without_speaking_of_a_
     assert "spec" not in str(e.value), str(e.value)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 7: the README says neither how a script's study is named nor "
-                                       "how to narrow what it searches")
 def test_the_readme_says_how_a_scripts_study_is_named_and_how_to_narrow_its_space():
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Tune your own script"):readme.index("## How a search finds what is fast")]
@@ -213,11 +208,34 @@ def test_the_readme_says_how_a_scripts_study_is_named_and_how_to_narrow_its_spac
     assert re.search(r"narrow|--spec|space:", section), "how to narrow or widen what a script's search searches"
 
 
+def test_a_spec_for_a_script_narrows_and_widens_what_it_searches(tmp_path, two_cores):
+    spec = tmp_path / "segment-narrow.yaml"
+    spec.write_text("space:\n  training.batch_size: {choices: [8, 16, 32]}\n  loader.persistent_workers: null\n"
+                    "  training.cudnn_benchmark: [true, false]\nbudget: {trials: 5}\n")
+    plan = script_plan(5, spec_file=spec)
+    space = plan.space.by_path()
+    assert list(space["training.batch_size"].choices) == [8, 16, 32]  # widened below the built-in choices, and narrowed
+    assert "loader.persistent_workers" not in space and "loader.num_workers" in space  # one knob off, the rest kept
+    assert plan.spec.budget.trials == 5 and plan.spec.name == "script-segment"
+    # A knob it names that the script does not apply is said, not dropped in silence.
+    assert any(n.startswith("training.cudnn_benchmark: not searched (the script does not apply") for n in
+               plan.space.notes), plan.space.notes
+
+
+def test_a_spec_for_a_script_refuses_what_the_script_owns(tmp_path):
+    from autotune.exceptions import SpecError
+
+    spec = tmp_path / "wrong.yaml"
+    spec.write_text("model: {name: resnet18}\nbaseline: {training.batch_size: 8}\nbase: {optimizer: {lr: 0.1}}\n")
+    with pytest.raises(SpecError) as e:
+        script.script_spec(str(SEGMENT), [], gpu=False, spec=str(spec))
+    text = str(e.value)
+    assert "model: not for a script" in text and "baseline: not for a script" in text and "base.optimizer" in text
+
+
 # ---- 8. a script's export ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 8: a script's exported YAML carries the built-in job's model, "
-                                       "optimizer and image size")
 def test_a_scripts_export_carries_no_setting_of_the_built_in_job(tmp_path, two_cores):
     from autotune import export
 
@@ -257,8 +275,6 @@ SCRIPT_SUMMARY = {"mode": "train", "unit": "images", "imgs_per_s": 150.0, "windo
 """What the script's full run (the runtime in train mode) summarizes."""
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 9: `autotune train` of a script claims a checkpoints folder that "
-                                       "does not exist")
 def test_train_of_a_script_claims_no_checkpoints_folder_it_does_not_keep(tmp_path, two_cores):
     from autotune.fullrun import verdict
 
@@ -269,7 +285,6 @@ def test_train_of_a_script_claims_no_checkpoints_folder_it_does_not_keep(tmp_pat
     assert not claimed or Path(p.config.checkpoint_dir).is_dir(), claimed
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 9: `autotune train` of a script prints `step 8/None epoch None`")
 def test_train_progress_of_a_script_prints_no_none():
     from autotune.fullrun import ProgressView
 
@@ -282,8 +297,6 @@ def test_train_progress_of_a_script_prints_no_none():
     assert "None" not in out.getvalue(), out.getvalue()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 9: `autotune train` compares with the search's figure, not the "
-                                       "re-measure the export said to trust")
 def test_train_compares_with_the_re_measure_the_export_said_to_trust(tmp_path, two_cores):
     from autotune.fullrun import verdict
 
@@ -293,7 +306,6 @@ def test_train_compares_with_the_re_measure_the_export_said_to_trust(tmp_path, t
     assert any("160" in ln for ln in compared), compared
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 9: `autotune train` says 'median of 1 windows, spread 0.0%'")
 def test_train_of_one_window_claims_no_spread(tmp_path, two_cores):
     from autotune.fullrun import verdict
 
@@ -381,8 +393,6 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a folder os.access ca
 
 
 @needs_root
-@pytest.mark.xfail(strict=True, reason="issue 28 item 15: export checks a folder it cannot make only after the "
-                                       "re-measure (a script's study)")
 def test_export_of_a_script_to_a_folder_it_cannot_make_fails_before_measuring(tmp_path, monkeypatch, two_cores):
     sim = Sim(tmp_path / "sim", cpu_ranks(), 2)
     optuna.copy_study(from_study_name=sim.study.study_name, from_storage=sim.study._storage,
@@ -394,8 +404,6 @@ def test_export_of_a_script_to_a_folder_it_cannot_make_fails_before_measuring(tm
 
 
 @needs_root
-@pytest.mark.xfail(strict=True, reason="issue 28 item 15: export checks a folder it cannot make only after the "
-                                       "re-measure (the built-in job)")
 def test_export_of_the_built_in_job_to_a_folder_it_cannot_make_fails_before_measuring(tmp_path, monkeypatch):
     study = cpu_demo_study(storage_of(tmp_path))
     code, err, measured = export_to_unmakeable(tmp_path, study, monkeypatch)
@@ -458,8 +466,6 @@ def first_screen(study) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", page))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 16: the report's first screen names two baselines (trial 2 in "
-                                       "its verdict, trial 0 in its table)")
 def test_the_reports_first_screen_names_one_baseline(tmp_path):
     text = first_screen(cpu_demo_study(storage_of(tmp_path)))
     named = set(re.findall(r"trial (\d+) \(the baseline|trial (\d+) \(baseline", text))
@@ -467,8 +473,6 @@ def test_the_reports_first_screen_names_one_baseline(tmp_path):
     assert len(baselines) == 1, f"baselines named: {sorted(baselines)}: {text}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 16: the report gives the fastest trial's rising loss without a "
-                                       "word")
 def test_the_report_says_when_the_fastest_trials_loss_rose(tmp_path):
     text = first_screen(cpu_demo_study(storage_of(tmp_path)))
     assert "1.16->1.55" in text  # the figure is there ...
@@ -506,14 +510,12 @@ def constructed(storage: str, failures: list[tuple[str, str, str]], *, pruned_be
     return study
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: `interrupted: interrupted (Ctrl-C)`")
 def test_an_interrupted_trial_is_not_said_twice(tmp_path):
     # What the search records for a trial stopped by Ctrl-C (autotune.search.engine.abandon).
     text = overview.table(constructed(storage_of(tmp_path), [("fail", "interrupted", "interrupted (Ctrl-C)")]))
     assert not re.search(r"interrupted: interrupted", text), text
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: `diverged: … (diverged)`")
 def test_a_diverged_trial_is_not_said_twice(tmp_path):
     message = nonfinite_reason({"loss_nonfinite_run": 7})  # what a summary without loss_reason is judged as
     text = overview.table(constructed(storage_of(tmp_path), [("infeasible", "diverged", message)]))
@@ -521,21 +523,18 @@ def test_a_diverged_trial_is_not_said_twice(tmp_path):
     assert not re.search(r"diverged: .*\(diverged\)", row), row  # its class, then its reason: not the class again
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: 'stages: not run' printed twice")
 def test_stages_not_run_is_said_once(tmp_path, two_cores):
     sim = Sim(tmp_path, cpu_ranks(), 2)
     said = [ln for ln in sim.lines.splitlines() if "stages: not run" in ln]
     assert len(said) == 1, said
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: 'N trial(s) stopped early' counts draws never launched")
 def test_pruning_counts_only_the_trials_it_stopped(tmp_path):
     text = overview.table(constructed(storage_of(tmp_path), [], pruned_before_launch=5, pruned_running=1))
     line = next(ln for ln in text.splitlines() if ln.startswith("pruning:"))
     assert "1 trial stopped early" in line or "1 trial(s) stopped early" in line, line
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: 'never agreed (spread 4.9%)' under a 5 % target")
 def test_windows_that_never_agreed_are_not_given_a_spread_under_the_target(tmp_path, two_cores):
     # The latest 3 windows agree within 5 %; the one before them does not: not settled (trainer.meter).
     sim = Sim(tmp_path, cpu_ranks(pattern=(1.0, 0.8, 1.0, 1.049, 1.02)), 8)
@@ -546,13 +545,11 @@ def test_windows_that_never_agreed_are_not_given_a_spread_under_the_target(tmp_p
         assert spread is None or float(spread.group(1)) > 100 * sim.plan.base.measure.spread_target, line
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: '1 trials'")
 def test_one_trial_is_one_trial(tmp_path):
     text = overview.table(constructed(storage_of(tmp_path), []))
     assert "1 trials" not in text, text.splitlines()[0]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 17: the `vs #0` column when the baseline is #2")
 def test_the_gain_column_names_the_baseline_it_is_against(tmp_path):
     study = cpu_demo_study(storage_of(tmp_path))
     assert view.baseline(view.views(study)).number == 2  # the settled re-measure of trial 0

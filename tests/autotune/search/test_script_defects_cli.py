@@ -138,7 +138,6 @@ def test_a_script_with_its_own_dataset_is_not_said_to_decode_with_pil(searched):
 # ---- 8. a script's export ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 8: a script's exported YAML carries a path into a trial folder")
 def test_a_scripts_export_points_into_no_trial_folder(searched):
     env = searched.exported["autotune"]["env"]
     into = {k: v for k, v in env.items() if "trial-" in str(v) or k == ENV_REQUEST}
@@ -148,7 +147,6 @@ def test_a_scripts_export_points_into_no_trial_folder(searched):
 # ---- 9. `autotune train` of a script -------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 9: the script's own output goes only to train.log")
 def test_train_shows_the_scripts_own_output(searched):
     assert "epoch 0: loss" in (searched.cwd / "run" / "train.log").read_text()  # the script printed it ...
     assert "epoch 0: loss" in searched.train.stdout, searched.train.stdout  # ... and its user sees it
