@@ -515,10 +515,8 @@ class StagePlanner(Measured):
         defaults a tutorial uses), else the base's nearest value."""
         params: dict[str, Any] = {}
         for p in self.plan.space.params:
-            if p.when is not None:
-                current = params[p.when.path] if p.when.path in params else get_path(self.base, p.when.path)
-                if not p.when.holds(current):
-                    continue
+            if not self.plan.space.active(p, params, self.base):
+                continue
             params[p.path] = _value(p, fixed, self.plan.baseline, self.base)
         return params
 
