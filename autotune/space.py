@@ -221,7 +221,7 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     machine = _Machine(world_size=world_size, nproc_per_node=nproc_per_node, cpu_only=cpu_only, cores=cores,
                        max_batch=max_batch)
-    problems: list[str] = []
+    problems: list[str] = uninstalled(spec.base, effective(spec))
     notes: list[str] = []
     params: list[Param] = []
     for path, r in effective(spec).items():
@@ -307,6 +307,23 @@ def _machine_choices(k: Knob, choices: list[Any], cpu_only: bool, notes: list[st
             choices.remove(g.value)
             notes.append(f"{k.path}: {_show(g.value)} dropped ({g.module} is not installed: {g.install})")
     return choices
+
+
+def uninstalled(config: dict[str, Any], searched: Any = ()) -> list[str]:
+    """One problem per setting of ``config`` (not among ``searched``) whose value runs on a module an extra installs
+    that is not installed here (``data.decode: dali`` without DALI): each trial would fail the same way."""
+    problems = []
+    for k in table().entries:
+        if k.path in searched:
+            continue
+        try:
+            value = get_path(config, k.path)
+        except (KeyError, TypeError):  # not set: the config's default, which needs no extra
+            continue
+        for g in k.gpu_only:
+            if g.module and value == g.value and not importable(g.module):
+                problems.append(f"{k.path}={_show(value)} needs {g.module}, which is not installed: {g.install}")
+    return problems
 
 
 def importable(module: str) -> bool:
