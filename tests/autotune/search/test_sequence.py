@@ -78,9 +78,7 @@ def launched(name: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", sorted(MACHINES))
-def test_a_seeded_search_of_a_shipped_study_launches_the_recorded_sequence(name, in_tmp, monkeypatch):
-    # The record is of a machine without NVIDIA DALI (CI's), wherever the test runs.
-    monkeypatch.setattr("autotune.space.importable", lambda module: module != "nvidia.dali")
+def test_a_seeded_search_of_a_shipped_study_launches_the_recorded_sequence(name, in_tmp):
     rows = launched(name)
     path = GOLDEN / f"{name}.json"
     if os.environ.get("AUTOTUNE_REWRITE_GOLDEN"):
