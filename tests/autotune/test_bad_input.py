@@ -96,7 +96,8 @@ CASES = {
     "no-trials": ({}, ["--trials", "0"], "--trials 0: must be > 0"),
     "gpus-on-a-cpu-machine": ({}, ["--gpus", "0"], "--gpus 0: no GPU visible on this machine"),
     "dali-not-installed": ({"base.data.decode": "dali"}, [],
-                           "data.decode=dali needs nvidia.dali, which is not installed: pip install 'ddp-autotune[dali]'"),
+                           "data.decode=dali needs nvidia.dali, which is not installed: "
+                           "pip install 'ddp-autotune[dali]'"),
 }
 
 

@@ -1,4 +1,5 @@
-"""The ``dali`` input pipeline: NVIDIA DALI reads, decodes and augments each batch (``pip install 'ddp-autotune[dali]'``).
+"""The ``dali`` input pipeline: NVIDIA DALI reads, decodes and augments each batch
+(``pip install 'ddp-autotune[dali]'``).
 
 What MLPerf's ResNet-50 feeds an H200 with: decode and random crop fused in one operator on the ``mixed`` device
 (``fn.decoders.image_random_crop``: only the crop's part of each JPEG is decoded), the decode shared between the GPU's
