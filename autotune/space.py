@@ -241,7 +241,7 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
             params.append(param)
     if problems:
         raise SpecError(problems, spec.source)
-    params = _settled_conditions(params, notes)
+    params = _settled_conditions(params, notes, applies)
     return SearchSpace(params=_order(params, spec.source), fixed_global_batch=spec.fixed_global_batch,
                        world_size=world_size, notes=notes)
 
@@ -334,13 +334,18 @@ def importable(module: str) -> bool:
         return False
 
 
-def _settled_conditions(params: list[Param], notes: list[str]) -> list[Param]:
+def _settled_conditions(params: list[Param], notes: list[str], applies: set[str] | None = None) -> list[Param]:
     """Conditions this space settles: one on a searched choice that holds for every choice is dropped (the knob is
     always suggested, and suggested in its own place), one that holds for none leaves its knob out, with a note
-    (DALI's settings where ``dali`` is not among the decode choices)."""
+    (DALI's settings where ``dali`` is not among the decode choices). A user's script (``applies``): a condition on a
+    knob the script does not apply says nothing of its own code (its own DALI pipeline reads ``dali_threads`` with
+    no ``decode`` of the project's), so it is dropped."""
     by_path = {p.path: p for p in params}
     out = []
     for p in params:
+        if p.when is not None and applies is not None and p.when.path in table().knobs \
+                and table().knobs[p.when.path].runtime not in applies:
+            p = dataclasses.replace(p, when=None)
         read = by_path.get(p.when.path) if p.when is not None else None
         if read is None or read.kind != "categorical":
             out.append(p)

@@ -245,3 +245,12 @@ def test_the_space_fits_the_data_and_synthetic_data_has_no_pipeline_knobs():
     synthetic = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2, synthetic=True)
     assert not any(p.path.startswith(("data.", "loader.")) for p in synthetic.params)
     assert "training.batch_size" in synthetic.by_path()
+
+
+def test_a_scripts_own_dali_pipeline_has_its_settings_searched_without_the_projects_decode():
+    # The script reads run.dali_threads and run.dali_prefetch for a pipeline of its own: no data.decode of ours.
+    space = resolve(_spec(), world_size=1, nproc_per_node=1, cpu_only=False, cores=8,
+                    applies={"batch_size", "dali_threads", "dali_prefetch", "dali_hw_decoder_load"})
+    p = space.by_path()
+    assert {"data.dali_threads", "data.dali_prefetch", "data.dali_hw_decoder_load"} <= set(p)
+    assert "data.decode" not in p and all(p[k].when is None for k in DALI_KNOBS)
