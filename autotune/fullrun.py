@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from autotune.exceptions import AutotuneError, LaunchError, Terminated
+from autotune.space import uninstalled
 from autotune.hw.nvml import Nvml, Sampler, summarize
 from autotune.hw.placement import gpu_count, place, to_nvml, visible_entries
 from autotune.runner.process import LineReader, ProcessTree
@@ -150,6 +151,9 @@ def plan(o: TrainOptions, *, nvml: Nvml | None = None) -> TrainPlan:
                      f"{nproc * torchrun.nnodes}: its figures are not comparable (and the learning rate was scaled "
                      "for the searched global batch)")
     cfg, out = _train_config(o, cfg)
+    missing = uninstalled(cfg.to_dict())
+    if missing:
+        raise TrainError(f"{o.config}: " + "; ".join(missing))
     ckpts = sorted(cfg.checkpoint_dir.glob("ckpt-*.pt")) if cfg.checkpoint_dir.is_dir() else []
     if ckpts and not o.resume:
         raise TrainError(f"{cfg.checkpoint_dir} holds checkpoints of an earlier run (newest {ckpts[-1].name}): "

@@ -13,6 +13,7 @@ A batch size that ran out of memory is not tried again at a larger size with the
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -105,6 +106,17 @@ class SearchSpace:
     def by_path(self) -> dict[str, Param]:
         return {p.path: p for p in self.params}
 
+    def active(self, p: Param, values: dict[str, Any], base: dict[str, Any]) -> bool:
+        """Whether ``p`` is suggested given the ``values`` chosen so far (else the base's): its condition holds, and
+        the knob its condition reads is itself active where this space searches it (``prefetch_factor`` reads
+        ``num_workers``, which DALI's pipeline does not search: neither is suggested there)."""
+        if p.when is None:
+            return True
+        read = self.by_path().get(p.when.path)
+        if read is not None and read is not p and not self.active(read, values, base):
+            return False
+        return p.when.holds(values[p.when.path] if p.when.path in values else get_path(base, p.when.path))
+
     def suggest(self, trial, base: dict[str, Any], only: set[str] | None = None) -> dict[str, Any]:
         """Suggest every active knob on ``trial`` (``only``: just these); returns the overrides (suggested plus
         derived values)."""
@@ -112,10 +124,8 @@ class SearchSpace:
         for p in self.params:
             if only is not None and p.path not in only:
                 continue
-            if p.when is not None:
-                current = overrides[p.when.path] if p.when.path in overrides else get_path(base, p.when.path)
-                if not p.when.holds(current):
-                    continue
+            if not self.active(p, overrides, base):
+                continue
             overrides[p.path] = p.suggest(trial)
         return self.derive(overrides, base)
 
@@ -139,10 +149,8 @@ class SearchSpace:
             value = spec.baseline[p.path] if explicit else get_path(base, p.path)
             if isinstance(value, str) and value == DEFAULT_CHOICE:
                 value = None
-            if p.when is not None:
-                cond_value = out[p.when.path] if p.when.path in out else get_path(base, p.when.path)
-                if not p.when.holds(cond_value):
-                    continue
+            if not self.active(p, out, base):
+                continue
             if not p.contains(value):
                 if explicit and not declared(spec, p.path, value):
                     problems.append(f"baseline.{p.path}={_show(value)}: outside the searched {p.describe()}; "
@@ -213,7 +221,7 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     machine = _Machine(world_size=world_size, nproc_per_node=nproc_per_node, cpu_only=cpu_only, cores=cores,
                        max_batch=max_batch)
-    problems: list[str] = []
+    problems: list[str] = uninstalled(spec.base, effective(spec))
     notes: list[str] = []
     params: list[Param] = []
     for path, r in effective(spec).items():
@@ -236,6 +244,7 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
             params.append(param)
     if problems:
         raise SpecError(problems, spec.source)
+    params = _settled_conditions(params, notes, applies)
     return SearchSpace(params=_order(params, spec.source), fixed_global_batch=spec.fixed_global_batch,
                        world_size=world_size, notes=notes)
 
@@ -289,14 +298,70 @@ def _auto(end: str, value: Any, machine: _Machine) -> Any:
 
 def _machine_choices(k: Knob, choices: list[Any], cpu_only: bool, notes: list[str]) -> list[Any]:
     """The choices this machine can run: without a GPU, none of the knob's GPU-only choices (``Knob.gpu_only``; one
-    that runs on a CPU as well is kept where it is the only choice)."""
-    if not cpu_only:
-        return choices
+    that runs on a CPU as well is kept where it is the only choice); GPU or not, none whose module (an extra's)
+    does not import."""
     for g in k.gpu_only:
-        if g.value in choices and (not g.runs_on_cpu or len(choices) > 1):
+        if g.value not in choices:
+            continue
+        if cpu_only and (not g.runs_on_cpu or len(choices) > 1):
             choices.remove(g.value)
             notes.append(f"{k.path}: {_show(g.value)} dropped (no GPU{': ' + g.why if g.why else ''})")
+        elif g.module and not importable(g.module):
+            choices.remove(g.value)
+            notes.append(f"{k.path}: {_show(g.value)} dropped ({g.module} is not installed: {g.install})")
     return choices
+
+
+def uninstalled(config: dict[str, Any], searched: Any = ()) -> list[str]:
+    """One problem per setting of ``config`` (not among ``searched``) whose value runs on a module an extra installs
+    that is not installed here (``data.decode: dali`` without DALI): each trial would fail the same way."""
+    problems = []
+    for k in table().entries:
+        if k.path in searched:
+            continue
+        try:
+            value = get_path(config, k.path)
+        except (KeyError, TypeError):  # not set: the config's default, which needs no extra
+            continue
+        for g in k.gpu_only:
+            if g.module and value == g.value and not importable(g.module):
+                problems.append(f"{k.path}={_show(value)} needs {g.module}, which is not installed: {g.install}")
+    return problems
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` is installed, found without importing it (the tuner never loads DALI itself)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken one
+        return False
+
+
+def _settled_conditions(params: list[Param], notes: list[str], applies: set[str] | None = None) -> list[Param]:
+    """Conditions this space settles: one on a searched choice that holds for every choice is dropped (the knob is
+    always suggested, and suggested in its own place), one that holds for none leaves its knob out, with a note
+    (DALI's settings where ``dali`` is not among the decode choices). A user's script (``applies``): a condition on a
+    knob the script does not apply says nothing of its own code (its own DALI pipeline reads ``dali_threads`` with
+    no ``decode`` of the project's), so it is dropped."""
+    by_path = {p.path: p for p in params}
+    out = []
+    for p in params:
+        if p.when is not None and applies is not None and p.when.path in table().knobs \
+                and table().knobs[p.when.path].runtime not in applies:
+            p = dataclasses.replace(p, when=None)
+        read = by_path.get(p.when.path) if p.when is not None else None
+        if read is None or read.kind != "categorical":
+            out.append(p)
+            continue
+        holds = [p.when.holds(c) for c in read.choices]
+        if all(holds):
+            out.append(dataclasses.replace(p, when=None))
+        elif not any(holds):
+            notes.append(f"{p.path}: not searched (it is only searched where {p.when.path} {p.when.op} "
+                         f"{_show(p.when.value)}, and no searched choice is)")
+        else:
+            out.append(p)
+    return out
 
 
 def _batch_choices(spec: StudySpec, path: str, choices: list[Any], machine: _Machine, notes: list[str],

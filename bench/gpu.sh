@@ -48,6 +48,10 @@
 #   profile        bench/profile_step.py: ResNet-50's step, eager vs compiled vs CUDA graphs, top kernels
 #                  (profile.json; PROFILE_MODES, default eager,compile,cudagraphs; ~4 min cold, not measured)
 #   pipeline       bench/pipeline_gpu.py --hw on: where the nvjpeg-hw path's time goes (pipeline.json, ~2 min)
+#   dali           issue #26's rows: DALI's supply alone (hw_decoder_load 0.65, 0.5, 0.95) and end to end (eager,
+#                  compiled) beside nvJPEG's and the hybrid's, each with its loss, in dali.json (DALI_ROWS; ~35 s a
+#                  row, ~80 s more for the compile; no row starts after the call's deadline minus 60 s). Needs
+#                  nvidia.dali (the split wheels' install line first); without it the stage says so and runs nothing
 #
 # Everything comes back in at most 8 files under $OUT: call.log (all output), studies.db (every study: `autotune show
 # --storage sqlite:///studies.db --study NAME`), tables.txt, trials.tgz, and the JSON of the bench stages run (count
@@ -206,6 +210,16 @@ PY
     pipeline)
       if [ -n "${DRY:-}" ]; then pipe=(--cpu-smoke); else pipe=(--hw on --hybrid 0.5 --workers 6 --train); fi
       python3 bench/pipeline_gpu.py "$data/train" --out "$out/pipeline.json" --batch 512 "${pipe[@]}" 2>&1 | quiet ;;
+    dali)
+      if ! python3 -c "import nvidia.dali" 2>/dev/null; then
+        echo "dali: nvidia.dali does not import here: pip install 'ddp-autotune[dali]' (or the split wheels); not run"
+      else
+        dflt="supply-nvjpeg supply-split-50-0 supply-dali supply-dali-hw-50 supply-dali-hw-95 e2e-nvjpeg e2e-hybrid-50"
+        dflt+=" e2e-dali"; [ -z "${DRY:-}" ] && dflt+=" e2e-dali-compile"  # DRY: Inductor's C++ compile takes minutes
+        list=(${DALI_ROWS:-$dflt})
+        python3 bench/run.py --data "$data" --out "$out/dali.json" --trials-dir "$scratch/bench-dali" --timeout 180 \
+          --start-before "$(( $(left) - 60 ))" "${bench_set[@]}" "${list[@]}" 2>&1 | quiet
+      fi ;;
     *)
       python3 bench/run.py --data "$data" --out "$out/runs.json" --trials-dir $scratch/bench-runs --timeout 150 \
         "${bench_set[@]}" "$stage" 2>&1 | quiet ;;

@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotune import export
 from autotune.study import view
 from autotune.study.storage import load, log_root
+from trainer.knobs import knob
 
+GPU_DECODE = knob("data.decode").gpu_values  # nvJPEG's, the hardware engines', the hybrid, DALI
 CPU_DECODE = ("pil", "torchvision-cpu")
-GPU_DECODE = ("nvjpeg-gpu", "nvjpeg-hw", "hybrid")
 
 
 def picks(trials: list[view.TrialView]) -> dict[str, view.TrialView]:

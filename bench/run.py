@@ -55,6 +55,11 @@ SUPPLIES: dict[str, tuple[str, dict]] = {  # the loader alone, batch 512, ~30 s 
                                            "data.hybrid_hw_fraction": h / 100, "loader.num_workers": 12,
                                            "training.batch_size": 512})
        for c, h in ((50, 0), (25, 25), (0, 50), (33, 33))},
+    # DALI (pip install '.[dali]'): its own reader threads, no DataLoader; hw_decoder_load at DALI's 0.65 and around.
+    "supply-dali": ("strong", {**LOADER, "data.decode": "dali", "data.dali_threads": 8, "training.batch_size": 512}),
+    **{f"supply-dali-hw-{h}": ("strong", {**LOADER, "data.decode": "dali", "data.dali_threads": 8,
+                                         "data.dali_hw_decoder_load": h / 100, "training.batch_size": 512})
+       for h in (50, 95)},
 }
 E2E = {"training.precision": "fp16", "training.channels_last": True, "training.batch_size": 512}
 END_TO_END: dict[str, tuple[str, dict]] = {  # the JPEGs, fp16, CL, batch 512: ~40 s eager, compiled as above
@@ -65,6 +70,9 @@ END_TO_END: dict[str, tuple[str, dict]] = {  # the JPEGs, fp16, CL, batch 512: ~
     "e2e-hybrid-50-cudagraphs": ("strong", {**E2E, **COMPILED, "training.compile_mode": "reduce-overhead",
                                             "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5,
                                             "loader.num_workers": 12}),
+    "e2e-nvjpeg": ("strong", {**E2E, "data.decode": "nvjpeg-gpu", "loader.num_workers": 6}),
+    "e2e-dali": ("strong", {**E2E, "data.decode": "dali", "data.dali_threads": 8}),
+    "e2e-dali-compile": ("strong", {**E2E, **COMPILED, "data.decode": "dali", "data.dali_threads": 8}),
     "e2e-nvjpeg-hw": ("strong", {**E2E, "data.decode": "nvjpeg-hw", "loader.num_workers": 6}),
     "e2e-nvjpeg-hw-roi": ("strong", {**E2E, "data.decode": "nvjpeg-hw", "data.hw_roi_decode": True,
                                      "loader.num_workers": 6}),
@@ -228,7 +236,8 @@ def run_bare(nproc: int, out_dir: Path) -> dict:
 def dry_run(overrides: dict) -> dict:
     """``DRY=1`` on a machine without GPUs (``bench/gpu.sh``'s smoke run): a GPU-decode row runs the same pipeline's
     CPU stand-in (``hybrid`` decodes its device shares with libjpeg-turbo on a CPU device; a hardware share goes
-    through the same code path as on the GPU): the plumbing is checked, never a figure."""
+    through the same code path as on the GPU; ``dali`` runs its graph on DALI's CPU operators): the plumbing is
+    checked, never a figure."""
     if not os.environ.get("DRY") or nvml_gpu.Nvml().count():
         return overrides
     decode = overrides.get("data.decode")
@@ -237,6 +246,8 @@ def dry_run(overrides: dict) -> dict:
     if decode == "nvjpeg-hw":
         return {**{k: v for k, v in overrides.items() if k != "data.hw_roi_decode"}, "data.decode": "hybrid",
                 "data.hybrid_cpu_fraction": 0.0, "data.hybrid_hw_fraction": 1.0}
+    if decode == "dali":  # DALI's CPU operators: one thread of the smoke run's cores
+        overrides = {**overrides, "data.dali_threads": 1}
     if overrides.get("training.precision") == "fp16":  # CPU autocast is bf16
         return {**overrides, "training.precision": "bf16"}
     return overrides

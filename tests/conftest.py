@@ -16,6 +16,18 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(autouse=True)
+def _no_extras(monkeypatch):
+    """The search space of every test sees a machine without NVIDIA DALI, whatever this one has: a simulated GPU
+    search (and the shipped studies' golden records) must launch the same runs on CI and on a GPU machine. A test
+    that wants DALI in the space patches ``autotune.space.importable`` itself; processes a test starts see the real
+    machine."""
+    from autotune import space
+
+    real = space.importable
+    monkeypatch.setattr(space, "importable", lambda module: module != "nvidia.dali" and real(module))
+
+
 @pytest.fixture
 def repo_on_pythonpath(monkeypatch):
     """Processes started by the test (torchrun ranks) can import ``tests.helpers`` model factories."""

@@ -67,12 +67,14 @@ class DataConfig:
     num_classes: int | None = None
     """Classes of the model head; ``None`` means: the ImageFolder's class count (1000 for synthetic data)."""
 
-    decode: Literal["pil", "torchvision-cpu", "nvjpeg-gpu", "nvjpeg-hw", "hybrid"] = "pil"
+    decode: Literal["pil", "torchvision-cpu", "nvjpeg-gpu", "nvjpeg-hw", "hybrid", "dali"] = "pil"
     """Input pipeline: PIL in loader workers (the classic), ``torchvision.io`` libjpeg-turbo in workers (uint8 out,
     normalized on the device), nvJPEG on the GPU with batched GPU augmentation (workers only read bytes),
     ``nvjpeg-hw``: the same with the decode on the GPU's hardware JPEG engines (NVJPG, A100/H100/H200) through
     nvImageCodec, to leave the SMs to training (``pip install 'ddp-autotune[nvjpeg-hw]'``), or ``hybrid``:
-    ``hybrid_cpu_fraction`` of each batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu``."""
+    ``hybrid_cpu_fraction`` of each batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu``, or ``dali``: an NVIDIA
+    DALI pipeline (``pip install 'ddp-autotune[dali]'``) that reads the files itself and decodes each image's random
+    crop on the GPU's hardware JPEG engines and CUDA (the DataLoader's settings do not apply)."""
 
     hybrid_cpu_fraction: float = 0.5
     """``decode: hybrid`` only: the share of every batch decoded and augmented by the loader workers (0: all on the
@@ -82,6 +84,16 @@ class DataConfig:
     """``decode: hybrid`` only: the share of every batch the GPU's hardware JPEG engines decode (as ``nvjpeg-hw``;
     needs nvImageCodec); the rest after the CPU and hardware shares goes to nvJPEG's CUDA decoder. A three-way split
     feeds the model from the CPU cores, the engines and the SMs at once, taking from the SMs only the CUDA share."""
+
+    dali_hw_decoder_load: float = 0.65
+    """``decode: dali`` only: the share of each batch DALI's hardware JPEG decoder takes; the rest is decoded with
+    CUDA on the SMs (DALI's ``hw_decoder_load``)."""
+
+    dali_threads: int = 4
+    """``decode: dali`` only: DALI's CPU threads per rank (file reads, header parsing, the CPU stages)."""
+
+    dali_prefetch: int = 2
+    """``decode: dali`` only: batches DALI's pipeline prepares ahead of the one training takes (its queue depth)."""
 
     hw_roi_decode: bool = False
     """``decode: nvjpeg-hw`` only: decode only each image's RandomResizedCrop box (nvImageCodec's region decode, as
@@ -112,6 +124,11 @@ class DataConfig:
         if self.hybrid_cpu_fraction + self.hybrid_hw_fraction > 1.0 + 1e-9:
             p.append(f"data.hybrid_cpu_fraction={self.hybrid_cpu_fraction} + data.hybrid_hw_fraction="
                      f"{self.hybrid_hw_fraction}: the shares of one batch add up to more than 1; lower one of them")
+        if not 0.0 <= self.dali_hw_decoder_load <= 1.0:
+            p.append(f"data.dali_hw_decoder_load={self.dali_hw_decoder_load}: must be in [0, 1]")
+        for name in ("dali_threads", "dali_prefetch"):
+            if getattr(self, name) < 1:
+                p.append(f"data.{name}={getattr(self, name)}: must be >= 1")
         if not 0.0 <= self.val_fraction < 1.0:
             p.append(f"data.val_fraction={self.val_fraction}: must be in [0, 1)")
         for name, (lo, hi) in (("crop_scale", self.crop_scale), ("crop_ratio", self.crop_ratio)):

@@ -88,6 +88,12 @@ class GpuChoice:
     runs_on_cpu: bool = False
     """It runs without a GPU, only worse: kept where it is the knob's only choice."""
 
+    module: str | None = None
+    """A module the choice runs on that an extra installs: left out, GPU or not, where it does not import."""
+
+    install: str = ""
+    """The command that installs ``module``, for the note."""
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Knob:
@@ -215,8 +221,16 @@ class Knob:
         return tuple(g.value for g in self.gpu_only)
 
 
+DALI_INSTALL = "pip install 'ddp-autotune[dali]'"
+"""What installs NVIDIA DALI (``data.decode: dali``)."""
+
 _DECODE_ON_GPU = (GpuChoice(value="nvjpeg-gpu"), GpuChoice(value="nvjpeg-hw"),
-                  GpuChoice(value="hybrid", why="both of its shares would decode on the CPU"))
+                  GpuChoice(value="hybrid", why="both of its shares would decode on the CPU"),
+                  GpuChoice(value="dali", why="DALI decodes on the mixed device", module="nvidia.dali",
+                            install=DALI_INSTALL))
+
+_NOT_UNDER_DALI = "data.decode != dali"
+"""DALI reads, decodes and queues the batches itself: the DataLoader's settings have no effect there."""
 
 _KNOBS = (
     Knob(path="training.batch_size", label="bs", scope="model", space=Range(choices=BATCH_CHOICES), batch="micro",
@@ -253,22 +267,25 @@ _KNOBS = (
     Knob(path="training.cudnn_benchmark", label="cudnn_search", scope="model", space=Range(choices=(True, False)),
          default_space=False, shown=7, runtime="cudnn_benchmark", applied_by="always",
          doc="cuDNN's per-shape algorithm search; the ceiling stage decides it by measurement"),
-    Knob(path="loader.num_workers", label="wk", scope="pipeline", space=Range(low=0, high=AUTO), auto="cores",
+    Knob(path="loader.num_workers", label="wk", scope="pipeline", space=Range(low=0, high=AUTO, when=_NOT_UNDER_DALI),
+         auto="cores",
          ceiling_value=0, shown=6, runtime="num_workers", runtime_default=0, applied_by="loader",
          doc="DataLoader worker processes per rank"),
     Knob(path="loader.prefetch_factor", label="pf", scope="pipeline",
          space=Range(low=1, high=8, when="loader.num_workers > 0"), ceiling_value=None, runtime="prefetch_factor",
          applied_by="loader", doc="batches in flight per worker"),
-    Knob(path="loader.pin_memory", label="pin", scope="pipeline", space=Range(choices=(True, False)),
+    Knob(path="loader.pin_memory", label="pin", scope="pipeline",
+         space=Range(choices=(True, False), when=_NOT_UNDER_DALI),
          runtime="pin_memory", runtime_default=False, applied_by="loader", doc="page-locked host batches"),
     Knob(path="loader.persistent_workers", label="pers", scope="pipeline",
          space=Range(choices=(False, True), when="loader.num_workers > 0"), ceiling_value=False,
          runtime="persistent_workers", runtime_default=False, applied_by="loader", doc="workers kept across epochs"),
-    # Decode on the GPU first where there is one (it does not compete with the loader workers for cores), then decode
-    # to tensors on the CPU, then PIL.
+    # Decode on the GPU first where there is one (it does not compete with the loader workers for cores): DALI's fused
+    # decode + crop on the hardware engines and CUDA (what MLPerf's ResNet-50 feeds an H200 with), nvJPEG's CUDA
+    # decoder, then decode to tensors on the CPU, then PIL.
     Knob(path="data.decode", label="", scope="pipeline", memory=True,
-         space=Range(choices=("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid")), gpu_only=_DECODE_ON_GPU,
-         measured="supply", gpu_order=("nvjpeg-gpu", "hybrid", "torchvision-cpu", "pil"),
+         space=Range(choices=("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid", "dali")), gpu_only=_DECODE_ON_GPU,
+         measured="supply", gpu_order=("dali", "nvjpeg-gpu", "hybrid", "torchvision-cpu", "pil"),
          cpu_order=("torchvision-cpu", "pil"), identity=True, shown=1, runtime="decode", runtime_default="pil",
          applied_by="image_loader", doc="the input pipeline of an ImageFolder read through trainer.data"),
     # Three points span the trade: the ends (0 and 1) are nvjpeg-gpu and torchvision-cpu, already decode choices.
@@ -281,6 +298,19 @@ _KNOBS = (
          space=Range(choices=(0.0, 0.25, 0.5), when="data.decode == hybrid"), default_space=False,
          runtime="hybrid_hw_fraction",
          doc="hybrid decode: the share of each batch the GPU's hardware JPEG engines decode"),
+    # DALI's settings, searched only under its pipeline. hw_decoder_load: the share of each batch the hardware JPEG
+    # engines decode, the rest on CUDA; DALI's own default is 0.65 (its H100 tuning); the range spans the trade.
+    Knob(path="data.dali_hw_decoder_load", label="hw_load", scope="pipeline",
+         space=Range(choices=(0.5, 0.65, 0.8, 0.95), when="data.decode == dali"), shown=2,
+         runtime="dali_hw_decoder_load", runtime_default=0.65, applied_by="image_loader",
+         doc="DALI: the share of each batch its hardware JPEG decoder takes, the rest decoded with CUDA"),
+    Knob(path="data.dali_threads", label="dali_thr", scope="pipeline",
+         space=Range(low=1, high=AUTO, when="data.decode == dali"), auto="cores", runtime="dali_threads",
+         runtime_default=4, applied_by="image_loader",
+         doc="DALI: CPU threads per rank (file reads, header parsing, the CPU stages)"),
+    Knob(path="data.dali_prefetch", label="dali_q", scope="pipeline",
+         space=Range(low=1, high=4, when="data.decode == dali"), runtime="dali_prefetch", runtime_default=2,
+         applied_by="image_loader", doc="DALI: batches its pipeline prepares ahead (queue depth)"),
     Knob(path="data.hw_roi_decode", label="roi", scope="pipeline",
          space=Range(choices=(False, True), when="data.decode == nvjpeg-hw"), default_space=False,
          runtime="hw_roi_decode", doc="nvjpeg-hw: decode only the crop box of each image"),

@@ -253,10 +253,8 @@ def baseline_params(space, base: dict[str, Any]) -> dict[str, Any]:
 
     params: dict[str, Any] = {}
     for p in space.params:
-        if p.when is not None:
-            current = params[p.when.path] if p.when.path in params else get_path(base, p.when.path)
-            if not p.when.holds(current):
-                continue
+        if not space.active(p, params, base):
+            continue
         value = get_path(base, p.path)
         if p.contains(value):
             params[p.path] = p.match(value) if p.kind == "categorical" else value

@@ -387,7 +387,14 @@ class StagePlanner(Measured):
              "loader.prefetch_factor": None}
         if fraction is not None:
             o["data.hybrid_cpu_fraction"] = fraction
-        return o
+        return {**o, **self.threads_of(decode)}
+
+    def threads_of(self, decode: str | None) -> dict[str, Any]:
+        """A pipeline's own CPU threads at their most where the space searches them under ``decode`` (DALI's), as
+        the loader's workers are: what it can feed, before the sampler weighs the cores against the rest."""
+        return {p.path: max(self.choices(p.path)) for p in self.space.values()
+                if p.knob.auto == "cores" and p.when is not None and p.when.path == "data.decode"
+                and p.when.holds(decode)}
 
     def stop_when(self, vs: list[TrialView]) -> dict[str, Any]:
         """When a supply measurement may stop before it settles (``autotune.search.evaluate.Watch``): its latest
@@ -475,6 +482,7 @@ class StagePlanner(Measured):
         else:  # no ceiling: the baseline's precision, layout and batch
             fixed = {d.path: self.plan.baseline.get(d.path, get_path(self.base, d.path)) for d in grid()}
         fixed.update(pipe.settings)
+        fixed.update(self.threads_of(fixed.get("data.decode")))
         if "loader.num_workers" in self.space:
             fixed["loader.num_workers"] = max(self.choices("loader.num_workers"))
         if "training.accum_steps" in self.space:
@@ -517,10 +525,8 @@ class StagePlanner(Measured):
         defaults a tutorial uses), else the base's nearest value."""
         params: dict[str, Any] = {}
         for p in self.plan.space.params:
-            if p.when is not None:
-                current = params[p.when.path] if p.when.path in params else get_path(self.base, p.when.path)
-                if not p.when.holds(current):
-                    continue
+            if not self.plan.space.active(p, params, self.base):
+                continue
             params[p.path] = _value(p, fixed, self.plan.baseline, self.base)
         return params
 

@@ -14,6 +14,7 @@ import pytest
 
 from autotune import cli
 from autotune.objective import Objective
+from autotune.space import importable
 from autotune.spec import StudySpec
 from autotune.study.setup import create_or_load
 from autotune.study.storage import open_storage
@@ -94,12 +95,17 @@ CASES = {
                                        "study bad exists with a different spec or world size"),
     "no-trials": ({}, ["--trials", "0"], "--trials 0: must be > 0"),
     "gpus-on-a-cpu-machine": ({}, ["--gpus", "0"], "--gpus 0: no GPU visible on this machine"),
+    "dali-not-installed": ({"base.data.decode": "dali"}, [],
+                           "data.decode=dali needs nvidia.dali, which is not installed: "
+                           "pip install 'ddp-autotune[dali]'"),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_one_line_exit_2_and_the_study_unchanged(case, existing, tmp_path):
     d, url = existing
+    if case == "dali-not-installed" and importable("nvidia.dali"):
+        pytest.skip("NVIDIA DALI is installed here")
     changes, extra, message = CASES[case]
     if isinstance(changes, str):
         (tmp_path / "bad.yaml").write_text(changes)

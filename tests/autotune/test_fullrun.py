@@ -198,6 +198,17 @@ def test_plan_refuses_unsafe_env_and_missing_epochs(tmp_path):
         tr.plan(tr.TrainOptions(config=plain))
 
 
+def test_an_export_that_needs_dali_where_it_is_not_installed_is_one_line_naming_the_extra(tmp_path):
+    path = export_yaml(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["data"]["decode"] = "dali"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(tr.TrainError) as e:  # the tests' machine has no DALI (tests/conftest.py)
+        tr.plan(tr.TrainOptions(config=path))
+    assert str(e.value) == (f"{path}: data.decode=dali needs nvidia.dali, which is not installed: "
+                            "pip install 'ddp-autotune[dali]'")
+
+
 def test_progress_view_draws_a_bar_with_rate_loss_and_val_lines():
     buf = io.StringIO()
     view = tr.ProgressView(out=buf, enabled=True)

@@ -20,11 +20,23 @@ def _spec(**over):
     return StudySpec.from_dict(data)
 
 
-def test_default_space_has_the_architecture_knobs_and_resolves_auto_per_rank():
+DALI_KNOBS = {"data.dali_hw_decoder_load", "data.dali_threads", "data.dali_prefetch"}
+
+
+@pytest.fixture
+def dali(monkeypatch):
+    """Whether NVIDIA DALI is installed, as the space sees it: set by the test, whatever this machine has."""
+    def installed(yes: bool):
+        monkeypatch.setattr("autotune.space.importable", lambda module: yes if module == "nvidia.dali" else True)
+    installed(False)
+    return installed
+
+
+def test_default_space_has_the_architecture_knobs_and_resolves_auto_per_rank(dali):
     spec = _spec()
     space = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=False, cores=32)
     p = space.by_path()
-    assert set(p) == set(default_space())
+    assert set(p) == set(default_space()) - DALI_KNOBS  # DALI is not installed: its settings say nothing
     assert (p["loader.num_workers"].low, p["loader.num_workers"].high) == (0, 16)  # cores per rank
     assert p["data.decode"].choices == ("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid")
     assert not any(k.startswith("nccl.") for k in p)  # NCCL's debugging variables: a spec adds them
@@ -32,6 +44,49 @@ def test_default_space_has_the_architecture_knobs_and_resolves_auto_per_rank():
     assert p["training.compile"].choices == (False, True) and "training.compile_mode" not in p
     order = [x.path for x in space.params]
     assert order.index("loader.num_workers") < order.index("loader.prefetch_factor")
+
+
+def test_dali_is_searched_only_on_a_gpu_with_the_package_and_the_space_says_why_not(dali):
+    gpu = resolve(_spec(), world_size=1, nproc_per_node=1, cpu_only=False, cores=8)
+    assert "dali" not in gpu.by_path()["data.decode"].choices and not DALI_KNOBS & set(gpu.by_path())
+    assert "data.decode: dali dropped (nvidia.dali is not installed: pip install 'ddp-autotune[dali]')" in gpu.notes
+    assert any(n.startswith("data.dali_threads: not searched") for n in gpu.notes)
+    # Without DALI in the space, the loader's knobs are suggested as before, in their own place.
+    assert gpu.by_path()["loader.num_workers"].when is None
+    dali(True)
+    cpu = resolve(_spec(), world_size=1, nproc_per_node=1, cpu_only=True, cores=8)
+    assert "dali" not in cpu.by_path()["data.decode"].choices
+    assert "data.decode: dali dropped (no GPU: DALI decodes on the mixed device)" in cpu.notes
+    gpu = resolve(_spec(), world_size=1, nproc_per_node=1, cpu_only=False, cores=8)
+    p = gpu.by_path()
+    assert "dali" in p["data.decode"].choices and DALI_KNOBS <= set(p)
+    assert (p["data.dali_threads"].low, p["data.dali_threads"].high) == (1, 8)
+
+
+def test_under_dali_the_loader_knobs_are_not_suggested_and_its_own_are(dali):
+    dali(True)
+    spec = _spec()
+    space = resolve(spec, world_size=1, nproc_per_node=1, cpu_only=False, cores=8)
+    base = spec.base_config().to_dict()
+    loader = {"loader.num_workers", "loader.prefetch_factor", "loader.persistent_workers", "loader.pin_memory"}
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(40):
+        trial = study.ask()
+        o = space.suggest(trial, base)
+        seen.add(o["data.decode"])
+        if o["data.decode"] == "dali":
+            assert not loader & set(o) and DALI_KNOBS <= set(o)
+        else:
+            assert not DALI_KNOBS & set(o) and "loader.num_workers" in o
+        study.tell(trial, 1.0)
+    assert "dali" in seen and len(seen) > 1
+    # The decode is suggested before the knobs whose condition reads it.
+    order = [p.path for p in space.params]
+    assert order.index("data.decode") < order.index("loader.num_workers") < order.index("loader.prefetch_factor")
+    under = spec.base_config().to_dict()
+    under["data"]["decode"] = "dali"
+    assert not loader & set(space.baseline_params(spec, under))
 
 
 def test_cpu_only_drops_what_needs_a_gpu():
@@ -190,3 +245,12 @@ def test_the_space_fits_the_data_and_synthetic_data_has_no_pipeline_knobs():
     synthetic = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2, synthetic=True)
     assert not any(p.path.startswith(("data.", "loader.")) for p in synthetic.params)
     assert "training.batch_size" in synthetic.by_path()
+
+
+def test_a_scripts_own_dali_pipeline_has_its_settings_searched_without_the_projects_decode():
+    # The script reads run.dali_threads and run.dali_prefetch for a pipeline of its own: no data.decode of ours.
+    space = resolve(_spec(), world_size=1, nproc_per_node=1, cpu_only=False, cores=8,
+                    applies={"batch_size", "dali_threads", "dali_prefetch", "dali_hw_decoder_load"})
+    p = space.by_path()
+    assert {"data.dali_threads", "data.dali_prefetch", "data.dali_hw_decoder_load"} <= set(p)
+    assert "data.decode" not in p and all(p[k].when is None for k in DALI_KNOBS)

@@ -54,7 +54,7 @@ def test_every_problem_is_reported_at_once():
             "loader.num_workers": {"low": 4, "high": 2},
             "training.nope": {"choices": [1, 2]},
             "ddp.bucket_cap_mb": {"low": 0, "high": 10, "log": True},
-            "data.decode": {"choices": ["pil", "dali"]},
+            "data.decode": {"choices": ["pil", "bogus"]},
             "loader.prefetch_factor": {"low": 1, "high": 4, "when": "loader.num_workers >>> 0"},
             "training.precision": {"choices": ["fp32"], "low": 1},
             "training.accum_steps": {"low": 1, "high": "auto"},
@@ -72,7 +72,7 @@ def test_every_problem_is_reported_at_once():
                      "name='bad name!'",
                      "space.training.batch_size: choice 'big'", "space.loader.num_workers: low=4 > high=2",
                      "space.training.nope: no such TrainConfig setting", "log scale needs low > 0",
-                     "space.data.decode: choice 'dali'", "space.loader.prefetch_factor.when: cannot parse",
+                     "space.data.decode: choice 'bogus'", "space.loader.prefetch_factor.when: cannot parse",
                      "space.training.precision: give either choices or low/high",
                      "space.training.accum_steps.high: auto is only defined for loader.num_workers",
                      "baseline.optimizer.lr: not a searched knob", "budget.trials=0"]:

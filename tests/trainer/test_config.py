@@ -42,7 +42,9 @@ def test_a_config_from_before_the_settle_test_was_retired_still_loads():
     ({"training.batch_size": "big"}, "expected an integer"),
     ({"training.channels_last": "yes"}, "expected true or false"),
     ({"data.kind": "imagefolder"}, "data.path is required"),
-    ({"data.decode": "dali"}, "expected one of pil, torchvision-cpu, nvjpeg-gpu"),
+    ({"data.decode": "bogus"}, "expected one of pil, torchvision-cpu, nvjpeg-gpu"),
+    ({"data.dali_hw_decoder_load": 1.5}, "data.dali_hw_decoder_load=1.5: must be in [0, 1]"),
+    ({"data.dali_prefetch": 0}, "data.dali_prefetch=0: must be >= 1"),
     ({"data.crop_scale": [0.5, 0.1]}, "needs 0 < low <= high"),
     ({"training.mode": "train"}, "needs training.epochs or training.steps"),
     ({"optimizer.lr": 0.0}, "optimizer.lr=0.0: must be > 0"),
@@ -79,9 +81,9 @@ def test_nvjpeg_hw_is_validated_exactly_like_nvjpeg_gpu(overrides):
     assert problems("nvjpeg-hw") == problems("nvjpeg-gpu")
 
 
-def test_an_unknown_decode_path_lists_nvjpeg_hw():
-    with pytest.raises(ConfigError, match="expected one of pil, torchvision-cpu, nvjpeg-gpu, nvjpeg-hw, hybrid"):
-        TrainConfig().with_overrides({"data.decode": "dali"})
+def test_an_unknown_decode_path_lists_nvjpeg_hw_and_dali():
+    with pytest.raises(ConfigError, match="expected one of pil, torchvision-cpu, nvjpeg-gpu, nvjpeg-hw, hybrid, dali"):
+        TrainConfig().with_overrides({"data.decode": "bogus"})
 
 
 def test_the_cpu_only_space_drops_nvjpeg_hw_like_nvjpeg_gpu():

@@ -12,6 +12,8 @@ config asks), labels int64 — so the loop never knows which path produced them 
 - ``nvjpeg-gpu`` (``gpu/``): workers only read bytes; the GPU decodes and augments.
 - ``nvjpeg-hw`` (``gpu/``): as ``nvjpeg-gpu``, decoded by the GPU's hardware JPEG engines through nvImageCodec.
 - ``hybrid`` (``gpu/``): a fixed share of every batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu``.
+- ``dali`` (``dali.py``): an NVIDIA DALI pipeline reads the files and decodes each image's random crop on the GPU's
+  hardware JPEG engines and CUDA; no DataLoader. Validation through it too, without augmentation.
 
 ``files.py`` lists the images of the training and validation splits; ``sampling.py`` decides which of them each
 rank reads, in which order. The modules of this package import one another, never this one: it is the public API
@@ -28,6 +30,7 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.data.cpu import LoaderPipeline
+from trainer.data.dali import DaliPipeline
 from trainer.data.files import resolve_splits
 from trainer.data.gpu import GpuDecodePipeline, HybridDecodePipeline
 from trainer.data.synthetic import SyntheticPipeline
@@ -88,6 +91,9 @@ def build_pipeline(cfg: TrainConfig, *, rank: int, world_size: int, device: torc
     chosen = train_split if split == "train" else val_split
     if chosen is None:
         return None
+    if cfg.data.decode == "dali":
+        return DaliPipeline(cfg, chosen.samples, train=split == "train", rank=rank, world_size=world_size,
+                            device=device)
     if cfg.data.decode in GPU_DECODE_PATHS and split == "train":
         cls = HybridDecodePipeline if cfg.data.decode == "hybrid" else GpuDecodePipeline
         return cls(cfg, chosen.samples, rank=rank, world_size=world_size, device=device)
@@ -101,8 +107,12 @@ def prefetched_batches(cfg: TrainConfig) -> int:
     """Batches ready before the first step whose work is already done: decoded by the loader workers, or decoded
     one ahead on the device. The workers of ``nvjpeg-gpu``/``nvjpeg-hw`` only read bytes: a buffer of bytes still
     has its decode ahead of it, so it does not make a step faster and is not discarded (draining a deep one cost a
-    trial 10 s)."""
-    if cfg.data.kind == "synthetic" or cfg.loader.num_workers == 0:
+    trial 10 s). DALI's queue holds batches decoded and augmented: its depth."""
+    if cfg.data.kind == "synthetic":
+        return 0
+    if cfg.data.decode == "dali":
+        return cfg.data.dali_prefetch
+    if cfg.loader.num_workers == 0:
         return 0
     ahead = 1 if cfg.data.decode in GPU_DECODE_PATHS else 0
     if cfg.data.decode in ("nvjpeg-gpu", "nvjpeg-hw"):

@@ -218,10 +218,10 @@ class Run:
     def image_loader(self, path: str, *, image_size: int = 224, train: bool = True,
                      num_classes: int | None = None, **loader_args: Any) -> Batches:
         """An ImageFolder (one sub-folder per class, or a folder holding ``train/``) through the project's input
-        pipelines (``trainer.data``): PIL, libjpeg-turbo in the workers, nvJPEG on the GPU or a split of each batch
-        (the ``decode`` setting), with random-resized-crop and flip augmentation, normalized, on the run's device,
-        sharded over the ranks (``set_epoch`` reshuffles). ``loader_args``: the script's defaults for the loader's
-        settings (``batch_size``, ``num_workers``, ...). Its ``num_classes`` is the folder's."""
+        pipelines (``trainer.data``): PIL, libjpeg-turbo in the workers, nvJPEG on the GPU, a split of each batch or
+        NVIDIA DALI (the ``decode`` setting), with random-resized-crop and flip augmentation, normalized, on the
+        run's device, sharded over the ranks (``set_epoch`` reshuffles). ``loader_args``: the script's defaults for
+        the loader's settings (``batch_size``, ``num_workers``, ...). Its ``num_classes`` is the folder's."""
         from trainer.data import build_pipeline, prefetched_batches
         from trainer.data import num_classes as classes_of
 
@@ -235,6 +235,9 @@ class Run:
                           decode=decode)
         if decode == "hybrid":
             data.hybrid_cpu_fraction = given("hybrid_cpu_fraction")
+        if decode == "dali":
+            for name in (n for n in IMAGES if n.startswith("dali_")):  # DALI's own settings (trainer.knobs)
+                setattr(data, name, given(name))
         workers = given("num_workers")
         # Without workers a loader has no prefetch depth to apply (loader_settings clears it either way).
         loader = loader_settings(num_workers=workers, prefetch_factor=given("prefetch_factor") if workers else None,

@@ -442,3 +442,22 @@ def test_a_measurement_two_search_workers_planned_at_once_runs_once():
     # The twin cost nothing: the search still ran its 6 trials.
     launched = [v for v in again.views if v.outcome != "fail" and not v.attrs.get("pruned_before_launch")]
     assert len(launched) == len(r.views) + 6
+
+
+
+def test_where_dali_is_installed_it_is_measured_first_at_its_most_threads_without_the_loaders_knobs(monkeypatch):
+    monkeypatch.setattr("autotune.space.importable", lambda module: True)
+    spec = copy.deepcopy(SPEC)
+    spec["space"].update({
+        "data.decode": ["pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid", "dali"],
+        "loader.num_workers": {"low": 2, "high": 8, "when": "data.decode != dali"},
+        "data.dali_threads": {"low": 1, "high": "auto", "when": "data.decode == dali"},
+        "data.dali_prefetch": {"low": 1, "high": 4, "when": "data.decode == dali"}})
+    r = search(Machine(ceilings=GPU, supplies={**FEEDS, "dali": 14000.0}), spec=spec, trials=12)
+    supplies = parts(r, "supply")
+    assert supplies[0].setting("data.decode") == "dali"
+    assert supplies[0].setting("data.dali_threads") == 8  # 16 cores over 2 ranks
+    under = [v for v in e2e(r) if v.setting("data.decode") == "dali"]
+    assert under and under[0].stage == "candidate" and under[0].setting("data.dali_threads") == 8
+    drawn = [t.params for t in r.study.trials if t.params.get("data.decode") == "dali"]
+    assert drawn and all("loader.num_workers" not in p and "data.dali_prefetch" in p for p in drawn)

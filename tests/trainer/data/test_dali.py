@@ -1,0 +1,120 @@
+"""The dali pipeline: without NVIDIA DALI, one config error naming the extra before anything starts; with it (on DALI's
+CPU operators: the mixed device needs a GPU), the Pipeline contract, the sampler's shard and epochs, the validation
+shard, an unreadable image named, and a close that leaves no thread behind. The tests that need DALI skip without
+it (CI does not install it)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+import torch
+
+from autotune.space import importable
+from tests.jobutil import kinds, run_job, tiny_config
+from tests.trainer.data.common import config, samples_of
+from trainer.config import ConfigError
+from trainer.data import Pipeline, prefetched_batches
+from trainer.data.dali import DaliPipeline, import_dali
+from trainer.data.sampling import train_sampler
+from trainer.runtime._run import IMAGES
+
+MISSING = "data.decode=dali needs NVIDIA DALI, which is not installed: pip install 'ddp-autotune[dali]'"
+
+needs_dali = pytest.mark.skipif(not importable("nvidia.dali"), reason="NVIDIA DALI is not installed")
+
+
+def dali_config(**overrides):
+    return config(**{"data.decode": "dali", "data.dali_threads": 2, **overrides})
+
+
+def test_dali_missing_is_one_config_error_naming_the_extra_and_starts_nothing(folder, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # as if not installed, whatever this machine has
+    before = threading.active_count()
+    with pytest.raises(ConfigError) as e:
+        import_dali()
+    assert e.value.problems == [MISSING]
+    with pytest.raises(ConfigError) as e:
+        DaliPipeline(dali_config(), samples_of(folder), train=True, rank=0, world_size=1, device="cpu")
+    assert e.value.problems == [MISSING] and threading.active_count() == before
+
+
+def test_a_script_receives_dalis_settings_and_its_queue_counts_as_prefetched():
+    assert {"dali_hw_decoder_load", "dali_threads", "dali_prefetch"} <= set(IMAGES)
+    # DALI has no loader workers: its queue is what is ready before the first step.
+    assert prefetched_batches(dali_config(**{"loader.num_workers": 0, "data.dali_prefetch": 3})) == 3
+
+
+@needs_dali
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the mixed device needs a GPU"))])
+def test_the_pipeline_yields_the_contract_over_the_samplers_shard_and_epochs(folder, device):
+    samples = samples_of(folder)
+    cfg = dali_config()
+    before = {t.ident for t in threading.enumerate()}
+    p = DaliPipeline(cfg, samples, train=True, rank=1, world_size=2, device=device)
+    try:
+        assert isinstance(p, Pipeline)
+        sampler = train_sampler(samples, cfg, rank=1, world_size=2)
+        for epoch in (0, 1):
+            p.set_epoch(epoch)
+            sampler.set_epoch(epoch)
+            order = list(sampler)
+            batches = list(p)
+            assert len(batches) == len(p) == len(order) // 8
+            images, labels = batches[0]
+            assert images.device.type == labels.device.type == device
+            assert images.shape == (8, 3, 48, 48) and images.dtype == torch.float32
+            assert images.is_contiguous(memory_format=torch.channels_last)
+            assert -3 < images.mean().item() < 3  # normalized, not 0..255
+            got = torch.cat([y for _, y in batches]).cpu().tolist()
+            assert labels.dtype == torch.int64
+            assert got == [samples[i][1] for i in order[:len(got)]]  # the sampler's shard, in its order
+    finally:
+        p.close()
+    assert {t.ident for t in threading.enumerate()} <= before
+
+
+@needs_dali
+def test_validation_is_the_unaugmented_rank_shard_with_a_partial_last_batch(folder):
+    samples = samples_of(folder)
+    v = DaliPipeline(dali_config(**{"training.channels_last": False}), samples, train=False, rank=0, world_size=2,
+                     device="cpu")
+    try:
+        batches = list(v)
+        first = list(v)
+    finally:
+        v.close()
+    shard = samples[0::2]
+    assert sum(len(y) for _, y in batches) == len(shard) and len(batches) == len(v) == -(-len(shard) // 8)
+    assert torch.cat([y for _, y in batches]).tolist() == [label for _, label in shard]
+    assert batches[0][0].is_contiguous() and batches[0][0].shape == (8, 3, 48, 48)
+    assert torch.equal(batches[0][0], first[0][0])  # no augmentation: the same images each pass
+
+
+@needs_dali
+def test_an_unreadable_image_is_named(folder, tmp_path):
+    samples = samples_of(folder)[:16]
+    bad = tmp_path / "bad.jpg"
+    bad.write_text("<html>403 Forbidden</html>")
+    samples = [*samples[:3], (str(bad), 0), *samples[4:]]
+    v = DaliPipeline(dali_config(), samples, train=False, rank=0, world_size=1, device="cpu")
+    try:
+        with pytest.raises(Exception, match=f"cannot decode {bad}"):
+            list(v)
+    finally:
+        v.close()
+
+
+@needs_dali
+def test_the_job_trains_two_epochs_and_validates_through_dali_on_two_ranks(tiny_jpegs, tmp_path):
+    cfg = tiny_config(**{"data.kind": "imagefolder", "data.path": str(tiny_jpegs), "data.decode": "dali",
+                         "data.dali_threads": 1, "data.val_fraction": 0.25, "training.mode": "train",
+                         "training.epochs": 2})
+    code, records, log = run_job(cfg, tmp_path)
+    assert code == 0, log
+    (summary,) = kinds(records, "summary")
+    assert summary["loss_finite"] and summary["epochs"] == 2
+    # Each epoch validates every held-out image once over both ranks (3 classes x 3 of their 12 held out).
+    assert [(r["epoch"], r["images"]) for r in kinds(records, "val")] == [(1, 9), (2, 9)]
