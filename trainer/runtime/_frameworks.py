@@ -83,15 +83,19 @@ class FrameworkRun:
         wrapper = {f: self.apply(name, given.get(f, _UNSET)) for name, f in fields.items()}
         return {**ddp_args(DDPConfig(**wrapper)), **{k: v for k, v in given.items() if k not in wrapper}}
 
-    def report(self, samples: int, loss: Any = None) -> bool:
+    def report(self, samples: int, loss: Any = None, *, final: bool | None = None) -> bool:
         """After each micro-batch the framework ran (forward and backward; the framework steps the optimizer every
-        ``accum_steps``): its samples and loss into the run's meter. True once the trial is measured."""
-        self.run._mark_ready()
-        self.run._micro += 1  # the framework's micro-step: the meter counts optimizer steps
+        ``accum_steps``): its samples and loss into the run's meter. True once the trial is measured. ``final``:
+        whether the framework stepped the optimizer after it (both frameworks also step at an epoch's last batch,
+        where a group of micro-batches is cut short); None: every ``accum_steps``-th."""
+        run = self.run
+        run._mark_ready()
+        accum = max(1, int(run._applied.get("accum_steps", 1)))
+        # The meter counts optimizer steps: report() counts a step when the micro-steps are a multiple of accum.
+        run._micro = (run._micro // accum + 1) * accum if final else run._micro + 1
         if isinstance(loss, dict):
             loss = loss.get("loss")
-        return self.run.report(samples, loss)
-
+        return run.report(samples, loss)
 
 class Feed:
     """A loader the framework shards over the ranks itself (Lightning's sampler, Accelerate's shards): what one

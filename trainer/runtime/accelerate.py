@@ -63,7 +63,7 @@ class AccelerateRun(FrameworkRun):
         # Accelerate keeps one state per process: a live worker's next trial may run another precision.
         AcceleratorState._reset_state()
         GradientState._reset_state()
-        accelerator = Accelerator(**self.accelerator_args(**kwargs))
+        accelerator = self._accelerator = Accelerator(**self.accelerator_args(**kwargs))
         own = accelerator.prepare
         accelerator.prepare = lambda *objects, **kw: self._prepared(own, objects, kw)
         return accelerator
@@ -86,6 +86,13 @@ class AccelerateRun(FrameworkRun):
         ddp = {k: v for k, v in self.ddp_kwargs(given).items() if k in fields}
         args["kwargs_handlers"] = [*(h for h in handlers if h is not own), DistributedDataParallelKwargs(**ddp)]
         return args
+
+    def report(self, samples: int, loss: Any = None) -> bool:
+        """After each micro-batch (the ``accumulate`` block): its samples and loss into the run's meter; True once
+        the trial is measured. Accelerate says whether it stepped the optimizer (``sync_gradients``: every
+        ``gradient_accumulation_steps``, and at the loader's end)."""
+        accelerator = getattr(self, "_accelerator", None)
+        return super().report(samples, loss, final=accelerator.sync_gradients if accelerator is not None else None)
 
     def _prepared(self, prepare, objects: tuple, kwargs: dict[str, Any]):
         """Accelerate's ``prepare`` of the objects as the run wants them: loaders rebuilt and models laid out

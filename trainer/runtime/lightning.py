@@ -132,7 +132,10 @@ class Report(pl.Callback):
         self.run.run._mark_ready()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self.run.report(self.samples(batch), outputs):
+        # Lightning steps every accumulate_grad_batches and at an epoch's last batch.
+        accumulating = getattr(trainer.fit_loop.epoch_loop, "_should_accumulate", None)
+        final = not accumulating() if accumulating is not None else None
+        if self.run.report(self.samples(batch), outputs, final=final):
             trainer.should_stop = True
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
