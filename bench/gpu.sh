@@ -24,7 +24,9 @@
 #                  the same JPEGs; script-fn=N[@S]: the same script as a function on a live worker (seed_ddp.py:main);
 #                  their studies are seed-script and seed-fn (final=seed-fn re-measures and trains its best);
 #                  folder=N[@S]: examples/folder_ddp.py:main, a script with its own ImageFolder and DataLoader handed
-#                  to run.loader (study folder-fn)
+#                  to run.loader (study folder-fn); lightning=N[@S]: examples/lightning_ddp.py, the same ResNet-50 as a
+#                  Lightning DataModule, LightningModule and Trainer tuned through trainer.runtime.lightning (a fresh
+#                  torchrun per trial; study lightning-script); against search=N@S in the same call for the ratio
 #   model=NAME[@S] a fresh 16-trial search of a torchvision classifier by name (--model NAME) on the same JPEGs
 #   hand=ROWS      bench/run.py rows into hand.json; hand-NAME=ROWS: the same rows with --set model.name=NAME (and
 #                  the model family's optimizer: AdamW 1e-3 for convnext/vit/swin/maxvit)
@@ -97,6 +99,8 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, \
 'gpus', torch.cuda.device_count(), 'cpus', __import__('os').cpu_count())"
 git log -1 --format='tree: %h %s' 2>/dev/null || true
+python3 -c "import lightning, accelerate; print('lightning', lightning.__version__, 'accelerate', accelerate.__version__)" \
+  2>/dev/null || echo "lightning, accelerate: not both installed (the lightning= stage needs lightning)"
 # A study carried from an earlier call (a machine that was given back in between) continues here.
 mkdir -p "$state"
 [ -f "$state/studies.db" ] || [ ! -f bench/state/studies.db ] || cp bench/state/studies.db "$state/"
@@ -165,7 +169,7 @@ PY
       [ -n "${DRY:-}" ] && [ "${sc[0]}" != --row ] && sc+=(--set measure.window_s=0.5 --set measure.warmup_min_steps=2)
       python3 bench/scale.py --out "$out/scale.json" --trials-dir "$scratch/bench-scale" --timeout 150 "${sc[@]}" \
         2>&1 | quiet ;;
-    search=*|script=*|script-fn=*|folder=*|model=*)
+    search=*|script=*|script-fn=*|folder=*|lightning=*|model=*)
       kind=${stage%%=*}; arg=${stage#*=}; n=${arg%@*}; secs=${arg#*@}; [ "$secs" = "$arg" ] && secs=
       budget=$(( $(left) - 45 ))  # the trial in flight when it runs out still ends inside the call
       [ -n "$secs" ] && [ "$secs" -lt "$budget" ] && budget=$secs
@@ -174,10 +178,11 @@ PY
         script) name=seed-script; what=(--script examples/seed_ddp.py) ;;
         script-fn) name=seed-fn; what=(--script examples/seed_ddp.py:main) ;;
         folder) name=folder-fn; what=(--script examples/folder_ddp.py:main) ;;
+        lightning) name=lightning-script; what=(--script examples/lightning_ddp.py) ;;
         model) name="held-$n"; what=(--spec resnet50 --model "$n" --data "$data" "${search_set[@]}"); n=16 ;;
       esac
       extra=()
-      if [ "$kind" = script ] || [ "$kind" = script-fn ] || [ "$kind" = folder ]; then
+      if [ "$kind" = script ] || [ "$kind" = script-fn ] || [ "$kind" = folder ] || [ "$kind" = lightning ]; then
         what+=(--trial-timeout "${TRIAL_TIMEOUT:-150}"); [ -n "${DRY:-}" ] && what+=(--nproc-per-node 1)
         extra=(-- --data "$data/train"); [ -n "${DRY:-}" ] && extra+=(--model resnet18 --image-size 32)
       fi

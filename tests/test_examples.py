@@ -1,5 +1,5 @@
-"""The examples and what the README says of them: the diff it shows is the diff between the two seed scripts, and it
-stays about a dozen lines."""
+"""The examples and what the README says of them: the diffs it shows are the diffs between each tuned script and its
+plain form (the seed scripts', about a dozen lines; a Lightning or Accelerate script's, a few)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def main_diff() -> list[str]:
-    plain = (REPO / "examples" / "seed_ddp_plain.py").read_text().splitlines()
-    tuned = (REPO / "examples" / "seed_ddp.py").read_text().splitlines()
+def main_diff(plain: str = "seed_ddp_plain.py", tuned: str = "seed_ddp.py") -> list[str]:
+    plain = (REPO / "examples" / plain).read_text().splitlines()
+    tuned = (REPO / "examples" / tuned).read_text().splitlines()
     a, b = plain[plain.index("def main():"):], tuned[tuned.index("def main():"):]
     return list(difflib.unified_diff(a, b, lineterm="", n=1))[2:]
 
@@ -27,3 +27,14 @@ def test_the_readme_shows_the_diff_between_the_seed_scripts():
 def test_the_runtime_adds_about_a_dozen_lines_to_the_seed_script():
     added = [x for x in main_diff() if x.startswith("+")]
     assert len(added) <= 12, added
+
+
+FRAMEWORK_EXAMPLES = (("lightning_ddp_plain.py", "lightning_ddp.py"), ("accelerate_lm_plain.py", "accelerate_lm.py"))
+
+
+def test_the_readme_shows_each_framework_example_against_its_plain_form_in_a_few_lines():
+    shown = [b.splitlines() for b in re.findall(r"```diff\n(.*?)\n```", (REPO / "README.md").read_text(), re.S)]
+    for plain, tuned in FRAMEWORK_EXAMPLES:
+        diff = main_diff(plain, tuned)
+        assert diff in shown, f"README: no diff block of {tuned} against {plain}"
+        assert len([x for x in diff if x.startswith("+")]) <= 6, diff

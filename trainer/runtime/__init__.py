@@ -24,6 +24,10 @@ the exported ones. Importing this module loads torch, not the tuner (no Optuna, 
 The settings a script can take are the knobs of ``trainer.knobs`` that have a runtime name (``Knob.runtime``), each
 applied by the helper its entry names (``Knob.applied_by``); NCCL's variables are set by the launcher before the
 process group exists.
+
+A Lightning or Accelerate script keeps its framework's loop: ``trainer.runtime.lightning`` and
+``trainer.runtime.accelerate`` (each needs its framework; this package does not) make the ``Trainer`` or the
+``Accelerator`` with the trial's settings through the same helpers and report its batches into the same meter.
 """
 
 from __future__ import annotations

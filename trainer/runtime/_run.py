@@ -118,6 +118,9 @@ class Run:
         self._pending = 0
         self._closables: list[Callable[[], None]] = []
         self._loader: Batches | None = None
+        self.feed: Any = None
+        """A loader a framework iterates (``trainer.runtime._frameworks.Feed``): its per-rank length and prefetch
+        buffer tell the search and the meter what ``_loader``'s would; the stage modes need ``_loader``."""
         self.meter: ThroughputMeter | None = None
         self.reports = self.steps = 0
         self.epochs_done = 0
@@ -382,13 +385,14 @@ class Run:
         now = time.time()
         self.writer.write({"kind": Kind.SETTINGS, "t": now, "unit": self.unit, "applied": self.settings(),
                            "loader": self._loader is not None,
-                           "samples_per_rank": self._loader.samples_per_rank() if self._loader else None})
+                           "samples_per_rank": (self._loader or self.feed).samples_per_rank()
+                           if self._loader or self.feed else None})
         self.writer.write({"kind": Kind.FIRST_STEP, "t": now, "first_batch_s": None,
                            "first_compute_s": round(time.perf_counter() - self._t_ready, 4),
                            "cudnn_benchmark": self._applied.get("cudnn_benchmark")})
         if self.request.measured:
-            self.meter = self._meter(continuous=self.request.mode == "train",
-                                     buffered=self._loader.buffered if self._loader else 0)
+            feed = self._loader or self.feed
+            self.meter = self._meter(continuous=self.request.mode == "train", buffered=feed.buffered if feed else 0)
             self._last_log = time.monotonic()
 
     def _mark_ready(self) -> None:
@@ -399,7 +403,7 @@ class Run:
     def _meter(self, *, continuous: bool, buffered: int, workers: int | None = None) -> ThroughputMeter:
         accum = max(1, int(self._applied.get("accum_steps", 1)))
         if workers is None:
-            workers = self._applied.get("num_workers", 0) if self._loader else 0
+            workers = self._applied.get("num_workers", 0) if self._loader or self.feed else 0
         cancel = self.request.cancel
         return ThroughputMeter(self.request.measure, images_per_step=0, device=self.device, emit=self.writer.write,
                                continuous=continuous, prefetched_steps=math.ceil(buffered / accum),

@@ -1,0 +1,72 @@
+"""A Lightning and an Accelerate script through the real command line (2 gloo ranks on the CPU): each example
+searched with its trials measured end to end, exported and trained, one cheap run per framework; and a script whose
+framework is not installed: one line naming the install, exit 2, no study."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from autotune.study.storage import trial_attrs
+from tests.autotune.search.test_script_cli import EXAMPLES, LM_ARGS, studies_in, study_of
+from tests.helpers.cli import autotune
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("lightning")
+pytest.importorskip("accelerate")
+
+LIGHTNING_ARGS = ["--model", "resnet18", "--image-size", "32"]
+
+
+def searched_exported_and_trained(tmp_path, script: str, study: str, args: list[str], trials: int):
+    r = autotune("search", "--script", script, "--trials", str(trials), "--", *args, cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    found = study_of(tmp_path, study)
+    trials_run = found.get_trials()
+    assert len(trials_run) == trials
+    measured = [t for t in trials_run if t.value is not None]
+    assert measured and all(t.value > 0 and trial_attrs(t).get("loss_finite") is not False for t in measured)
+    applies = set(found.user_attrs["script"]["applies"])
+    r = autotune("export", "best.yaml", "--study", study, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    data = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert data["data"]["kind"] == "script" and set(data["script"]["applies"]) == applies
+    r = autotune("train", "--config", "best.yaml", "--no-progress", "--out", "run", "--", *args, "--epochs", "2",
+                 cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "train-summary.json").read_text())
+    assert summary["epochs"] == 2 and summary["steps"] > 0 and summary["loss_finite"] is True
+    return found, applies
+
+
+def test_the_lightning_example_is_searched_exported_and_trained(tmp_path):
+    found, applies = searched_exported_and_trained(tmp_path, str(EXAMPLES / "lightning_ddp.py"),
+                                                   "script-lightning_ddp", LIGHTNING_ARGS, trials=2)
+    # What reaches the Trainer, the DataModule's loader and the module is what the search may change.
+    assert {"precision", "accum_steps", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "batch_size",
+            "num_workers", "channels_last"} <= applies
+    assert found.user_attrs["script"]["applies"]["precision"] == "fp32"  # the script's own 32-true on the CPU
+    assert found.user_attrs["unit"] == "images"
+
+
+def test_the_accelerate_example_is_searched_on_a_live_worker_exported_and_trained(tmp_path):
+    found, applies = searched_exported_and_trained(tmp_path, f"{EXAMPLES / 'accelerate_lm.py'}:main",
+                                                   "script-accelerate_lm", LM_ARGS[1:], trials=3)
+    assert {"precision", "accum_steps", "bucket_cap_mb", "batch_size", "num_workers"} <= applies
+    assert "channels_last" not in applies  # a language model: no layout to search
+    assert found.user_attrs["unit"] == "tokens"
+    workers = {trial_attrs(t).get("worker") for t in found.get_trials()[1:]}
+    assert None not in workers  # after trial 0, trial after trial on one live worker (Accelerate's state reset)
+
+
+def test_a_script_whose_framework_is_not_installed_gets_one_line_naming_the_install(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nsys.modules['lightning'] = None  # as if it were not installed\n"
+                      "from trainer.runtime import lightning as tuned\n")
+    r = autotune("search", "--script", script, "--trials", "3", cwd=tmp_path, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = [x for x in r.stderr.splitlines() if x.startswith("autotune search: error:")]
+    assert len(lines) == 1 and "pip install 'ddp-autotune[lightning]'" in lines[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and studies_in(tmp_path) == []

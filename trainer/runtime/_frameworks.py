@@ -1,0 +1,114 @@
+"""What the framework adapters (``trainer.runtime.lightning``, ``trainer.runtime.accelerate``) share: a run that
+a framework drives instead of the script's own loop. The settings are still applied by ``trainer.apply``'s helpers
+(the DataLoader's arguments, the DDP wrapper's, layout and compile, the optimizer's first step); this module only
+hands each helper the run's values, with the framework object's own as the script's defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+
+from trainer.apply import compile_script_model, data_loader, ddp_args, loader_settings, place, takes_layout
+from trainer.config import DDPConfig
+from trainer.knobs import table
+from trainer.runtime._run import _UNSET, DDP_WRAPPER, LOADER, Run, ScriptError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+"""The run's precision values, each with a name in every framework (``trainer.knobs``' precision choices)."""
+
+# The DataLoader arguments a rebuilt loader keeps from the script's own (the run's settings replace the rest).
+_KEPT = ("collate_fn", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator", "in_order")
+
+
+def missing(framework: str, error: ImportError) -> ScriptError:
+    """The framework a script's adapter needs is not installed: the one line naming the install."""
+    return ScriptError([f"{framework} is not installed ({error}): pip install 'ddp-autotune[{framework}]'"])
+
+
+class FrameworkRun:
+    """A ``trainer.runtime.Run`` that a framework's loop drives: its settings and reports, with the framework's
+    arguments translated by the adapter. Any other attribute is the run's (``rank``, ``in_search``, ``epochs``,
+    ``close``, a declared setting)."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.run, name)
+
+    def apply(self, name: str, default: Any = _UNSET) -> Any:
+        """The run's value of a setting (else ``default``, the framework object's own), recorded as applied: a
+        setting the adapter applies is one the search may change."""
+        return self.run._apply(name, default)
+
+    def loader(self, loader: DataLoader) -> DataLoader:
+        """The script's DataLoader rebuilt with the run's batch size and loader settings (its own values are the
+        script's defaults) through ``trainer.apply.data_loader``; its dataset, sampler, collate function and the
+        rest stay the script's."""
+        if not isinstance(loader, DataLoader):
+            return loader  # an iterable of the script's own: nothing of it the run could set
+        if loader.batch_size is None:
+            raise ScriptError(["the script's DataLoader has its own batch_sampler, so the run cannot set its batch "
+                               "size: give it batch_size= (and sampler=) instead"])
+        args = {name: self.apply(name, getattr(loader, name)) for name in LOADER}
+        batch_size = args.pop("batch_size")
+        kept = {k: getattr(loader, k) for k in _KEPT if hasattr(loader, k)}
+        if not isinstance(loader.dataset, IterableDataset):
+            kept["sampler"] = loader.sampler
+        rebuilt = data_loader(loader.dataset, loader_settings(**args), self.run.device, batch_size=batch_size, **kept)
+        self.run._applied["prefetch_factor"] = rebuilt.prefetch_factor
+        self.run.feed = Feed(rebuilt, self.run.world_size)
+        return rebuilt
+
+    def layout(self, module: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
+        """The module on the run's device, in channels_last when the run asks (only a model with image-shaped
+        weights applies a layout); returns it and whether its inputs go channels_last too."""
+        channels_last = takes_layout(module) and bool(self.apply("channels_last"))
+        return place(module, self.run.device, channels_last=channels_last), channels_last
+
+    def compiled(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` under torch.compile when the run asks, with its mode."""
+        if not self.apply("compile"):
+            return module
+        self.run._closables.append(torch._dynamo.reset)
+        return compile_script_model(module, self.apply("compile_mode"))
+
+    def ddp_kwargs(self, given: dict[str, Any]) -> dict[str, Any]:
+        """DistributedDataParallel's arguments: the run's wrapper settings (``given``'s values, the script's, as
+        their defaults) through ``trainer.apply.ddp_args``; the script's other DDP arguments win, as in
+        ``Run.model``."""
+        fields = {name: table().by_runtime_name[name].path.partition(".")[2] for name in DDP_WRAPPER}
+        wrapper = {f: self.apply(name, given.get(f, _UNSET)) for name, f in fields.items()}
+        return {**ddp_args(DDPConfig(**wrapper)), **{k: v for k, v in given.items() if k not in wrapper}}
+
+    def report(self, samples: int, loss: Any = None, *, final: bool | None = None) -> bool:
+        """After each micro-batch the framework ran (forward and backward; the framework steps the optimizer every
+        ``accum_steps``): its samples and loss into the run's meter. True once the trial is measured. ``final``:
+        whether the framework stepped the optimizer after it (both frameworks also step at an epoch's last batch,
+        where a group of micro-batches is cut short); None: every ``accum_steps``-th."""
+        run = self.run
+        run._mark_ready()
+        accum = max(1, int(run._applied.get("accum_steps", 1)))
+        # The meter counts optimizer steps: report() counts a step when the micro-steps are a multiple of accum.
+        run._micro = (run._micro // accum + 1) * accum if final else run._micro + 1
+        if isinstance(loss, dict):
+            loss = loss.get("loss")
+        return run.report(samples, loss)
+
+class Feed:
+    """A loader the framework shards over the ranks itself (Lightning's sampler, Accelerate's shards): what one
+    rank holds per epoch, and the batches its workers prefetch before the first step (the meter discards them)."""
+
+    def __init__(self, loader: DataLoader, world_size: int):
+        self.loader, self.world_size = loader, world_size
+        self.buffered = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
+
+    def samples_per_rank(self) -> int | None:
+        if isinstance(self.loader.sampler, DistributedSampler):
+            return len(self.loader.sampler)
+        try:
+            return len(self.loader.dataset) // self.world_size
+        except TypeError:  # an IterableDataset without a length
+            return None

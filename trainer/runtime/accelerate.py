@@ -1,0 +1,111 @@
+"""An Accelerate script tuned by ``autotune search --script`` without rewriting its loop: its ``Accelerator`` made
+by the run, and a report after each micro-batch.
+
+    from trainer.runtime import accelerate as tuned
+
+    run = tuned.setup(unit="tokens")                          # as trainer.runtime.setup
+    accelerator = run.accelerator(mixed_precision="bf16")     # Accelerator(...) with the run's settings
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for epoch in run.epochs(10):
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = ...
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            if run.report(len(batch), loss):                  # True once the trial is measured
+                break
+
+The trial's settings reach the ``Accelerator`` (``mixed_precision``, ``gradient_accumulation_steps``, a
+``DistributedDataParallelKwargs`` with the bucket size, gradient-as-bucket-view and static graph) and what its
+``prepare`` is handed: a DataLoader is rebuilt with the run's batch size and loader settings before Accelerate
+shards it, a model goes channels_last and is compiled (after Accelerate's DDP wrapper, as ``Run.model``), an
+optimizer gets its first-step state. The script's own arguments are the defaults; outside a search the Accelerator
+is the one the script asked for. Accelerate joins the process group the run started (gloo on CPUs, where it is
+told ``cpu=True``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainer.apply import prepare_optimizer
+from trainer.runtime._frameworks import PRECISIONS, FrameworkRun, missing
+from trainer.runtime._run import setup as _setup
+
+try:
+    from accelerate import Accelerator, DistributedDataParallelKwargs
+    from accelerate.state import AcceleratorState, GradientState
+except ImportError as e:  # the one line a search prints; trainer.runtime itself never needs Accelerate
+    raise missing("accelerate", e) from None
+
+PRECISION = dict(zip(PRECISIONS, ("no", "bf16", "fp16"), strict=True))
+"""The run's precision as Accelerate spells it (``mixed_precision``)."""
+
+_FROM_ACCELERATE = {v: k for k, v in PRECISION.items()}
+
+
+def setup(*, unit: str = "samples", **defaults: Any) -> AccelerateRun:
+    """The run of this process (``trainer.runtime.setup``) with Accelerate's adapter."""
+    return AccelerateRun(_setup(unit=unit, **defaults))
+
+
+class AccelerateRun(FrameworkRun):
+    """The run's settings as an ``Accelerator`` and its ``prepare`` take them."""
+
+    def accelerator(self, **kwargs: Any) -> Accelerator:
+        """``accelerate.Accelerator(**kwargs)`` with the run's settings (``accelerator_args``); its ``prepare``
+        applies the run's loader, layout, compile and optimizer settings to what it is handed."""
+        # Accelerate keeps one state per process: a live worker's next trial may run another precision.
+        AcceleratorState._reset_state()
+        GradientState._reset_state()
+        accelerator = self._accelerator = Accelerator(**self.accelerator_args(**kwargs))
+        own = accelerator.prepare
+        accelerator.prepare = lambda *objects, **kw: self._prepared(own, objects, kw)
+        return accelerator
+
+    def accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+        """The Accelerator's keyword arguments: the script's, with the run's mixed precision, accumulation and
+        DDP arguments."""
+        args = dict(kwargs)
+        if self.run.device.type == "cpu":
+            args.setdefault("cpu", True)  # Accelerate joins a CPU process group (gloo) only when told it is on CPUs
+        precision = _FROM_ACCELERATE.get(str(args.get("mixed_precision") or "no"))
+        if precision is not None:
+            args["mixed_precision"] = PRECISION[self.apply("precision", precision)]
+        args["gradient_accumulation_steps"] = int(self.apply("accum_steps",
+                                                             int(args.get("gradient_accumulation_steps", 1))))
+        handlers = list(args.get("kwargs_handlers") or [])
+        own = next((h for h in handlers if isinstance(h, DistributedDataParallelKwargs)), None)
+        given = own.to_kwargs() if own is not None else {}
+        fields = {f.name for f in dataclasses.fields(DistributedDataParallelKwargs)}
+        ddp = {k: v for k, v in self.ddp_kwargs(given).items() if k in fields}
+        args["kwargs_handlers"] = [*(h for h in handlers if h is not own), DistributedDataParallelKwargs(**ddp)]
+        return args
+
+    def report(self, samples: int, loss: Any = None) -> bool:
+        """After each micro-batch (the ``accumulate`` block): its samples and loss into the run's meter; True once
+        the trial is measured. Accelerate says whether it stepped the optimizer (``sync_gradients``: every
+        ``gradient_accumulation_steps``, and at the loader's end)."""
+        accelerator = getattr(self, "_accelerator", None)
+        return super().report(samples, loss, final=accelerator.sync_gradients if accelerator is not None else None)
+
+    def _prepared(self, prepare, objects: tuple, kwargs: dict[str, Any]):
+        """Accelerate's ``prepare`` of the objects as the run wants them: loaders rebuilt and models laid out
+        before, models compiled and optimizers readied after."""
+        before = [self.loader(o) if isinstance(o, DataLoader) else
+                  self.layout(o)[0] if isinstance(o, torch.nn.Module) else o for o in objects]
+        out = prepare(*before, **kwargs)
+        many = out if isinstance(out, tuple) else (out,)
+        after = []
+        for given, made in zip(before, many, strict=True):
+            if isinstance(given, torch.nn.Module):
+                made = self.compiled(made)
+            elif isinstance(given, torch.optim.Optimizer):
+                prepare_optimizer(getattr(made, "optimizer", made))
+            after.append(made)
+        return tuple(after) if isinstance(out, tuple) else after[0]
