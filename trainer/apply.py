@@ -83,6 +83,37 @@ def script_distributed() -> Dist:
     return _process_group("nccl" if cuda else "gloo", device, local_rank, timeout_s=DDPConfig().timeout_s)
 
 
+@contextlib.contextmanager
+def group_of_the_worker():
+    """While a live worker runs a user's function (``script.entry``): the process group is the worker's, so the
+    function's own ``dist.init_process_group(...)`` (the first lines of many scripts, which run unchanged under plain
+    torchrun) is accepted as a no-op when a group exists, and its ``dist.destroy_process_group()`` leaves the
+    worker's group standing for the next trial. A function that imported them by name (``from torch.distributed
+    import init_process_group``) before the worker started keeps torch's own and gets its error
+    (``OWN_GROUP_FIX``)."""
+    started, destroyed = dist.init_process_group, dist.destroy_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if not dist.is_initialized():
+            started(*args, **kwargs)
+
+    def destroy_process_group(group=None) -> None:
+        if group is not None and group is not dist.group.WORLD:
+            destroyed(group)
+
+    dist.init_process_group, dist.destroy_process_group = init_process_group, destroy_process_group
+    try:
+        yield
+    finally:
+        dist.init_process_group, dist.destroy_process_group = started, destroyed
+
+
+OWN_GROUP_FIX = ("the script starts its own process group, but as a function (`:main`) it runs in the worker's: "
+                 "guard the call, `if not dist.is_initialized(): dist.init_process_group(...)`, or run the script "
+                 "file without `:main`")
+"""The fix for torch's "trying to initialize the default process group twice" from a function on a live worker."""
+
+
 def shutdown_distributed() -> None:
     dist.barrier()
     dist.destroy_process_group()

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import MeasureConfig
+from trainer.protocol import STEPS_EVERY_S, Kind
 
 # Warm-up steps whose median sizes the first window: few enough to reflect the pace after the prefetch buffer.
 STEP_TIME_STEPS = 5
@@ -73,6 +74,9 @@ class ThroughputMeter:
 
     cancelled: bool = False
 
+    steps_total: int = 0
+    """Every ``step()`` so far, warm-up included."""
+
     state: str = "warmup"
     warmup_steps: int = 0
     warmup_capped: bool = False
@@ -90,6 +94,8 @@ class ThroughputMeter:
     _loss: torch.Tensor | None = None
     _loss_at_open: torch.Tensor | None = None
     _win_nonfinite: torch.Tensor | None = None
+    _t_said: float = field(default_factory=time.monotonic)
+    _t_step: float = field(default_factory=time.monotonic)
 
     @property
     def min_steps(self) -> int:
@@ -109,6 +115,7 @@ class ThroughputMeter:
         how many images (samples, tokens) this rank consumed in it."""
         if loss is not None:
             self._loss = loss
+        self.steps_total += 1
         if self.state == "warmup":
             self._warmup_step()
         elif self.state == "measure":
@@ -119,6 +126,14 @@ class ThroughputMeter:
             self._win_images += self.images_per_step if images is None else int(images)
             if self._win_steps >= self.steps_per_window:
                 self._close_window()
+        now, self._t_step = self._t_step, time.monotonic()
+        if self.state != "done" and self._t_step - self._t_said >= STEPS_EVERY_S:
+            self._say({"kind": Kind.STEPS, "t": time.time(), "steps": self.steps_total, "state": self.state,
+                       "step_s": round(self._t_step - now, 4)})
+
+    def _say(self, record: dict[str, Any]) -> None:
+        self._t_said = time.monotonic()
+        self.emit(record)
 
     @contextlib.contextmanager
     def paused(self):
@@ -156,7 +171,7 @@ class ThroughputMeter:
         self.step_time_s = _allreduce([local], dist.ReduceOp.MAX, self.device)[0]
         self.warmup_capped = bool(not_done)
         self.steps_per_window = max(self.span_steps, round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
-        self.emit({"kind": "warmup_done", "t": time.time(), "steps": self.warmup_steps,
+        self._say({"kind": "warmup_done", "t": time.time(), "steps": self.warmup_steps,
                    "seconds": round(now - self._t_start, 4), "step_time_s": self.step_time_s,
                    "capped": self.warmup_capped, "steps_per_window": self.steps_per_window})
         self.state = "measure"
@@ -189,7 +204,7 @@ class ThroughputMeter:
                    seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end,
                    loss_nonfinite=int(bad))
         self.windows.append(w)
-        self.emit({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
+        self._say({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
                    "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3),
                    "loss_start": _round(w.loss_start), "loss_end": _round(w.loss_end),
                    "loss_nonfinite": w.loss_nonfinite, "paused_s": round(self._win_paused, 6)})

@@ -39,6 +39,7 @@ from trainer.apply import (
 )
 from trainer.config import ConfigError, DataConfig, DDPConfig, TrainConfig, TrainingConfig
 from trainer.knobs import table
+from trainer.lifeline import die_with_parent, stacks_on_sigterm
 from trainer.meter import ThroughputMeter, sync
 from trainer.protocol import Kind, ResultWriter, error_record
 from trainer.records import Dist, count_nonfinite, start_record, summary_record
@@ -131,6 +132,10 @@ class Run:
             self._apply_cudnn()
         set_run(self)
         if request.measured and active() is None:  # a process of the script's own: its records are ours
+            # As the built-in job's ranks do: die with torchrun, and say where the script was when stopped (a
+            # hang's report stands on it).
+            die_with_parent()
+            stacks_on_sigterm()
             self.writer.write(start_record(self.env))
             atexit.register(self._at_exit)
             if not getattr(sys.excepthook, "autotune", False):
