@@ -142,8 +142,9 @@ def timed_out(run: Finished, considered: Sequence[dict]) -> Verdict:
     pace = stepping(considered, getattr(run, "t_stopped", None) or run.t_end)
     if pace is not None:
         steps, seconds = pace
-        return failed(Failure.SLOW, f"slow, not stuck: still stepping when the trial timeout ({waited} s) ended it, "
-                                    f"waiting for {last}; {steps} steps reported, the latest took {seconds:.3g} s")
+        return failed(Failure.SLOW, f"not stuck, but too slow for its timeout: still stepping when the trial "
+                                    f"timeout ({waited} s) ended it, waiting for {last}; {steps} steps reported, the "
+                                    f"latest took {seconds:.3g} s")
     where = "each rank's stack is in the log" if _has_stacks(run.log_path) else "the ranks left no stack in the log"
     began = any(r.get("kind") in (Kind.FIRST_STEP, Kind.WINDOW) for r in considered)
     return failed(Failure.HANG, f"no measurement window for {waited} s (trial timeout); waiting for {last}"

@@ -74,6 +74,10 @@ class ThroughputMeter:
 
     cancelled: bool = False
 
+    epoch_starts: list[float] = field(default_factory=list)
+    """Seconds of each epoch boundary of a script's own loader met while measuring (``epoch_boundary``): its workers
+    joined and spawned anew, its first batches prefetched. Kept out of the windows, charged by ``charge_epochs``."""
+
     steps_total: int = 0
     """Every ``step()`` so far, warm-up included."""
 
@@ -96,6 +100,8 @@ class ThroughputMeter:
     _win_nonfinite: torch.Tensor | None = None
     _t_said: float = field(default_factory=time.monotonic)
     _t_step: float = field(default_factory=time.monotonic)
+    _charge: dict[str, Any] | None = None
+    _epoch_end_s: float = 0.0
 
     @property
     def min_steps(self) -> int:
@@ -151,6 +157,34 @@ class ThroughputMeter:
             elif self.state == "measure":
                 self._win_paused += time.perf_counter() - start
 
+    @contextlib.contextmanager
+    def epoch_boundary(self, *, end: bool = False):
+        """An epoch's end (``end``: its loader's workers joined) or the next one's start (workers spawned, first
+        batches prefetched) inside a measurement: paused like validation (the windows stay steady whatever an
+        epoch's length), and its seconds kept, an end's added to the start after it (``epoch_starts``), to charge
+        over a real epoch (``charge_epochs``). In a train run's continuous windows it is part of the pace: nothing
+        is paused."""
+        if self.continuous or self.state == "done":
+            yield
+            return
+        start = time.perf_counter()
+        with self.paused():
+            yield
+        seconds = time.perf_counter() - start
+        if end:
+            self._epoch_end_s = seconds
+        else:
+            self.epoch_starts.append(seconds + self._epoch_end_s)
+            self._epoch_end_s = 0.0
+
+    def charge_epochs(self, *, epoch_images: int | None, start_s: float | None) -> None:
+        """What a real run pays per epoch, charged to the figure: ``start_s`` seconds of boundary (the slowest
+        rank's) once every ``epoch_images`` images (all ranks'), on top of the steady windows' pace. The summary's
+        ``imgs_per_s`` is then the charged figure; ``imgs_per_s_steady`` the windows' own."""
+        if epoch_images and start_s:
+            self._charge = {"epoch_images": int(epoch_images), "epoch_start_s": round(start_s, 6),
+                            "epoch_starts": len(self.epoch_starts)}
+
     # ---- warm-up -----------------------------------------------------------------------------------------------
 
     def _warmup_step(self) -> None:
@@ -164,11 +198,11 @@ class ThroughputMeter:
         done = self.warmup_steps >= max(1, self.min_steps)
         capped = now - self._t_start >= self.cfg.warmup_max_s
         # Every rank must leave warm-up on the same step: when all are done, or any has hit the time cap.
-        not_done, any_capped = _allreduce([float(not done), float(capped)], dist.ReduceOp.MAX, self.device)
+        not_done, any_capped = allreduce([float(not done), float(capped)], dist.ReduceOp.MAX, self.device)
         if not_done and not any_capped:
             return
         local = statistics.median(self._step_times[-STEP_TIME_STEPS:])
-        self.step_time_s = _allreduce([local], dist.ReduceOp.MAX, self.device)[0]
+        self.step_time_s = allreduce([local], dist.ReduceOp.MAX, self.device)[0]
         self.warmup_capped = bool(not_done)
         self.steps_per_window = max(self.span_steps, round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
         self._say({"kind": "warmup_done", "t": time.time(), "steps": self.warmup_steps,
@@ -195,10 +229,10 @@ class ThroughputMeter:
         stop = float(bool(self.stop_requested and self.stop_requested()))
         bad = float(self._win_nonfinite.item()) if self._win_nonfinite is not None else 0.0
         # Non-finite steps: the worst rank's count, in the same collective as the slowest rank's duration.
-        slowest, neg_t0, t1, stop, bad = _allreduce([seconds, -self._win_t0_wall, t1_wall, stop, bad],
+        slowest, neg_t0, t1, stop, bad = allreduce([seconds, -self._win_t0_wall, t1_wall, stop, bad],
                                                     dist.ReduceOp.MAX, self.device)
         losses = [float(x.float().item()) if x is not None else 0.0 for x in (self._loss_at_open, self._loss)]
-        images, *loss_sums = _allreduce([float(self._win_images), *losses], dist.ReduceOp.SUM, self.device)
+        images, *loss_sums = allreduce([float(self._win_images), *losses], dist.ReduceOp.SUM, self.device)
         start, end = ((x / _world() for x in loss_sums) if self._loss is not None else (None, None))
         w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=int(images),
                    seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end,
@@ -253,8 +287,16 @@ class ThroughputMeter:
     def summary(self) -> dict[str, Any]:
         used = self.steady()
         rates = [w.imgs_per_s for w in used]
+        steady = statistics.median(rates) if rates else None
+        charged = {}
+        if self._charge and steady:
+            # An epoch's images at the steady pace, plus its boundary: the rate a real run of such epochs sees.
+            epoch_s = self._charge["epoch_images"] / steady + self._charge["epoch_start_s"]
+            charged = {**self._charge, "imgs_per_s_steady": round(steady, 3)}
+            steady = self._charge["epoch_images"] / epoch_s
         return {
-            "imgs_per_s": round(statistics.median(rates), 3) if rates else None,
+            "imgs_per_s": round(steady, 3) if steady else None,
+            **charged,
             "imgs_per_s_windows": [round(w.imgs_per_s, 3) for w in self.windows],
             "windows_used": [w.index for w in used],
             "imgs_per_s_min": round(min(rates), 3) if rates else None,
@@ -287,7 +329,7 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _allreduce(values: list[float], op, device: torch.device) -> list[float]:
+def allreduce(values: list[float], op, device: torch.device) -> list[float]:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=device)
