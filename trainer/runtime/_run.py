@@ -117,7 +117,11 @@ class Run:
         self._model: torch.nn.Module | None = None
         self._optimizers: set[int] = set()
         self._scaler: torch.amp.GradScaler | None = None
-        self._stepping = False
+        self._stepping = self._unscaled = False
+        self.stepped = False
+        """Whether the latest ``run.step`` ended with an optimizer step."""
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._module: torch.nn.Module | None = None
         self._micro = 0
         self._pending = 0
         self._closables: list[Callable[[], None]] = []
@@ -307,31 +311,48 @@ class Run:
     def model(self, module: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:
         """The module on the run's device, in channels_last when the run asks, wrapped in DistributedDataParallel
         with the run's bucket size, gradient-as-bucket-view and static-graph settings (a value given here is the
-        script's default; other DDP arguments pass through), then torch.compile'd when the run asks."""
+        script's default; other DDP arguments pass through), then torch.compile'd when the run asks. A module the
+        script compiled itself (``torch.compile(net)``) is taken as the module inside, compile then the script's
+        default; ``run.module`` is the script's module either way."""
+        own_compile = _UNSET
+        compiled = getattr(module, "_orig_mod", None)
+        if isinstance(compiled, torch.nn.Module):
+            # The script compiled its own module: the run compiles the DDP wrapper instead (its all-reduces then
+            # overlap the backward, as the built-in job's do), with the script's choice as compile's default.
+            module, own_compile = compiled, True
+        self._module = module
         # A language model (no image-shaped weights) does not apply a layout, so its trials do not search it.
         module = place(module, self.device, channels_last=takes_layout(module) and bool(self._apply("channels_last")))
         wrapper = {table().by_runtime_name[name].path.partition(".")[2]: self._apply(name, ddp_kwargs.pop(name, _UNSET))
                    for name in DDP_WRAPPER}
         ddp = wrap_ddp(module, self.device, DDPConfig(**wrapper), **ddp_kwargs)
         self._model = ddp
-        if self._apply("compile"):
+        if self._apply("compile", own_compile):
             # Compile the DDP wrapper: Dynamo's DDPOptimizer splits the graph at bucket boundaries so the
             # all-reduces still overlap the backward pass (as the built-in job does).
             self._closables.append(torch._dynamo.reset)
             return compile_script_model(ddp, self._apply("compile_mode"))
         return ddp
 
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """The script's own module inside what ``run.model`` returned (no DDP wrapper, no compile): for its
+        ``state_dict``, its parameters by their own names (optimizer groups), its attributes."""
+        return self._module
+
     @contextlib.contextmanager
-    def step(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    def step(self, optimizer: torch.optim.Optimizer, scheduler=None) -> Iterator[None]:
         """One micro-step: its forward (and ``backward``) under autocast at the run's precision, inside DDP's
         ``no_sync()`` unless it is the last micro-step of an optimizer step (so gradients are all-reduced once per
-        optimizer step); after the last: the optimizer step through the GradScaler (fp16), then ``zero_grad``."""
+        optimizer step); after the last: the optimizer step through the GradScaler (fp16), then ``zero_grad``, then
+        ``scheduler.step()`` when given (once per optimizer step, whatever the accumulation). ``run.stepped`` says
+        whether this micro-step ended with an optimizer step (for a scheduler or EMA of the script's own)."""
         accum = max(1, int(self._apply("accum_steps")))
         amp = autocast(self._apply("precision"), self.device)
         self._prepare(optimizer)
         self._mark_ready()
         final = self._micro % accum == accum - 1
-        self._stepping = True
+        self._stepping, self._optimizer, self._unscaled, self.stepped = True, optimizer, False, False
         try:
             with grad_sync(self._model, final=final), amp:
                 yield
@@ -345,6 +366,32 @@ class Run:
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
+            self.stepped = True
+
+    @property
+    def final_micro_step(self) -> bool:
+        """Inside ``run.step``: whether this micro-step ends an optimizer step (its gradients are then complete)."""
+        accum = max(1, int(self._applied.get("accum_steps", 1)))
+        return self._micro % accum == accum - 1
+
+    def clip_grad_norm_(self, max_norm: float, parameters=None, **kwargs: Any) -> torch.Tensor | None:
+        """``torch.nn.utils.clip_grad_norm_`` after ``run.backward`` inside ``run.step``, right under every
+        precision and accumulation: on the last micro-step only (earlier ones hold part of the gradient), after the
+        GradScaler's ``unscale_`` under fp16 (else the norm is of scaled gradients). ``parameters``: the
+        optimizer's by default. Returns the total norm, None on a micro-step that does not step."""
+        if not self._stepping:
+            raise RuntimeError("run.clip_grad_norm_(...) belongs inside `with run.step(optimizer):`, after "
+                               "run.backward(loss)")
+        if not self.final_micro_step:
+            return None
+        if self._scaler is not None and not self._unscaled:
+            self._scaler.unscale_(self._optimizer)
+            self._unscaled = True
+        if parameters is None:
+            parameters = [p for group in self._optimizer.param_groups for p in group["params"]]
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` for a micro-step inside ``step``: divided over the micro-steps, scaled under fp16,
@@ -547,7 +594,7 @@ class Run:
         for release in self._closables:
             release()
         self._closables.clear()
-        self._model = self._loader = self.meter = None
+        self._model = self._module = self._optimizer = self._loader = self.meter = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
