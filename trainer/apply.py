@@ -2,7 +2,8 @@
 (``trainer.runtime``) alike:
 
 - the process: the safety and NCCL environment, the process group (``init_distributed`` for the built-in job,
-  ``script_distributed`` for a script, which may have started its own);
+  ``script_distributed`` for a script, which may have started its own; ``group_of_the_worker`` for a script's
+  function on a live worker, whose own ``init_process_group`` is accepted);
 - the input: the DataLoader's arguments (``loader_args``, ``data_loader``), one rule for settings that need workers
   or CUDA;
 - the model: device and memory layout (``place``), the DDP wrapper (``wrap_ddp``), torch.compile;
