@@ -22,6 +22,7 @@ import datetime
 import os
 import socket
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -171,9 +172,19 @@ def loader_args(loader: LoaderConfig, device: torch.device) -> dict[str, Any]:
             "pin_memory": fitted.pin_memory and device.type == "cuda", "persistent_workers": fitted.persistent_workers}
 
 
+_BUILT: weakref.WeakSet = weakref.WeakSet()
+
+
 def data_loader(dataset, loader: LoaderConfig, device: torch.device, **kwargs: Any) -> DataLoader:
     """``DataLoader(dataset, **kwargs)`` with ``loader``'s settings applied (``loader_args``)."""
-    return DataLoader(dataset, **loader_args(loader, device), **kwargs)
+    built = DataLoader(dataset, **loader_args(loader, device), **kwargs)
+    _BUILT.add(built)
+    return built
+
+
+def applied_here(loader: DataLoader) -> bool:
+    """Whether ``loader`` was built by ``data_loader`` (with a run's settings): not one of a script's own."""
+    return loader in _BUILT
 
 
 # ---- the model -----------------------------------------------------------------------------------------------------

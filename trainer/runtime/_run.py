@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.apply import (
+    applied_here,
     autocast,
     compile_script_model,
     cudnn_benchmark,
@@ -256,11 +257,10 @@ class Run:
 
     def _own_loaders(self) -> list[str]:
         """The loader settings the script read from the run but did not give a DataLoader it iterates."""
-        ours = getattr(self._loader, "_loader", None)
         read = [name for name in LOADER if name in self._read]
         problems = []
         for loader in list(self._iterated):
-            if loader is ours or not read:
+            if applied_here(loader) or loader is getattr(self._loader, "_loader", None) or not read:
                 continue
             for name, have, want in self._loader_mismatch(loader, {n: self._value(n) for n in read}):
                 problems.append(f"the script reads run.{name} ({want}) but iterates a DataLoader built with "
