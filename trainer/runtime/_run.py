@@ -263,6 +263,8 @@ class Run:
             if applied_here(loader) or loader is getattr(self._loader, "_loader", None) or not read:
                 continue
             for name, have, want in self._loader_mismatch(loader, {n: self._value(n) for n in read}):
+                if name == "batch_size" and have is None:  # batches of its own batch_sampler: not comparable
+                    continue
                 problems.append(f"the script reads run.{name} ({want}) but iterates a DataLoader built with "
                                 f"{name}={have}, so the setting has no effect: pass {name}=run.{name} to its "
                                 "DataLoader, or build it with run.loader(dataset, ...)")
