@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from autotune.runner.process import log_tail
-from trainer.protocol import SIGNATURES, Failure, Kind, nonfinite_reason, root_cause_rank
+from autotune.runner.process import STACKS_MARK, log_tail
+from trainer.protocol import SIGNATURES, STEPS_EVERY_S, Failure, Kind, nonfinite_reason, root_cause_rank
 
 FIXES: dict[Failure, str] = {
     Failure.OOM: "a smaller per-GPU batch (training.batch_size; training.accum_steps keeps the global batch)",
@@ -34,6 +34,7 @@ FIXES: dict[Failure, str] = {
                     "--shm-size)",
     Failure.NCCL: "NCCL_DEBUG=WARN in the environment names the collective that failed and why",
     Failure.HANG: "a longer --trial-timeout when the job is slow to its first window rather than stuck",
+    Failure.SLOW: "a longer --trial-timeout: the run was stepping, too slowly for its windows in the time given",
     Failure.INTERRUPTED: "run the same command again to resume the study",
 }
 """The change to make for a failure of each class, where one is known. A ``config`` failure's message names its own
@@ -119,10 +120,7 @@ def ending(run: Finished) -> Verdict:
     if errors:
         return root_cause(errors)
     if run.stopped == "hang":
-        last = "a window" if any(r.get("kind") == Kind.WINDOW for r in run.records) else "the first window"
-        return failed(Failure.HANG, f"no measurement window for {round(run.t_end - run.t_launch)} s (trial "
-                                    f"timeout); waiting for {last}; process tree killed, each rank's stack is in "
-                                    "the log")
+        return timed_out(run, considered)
     if run.stopped == "interrupted":
         return failed(Failure.INTERRUPTED, "interrupted (Ctrl-C)")
     if _last(run.records, Kind.SUMMARY) is not None and run.returncode in (0, None):
@@ -134,6 +132,43 @@ def ending(run: Finished) -> Verdict:
     if run.returncode == 0:
         return failed(Failure.CRASH, "the job exited without a summary record")
     return failed(Failure.CRASH, crash_line(tail, run.returncode))
+
+
+def timed_out(run: Finished, considered: Sequence[dict]) -> Verdict:
+    """A run the trial timeout ended: ``slow`` while it was still stepping (its latest step records came at the pace
+    of its steps), else ``hang``; where it waited is in the log when its ranks' stacks reached it."""
+    waited = round((getattr(run, "t_stopped", None) or run.t_end) - run.t_launch)
+    last = "a window" if any(r.get("kind") == Kind.WINDOW for r in considered) else "the first window"
+    pace = stepping(considered, getattr(run, "t_stopped", None) or run.t_end)
+    if pace is not None:
+        steps, seconds = pace
+        return failed(Failure.SLOW, f"not stuck, but too slow for its timeout: still stepping when the trial "
+                                    f"timeout ({waited} s) ended it, waiting for {last}; {steps} steps reported, the "
+                                    f"latest took {seconds:.3g} s")
+    where = "each rank's stack is in the log" if _has_stacks(run.log_path) else "the ranks left no stack in the log"
+    began = any(r.get("kind") in (Kind.FIRST_STEP, Kind.WINDOW) for r in considered)
+    return failed(Failure.HANG, f"no measurement window for {waited} s (trial timeout); waiting for {last}"
+                                f"{'' if began else ' (no step reported)'}; process tree killed, {where}")
+
+
+def stepping(records: Sequence[dict], t_stop: float) -> tuple[int, float] | None:
+    """(steps reported, seconds its latest step took) of a run still stepping at ``t_stop``: its latest step record
+    (``Kind.STEPS``, written at most ``STEPS_EVERY_S`` apart while it steps) came within two of its steps (or two
+    such intervals) of the stop; None for a run that stopped stepping, or never said."""
+    beat = next((r for r in reversed(records) if r.get("kind") == Kind.STEPS and "t" in r), None)
+    if beat is None:
+        return None
+    step_s = float(beat.get("step_s") or 0.0)
+    if t_stop - float(beat["t"]) > 2 * max(step_s, STEPS_EVERY_S):
+        return None
+    return int(beat.get("steps", 0)), step_s
+
+
+def _has_stacks(log: Path | None) -> bool:
+    try:
+        return STACKS_MARK.encode() in log.read_bytes() if log is not None else False
+    except OSError:
+        return False
 
 
 def root_cause(errors: Sequence[dict]) -> Verdict:

@@ -5,15 +5,13 @@ requests file names."""
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import os
-import signal
 import sys
 
 import yaml
 
 from trainer.config import ConfigError, TrainConfig
-from trainer.lifeline import die_with_parent
+from trainer.lifeline import die_with_parent, stacks_on_sigterm
 from trainer.protocol import ResultWriter, error_record
 
 
@@ -38,22 +36,6 @@ def load_config(args: argparse.Namespace) -> TrainConfig:
             raise ConfigError([f"--set {b}: expected KEY=VALUE" for b in bad])
         cfg = cfg.with_overrides({k: yaml.safe_load(v) for k, v in pairs})
     return cfg
-
-
-def stacks_on_sigterm() -> None:
-    """A rank stopped from outside (a peer failed, the tuner's hang deadline) prints every thread's stack on its way
-    out: where a rank waits is what a hang's report needs, and only the stopped rank knows it.
-
-    Into a file of the rank's own when the launcher names a folder (``TRAINER_STACKS_DIR``): ranks stopped at the
-    same moment, writing into one stream, interleave their stacks fragment by fragment. Forked children (DataLoader
-    workers, which get the same signal) print nothing: their stacks would interleave with the rank's."""
-    out = sys.stderr
-    folder = os.environ.get("TRAINER_STACKS_DIR")
-    if folder and os.path.isdir(folder):
-        name = f"rank{os.environ.get('RANK', '0')}-pid{os.getpid()}.txt"
-        out = open(os.path.join(folder, name), "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
-    faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
-    os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,8 @@
 (``trainer.runtime``) alike:
 
 - the process: the safety and NCCL environment, the process group (``init_distributed`` for the built-in job,
-  ``script_distributed`` for a script, which may have started its own);
+  ``script_distributed`` for a script, which may have started its own; ``group_of_the_worker`` for a script's
+  function on a live worker, whose own ``init_process_group`` is accepted);
 - the input: the DataLoader's arguments (``loader_args``, ``data_loader``), one rule for settings that need workers
   or CUDA;
 - the model: device and memory layout (``place``), the DDP wrapper (``wrap_ddp``), torch.compile;
@@ -21,6 +22,7 @@ import datetime
 import os
 import socket
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -83,6 +85,37 @@ def script_distributed() -> Dist:
     return _process_group("nccl" if cuda else "gloo", device, local_rank, timeout_s=DDPConfig().timeout_s)
 
 
+@contextlib.contextmanager
+def group_of_the_worker():
+    """While a live worker runs a user's function (``script.entry``): the process group is the worker's, so the
+    function's own ``dist.init_process_group(...)`` (the first lines of many scripts, which run unchanged under plain
+    torchrun) is accepted as a no-op when a group exists, and its ``dist.destroy_process_group()`` leaves the
+    worker's group standing for the next trial. A function that imported them by name (``from torch.distributed
+    import init_process_group``) before the worker started keeps torch's own and gets its error
+    (``OWN_GROUP_FIX``)."""
+    started, destroyed = dist.init_process_group, dist.destroy_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if not dist.is_initialized():
+            started(*args, **kwargs)
+
+    def destroy_process_group(group=None) -> None:
+        if group is not None and group is not dist.group.WORLD:
+            destroyed(group)
+
+    dist.init_process_group, dist.destroy_process_group = init_process_group, destroy_process_group
+    try:
+        yield
+    finally:
+        dist.init_process_group, dist.destroy_process_group = started, destroyed
+
+
+OWN_GROUP_FIX = ("the script starts its own process group, but as a function (`:main`) it runs in the worker's: "
+                 "guard the call, `if not dist.is_initialized(): dist.init_process_group(...)`, or run the script "
+                 "file without `:main`")
+"""The fix for torch's "trying to initialize the default process group twice" from a function on a live worker."""
+
+
 def shutdown_distributed() -> None:
     dist.barrier()
     dist.destroy_process_group()
@@ -139,9 +172,19 @@ def loader_args(loader: LoaderConfig, device: torch.device) -> dict[str, Any]:
             "pin_memory": fitted.pin_memory and device.type == "cuda", "persistent_workers": fitted.persistent_workers}
 
 
+_BUILT: weakref.WeakSet = weakref.WeakSet()
+
+
 def data_loader(dataset, loader: LoaderConfig, device: torch.device, **kwargs: Any) -> DataLoader:
     """``DataLoader(dataset, **kwargs)`` with ``loader``'s settings applied (``loader_args``)."""
-    return DataLoader(dataset, **loader_args(loader, device), **kwargs)
+    built = DataLoader(dataset, **loader_args(loader, device), **kwargs)
+    _BUILT.add(built)
+    return built
+
+
+def applied_here(loader: DataLoader) -> bool:
+    """Whether ``loader`` was built by ``data_loader`` (with a run's settings): not one of a script's own."""
+    return loader in _BUILT
 
 
 # ---- the model -----------------------------------------------------------------------------------------------------

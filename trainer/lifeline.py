@@ -1,4 +1,4 @@
-"""A rank dies with its torchrun agent.
+"""A rank dies with its torchrun agent, and says where it was when it is stopped.
 
 torchrun starts every rank in a session of its own and cleans them up when it is *asked* to stop (SIGTERM, SIGINT).
 When the agent itself is SIGKILLed (or the tuner above it is, and the kernel's parent-death signal takes the agent
@@ -12,6 +12,7 @@ Linux only; elsewhere (and outside torchrun, where the parent is a shell or a us
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -36,3 +37,19 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     if os.getppid() != parent:
         os.kill(os.getpid(), sig)
     return True
+
+
+def stacks_on_sigterm() -> None:
+    """A rank stopped from outside (a peer failed, the tuner's hang deadline) prints every thread's stack on its way
+    out: where a rank waits is what a hang's report needs, and only the stopped rank knows it.
+
+    Into a file of the rank's own when the launcher names a folder (``TRAINER_STACKS_DIR``): ranks stopped at the
+    same moment, writing into one stream, interleave their stacks fragment by fragment. Forked children (DataLoader
+    workers, which get the same signal) print nothing: their stacks would interleave with the rank's."""
+    out = sys.stderr
+    folder = os.environ.get("TRAINER_STACKS_DIR")
+    if folder and os.path.isdir(folder):
+        name = f"rank{os.environ.get('RANK', '0')}-pid{os.getpid()}.txt"
+        out = open(os.path.join(folder, name), "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
+    faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
+    os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))

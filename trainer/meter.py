@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import MeasureConfig
+from trainer.protocol import STEPS_EVERY_S, Kind
 
 # Warm-up steps whose median sizes the first window: few enough to reflect the pace after the prefetch buffer.
 STEP_TIME_STEPS = 5
@@ -73,6 +74,13 @@ class ThroughputMeter:
 
     cancelled: bool = False
 
+    epoch_starts: list[float] = field(default_factory=list)
+    """Seconds of each epoch boundary of a script's own loader met while measuring (``epoch_boundary``): its workers
+    joined and spawned anew, its first batches prefetched. Kept out of the windows, charged by ``charge_epochs``."""
+
+    steps_total: int = 0
+    """Every ``step()`` so far, warm-up included."""
+
     state: str = "warmup"
     warmup_steps: int = 0
     warmup_capped: bool = False
@@ -90,6 +98,10 @@ class ThroughputMeter:
     _loss: torch.Tensor | None = None
     _loss_at_open: torch.Tensor | None = None
     _win_nonfinite: torch.Tensor | None = None
+    _t_said: float = field(default_factory=time.monotonic)
+    _t_step: float = field(default_factory=time.monotonic)
+    _charge: dict[str, Any] | None = None
+    _epoch_end_s: float = 0.0
 
     @property
     def min_steps(self) -> int:
@@ -109,6 +121,7 @@ class ThroughputMeter:
         how many images (samples, tokens) this rank consumed in it."""
         if loss is not None:
             self._loss = loss
+        self.steps_total += 1
         if self.state == "warmup":
             self._warmup_step()
         elif self.state == "measure":
@@ -119,6 +132,14 @@ class ThroughputMeter:
             self._win_images += self.images_per_step if images is None else int(images)
             if self._win_steps >= self.steps_per_window:
                 self._close_window()
+        now, self._t_step = self._t_step, time.monotonic()
+        if self.state != "done" and self._t_step - self._t_said >= STEPS_EVERY_S:
+            self._say({"kind": Kind.STEPS, "t": time.time(), "steps": self.steps_total, "state": self.state,
+                       "step_s": round(self._t_step - now, 4)})
+
+    def _say(self, record: dict[str, Any]) -> None:
+        self._t_said = time.monotonic()
+        self.emit(record)
 
     @contextlib.contextmanager
     def paused(self):
@@ -136,6 +157,34 @@ class ThroughputMeter:
             elif self.state == "measure":
                 self._win_paused += time.perf_counter() - start
 
+    @contextlib.contextmanager
+    def epoch_boundary(self, *, end: bool = False):
+        """An epoch's end (``end``: its loader's workers joined) or the next one's start (workers spawned, first
+        batches prefetched) inside a measurement: paused like validation (the windows stay steady whatever an
+        epoch's length), and its seconds kept, an end's added to the start after it (``epoch_starts``), to charge
+        over a real epoch (``charge_epochs``). In a train run's continuous windows it is part of the pace: nothing
+        is paused."""
+        if self.continuous or self.state == "done":
+            yield
+            return
+        start = time.perf_counter()
+        with self.paused():
+            yield
+        seconds = time.perf_counter() - start
+        if end:
+            self._epoch_end_s = seconds
+        else:
+            self.epoch_starts.append(seconds + self._epoch_end_s)
+            self._epoch_end_s = 0.0
+
+    def charge_epochs(self, *, epoch_images: int | None, start_s: float | None) -> None:
+        """What a real run pays per epoch, charged to the figure: ``start_s`` seconds of boundary (the slowest
+        rank's) once every ``epoch_images`` images (all ranks'), on top of the steady windows' pace. The summary's
+        ``imgs_per_s`` is then the charged figure; ``imgs_per_s_steady`` the windows' own."""
+        if epoch_images and start_s:
+            self._charge = {"epoch_images": int(epoch_images), "epoch_start_s": round(start_s, 6),
+                            "epoch_starts": len(self.epoch_starts)}
+
     # ---- warm-up -----------------------------------------------------------------------------------------------
 
     def _warmup_step(self) -> None:
@@ -149,14 +198,14 @@ class ThroughputMeter:
         done = self.warmup_steps >= max(1, self.min_steps)
         capped = now - self._t_start >= self.cfg.warmup_max_s
         # Every rank must leave warm-up on the same step: when all are done, or any has hit the time cap.
-        not_done, any_capped = _allreduce([float(not done), float(capped)], dist.ReduceOp.MAX, self.device)
+        not_done, any_capped = allreduce([float(not done), float(capped)], dist.ReduceOp.MAX, self.device)
         if not_done and not any_capped:
             return
         local = statistics.median(self._step_times[-STEP_TIME_STEPS:])
-        self.step_time_s = _allreduce([local], dist.ReduceOp.MAX, self.device)[0]
+        self.step_time_s = allreduce([local], dist.ReduceOp.MAX, self.device)[0]
         self.warmup_capped = bool(not_done)
         self.steps_per_window = max(self.span_steps, round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
-        self.emit({"kind": "warmup_done", "t": time.time(), "steps": self.warmup_steps,
+        self._say({"kind": "warmup_done", "t": time.time(), "steps": self.warmup_steps,
                    "seconds": round(now - self._t_start, 4), "step_time_s": self.step_time_s,
                    "capped": self.warmup_capped, "steps_per_window": self.steps_per_window})
         self.state = "measure"
@@ -180,16 +229,16 @@ class ThroughputMeter:
         stop = float(bool(self.stop_requested and self.stop_requested()))
         bad = float(self._win_nonfinite.item()) if self._win_nonfinite is not None else 0.0
         # Non-finite steps: the worst rank's count, in the same collective as the slowest rank's duration.
-        slowest, neg_t0, t1, stop, bad = _allreduce([seconds, -self._win_t0_wall, t1_wall, stop, bad],
+        slowest, neg_t0, t1, stop, bad = allreduce([seconds, -self._win_t0_wall, t1_wall, stop, bad],
                                                     dist.ReduceOp.MAX, self.device)
         losses = [float(x.float().item()) if x is not None else 0.0 for x in (self._loss_at_open, self._loss)]
-        images, *loss_sums = _allreduce([float(self._win_images), *losses], dist.ReduceOp.SUM, self.device)
+        images, *loss_sums = allreduce([float(self._win_images), *losses], dist.ReduceOp.SUM, self.device)
         start, end = ((x / _world() for x in loss_sums) if self._loss is not None else (None, None))
         w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=int(images),
                    seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end,
                    loss_nonfinite=int(bad))
         self.windows.append(w)
-        self.emit({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
+        self._say({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
                    "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3),
                    "loss_start": _round(w.loss_start), "loss_end": _round(w.loss_end),
                    "loss_nonfinite": w.loss_nonfinite, "paused_s": round(self._win_paused, 6)})
@@ -238,8 +287,16 @@ class ThroughputMeter:
     def summary(self) -> dict[str, Any]:
         used = self.steady()
         rates = [w.imgs_per_s for w in used]
+        steady = statistics.median(rates) if rates else None
+        charged = {}
+        if self._charge and steady:
+            # An epoch's images at the steady pace, plus its boundary: the rate a real run of such epochs sees.
+            epoch_s = self._charge["epoch_images"] / steady + self._charge["epoch_start_s"]
+            charged = {**self._charge, "imgs_per_s_steady": round(steady, 3)}
+            steady = self._charge["epoch_images"] / epoch_s
         return {
-            "imgs_per_s": round(statistics.median(rates), 3) if rates else None,
+            "imgs_per_s": round(steady, 3) if steady else None,
+            **charged,
             "imgs_per_s_windows": [round(w.imgs_per_s, 3) for w in self.windows],
             "windows_used": [w.index for w in used],
             "imgs_per_s_min": round(min(rates), 3) if rates else None,
@@ -272,7 +329,7 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _allreduce(values: list[float], op, device: torch.device) -> list[float]:
+def allreduce(values: list[float], op, device: torch.device) -> list[float]:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=device)

@@ -46,6 +46,13 @@ class Kind(_StrEnum):
     RESUME = "resume"
     SETTINGS = "settings"
     """A user's script's settings as its first step ran them (``trainer.runtime``): what it applies, its unit."""
+    STEPS = "steps"
+    """Rank 0's steps so far, written by the meter when no other record went out for ``STEPS_EVERY_S``: the tuner
+    tells a run too slow for a window in its timeout (still stepping) from a stuck one."""
+
+
+STEPS_EVERY_S = 2.0
+"""Longest silence of a stepping run's record stream (``Kind.STEPS``): a run quiet for longer has stopped stepping."""
 
 
 class Failure(_StrEnum):
@@ -58,6 +65,9 @@ class Failure(_StrEnum):
     LOADER = "loader"
     NCCL = "nccl"
     HANG = "hang"
+    SLOW = "slow"
+    """Still stepping when the trial timeout ended it, but too slowly for a measurement window in the time given:
+    not stuck (``hang``), and nothing is known about its figure."""
     CRASH = "crash"
     INTERRUPTED = "interrupted"
     STALE = "stale"
@@ -74,7 +84,7 @@ CONFIG_FAILURES = frozenset({Failure.OOM, Failure.CONFIG, Failure.DIVERGED})
 an environment failure: FAIL, and the sampler learns nothing from it."""
 
 ROOT_CAUSE_ORDER = (Failure.OOM, Failure.CONFIG, Failure.DIVERGED, Failure.LOADER, Failure.CRASH, Failure.NCCL,
-                    Failure.HANG)
+                    Failure.HANG, Failure.SLOW)
 """When ranks disagree, the root cause wins: a rank that ran out of memory makes its peers' collectives fail, so an
 ``oom`` record outranks the ``nccl`` records that follow it."""
 

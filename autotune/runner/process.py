@@ -32,6 +32,10 @@ STACKS_ENV = "TRAINER_STACKS_DIR"
 """The folder where each rank of the job writes its threads' stacks when it is stopped (``trainer.__main__``)."""
 
 
+STACKS_MARK = "was stopped; its threads were here"
+"""The heading of a rank's stacks in a log: a report may say the stacks are in the log only where it finds one."""
+
+
 class ProcessTree:
     """``argv`` running in a new session, its output to ``log``; dies with this process.
 
@@ -90,8 +94,8 @@ class ProcessTree:
                 text = f.read_bytes()
                 if text.strip():
                     rank, _, pid = f.stem.partition("-pid")
-                    self.log.write(f"---- {rank.replace('rank', 'rank ')} (pid {pid}) was stopped; its threads "
-                                   f"were here ----\n".encode() + text)
+                    self.log.write(f"---- {rank.replace('rank', 'rank ')} (pid {pid}) {STACKS_MARK} ----\n".encode()
+                                   + text)
             self.log.flush()
         shutil.rmtree(self.stacks, ignore_errors=True)
 

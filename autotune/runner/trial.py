@@ -86,6 +86,9 @@ class TrialRun:
     """When the run was asked for: the process launch, or for a worker's trial the request."""
 
     t_end: float = 0.0
+    t_stopped: float | None = None
+    """When the launcher decided to stop the run (wall clock): what the run said last is read against it."""
+
     n_before_stop: int | None = None
     """Records received before the launcher decided to stop the run: what the kill itself provokes (peers
     reporting a closed connection) must not be mistaken for the run's own failure."""
@@ -178,7 +181,7 @@ def follow(tree: ProcessTree, reader: LineReader, run: TrialRun, *, timeout_s: f
         now = time.monotonic()
         for why, limit in (("hang", deadline), ("error", error_deadline)):
             if limit is not None and now > limit:
-                run.stopped, run.n_before_stop = why, len(run.records)
+                run.stopped, run.n_before_stop, run.t_stopped = why, len(run.records), time.time()
                 return
         time.sleep(POLL_S)
 

@@ -221,8 +221,10 @@ def failure_line(run: TrialRun, script: str) -> str:
                    "first thing")
         else:
             why = "it ended without a summary"
-    elif v.failure == Failure.HANG:
+    elif v.failure == Failure.HANG and not run.of_kind(Kind.FIRST_STEP):
         why = f"{v.reason}; does it call run.report(samples, loss) after each step?"
+    elif v.failure in (Failure.HANG, Failure.SLOW):
+        why = f"{v.failure}: {v.reason}; {v.fix}"
     else:
         why = f"{v.failure}: {v.reason}"
     return f"--script {script}: its first run (trial 0, its own defaults) failed: {why} (log: {log})"

@@ -100,6 +100,23 @@ def test_a_run_the_launcher_stopped_is_judged_by_why(tmp_path):
     assert verdict.ending(run(tmp_path, late, stopped="hang", n_before_stop=2)).failure == "nccl"
 
 
+def test_a_run_still_stepping_at_its_timeout_is_slow_and_a_hang_claims_only_the_stacks_its_log_has(tmp_path):
+    began = [{"kind": "first_step", "t": 1001.0}]
+    beats = [{"kind": "steps", "t": 1000.0 + t, "steps": n, "step_s": 4.0} for t, n in ((9, 4), (13, 5))]
+    slow = verdict.ending(run(tmp_path, began + beats, stopped="hang", n_before_stop=3, waited_s=15.0))
+    assert slow.failure == "slow" and slow.reason.startswith("not stuck, but too slow for its timeout: still stepping") and "5 steps" in \
+        slow.reason and "--trial-timeout" in slow.fix
+    # Its last step record long before the stop: it stopped stepping (a hang), and it did report steps.
+    stuck = verdict.ending(run(tmp_path, began + beats, stopped="hang", n_before_stop=3, waited_s=60.0))
+    assert stuck.failure == "hang" and "no step reported" not in stuck.reason
+    assert "the ranks left no stack in the log" in stuck.reason
+    (tmp_path / "log.txt").write_text("---- rank 0 (pid 7) was stopped; its threads were here ----\n  File x\n")
+    stuck = verdict.ending(TrialRun(records=began, stopped="hang", n_before_stop=1, log_path=tmp_path / "log.txt",
+                                    t_launch=1000.0, t_end=1100.0))
+    assert "each rank's stack is in the log" in stuck.reason
+    assert "no step reported" in verdict.ending(run(tmp_path, stopped="hang", n_before_stop=0)).reason
+
+
 def test_a_pruned_or_measured_run_is_no_failure(tmp_path):
     late = [error("nccl", t=5.0)]
     assert verdict.ending(run(tmp_path, late, stopped="pruned", n_before_stop=0)) == verdict.OK

@@ -3,6 +3,7 @@
 import itertools
 import time
 
+import pytest
 import torch
 
 from trainer.config import MeasureConfig
@@ -247,3 +248,43 @@ def test_a_window_lasts_as_long_as_its_slowest_rank():
     for seconds, own_fast, own_slow in zip(fast_windows, fast_own, slow_own, strict=True):
         assert own_fast < 0.1 * own_slow  # rank 0 itself did next to nothing ...
         assert seconds >= own_slow  # ... and its window holds every step of rank 1
+
+
+def test_an_epoch_boundary_is_kept_out_of_the_windows_and_charged_over_the_epoch():
+    records = []
+    meter = make(records, window_s=0.04, spread_target=0.3)
+    n = 0
+    while not meter.done:
+        if n and n % 10 == 0:  # a boundary every 10 steps: its workers joined and spawned anew
+            with meter.epoch_boundary(end=True):
+                time.sleep(0.01)
+            with meter.epoch_boundary():
+                time.sleep(0.05)
+        time.sleep(0.004)
+        meter.step()
+        n += 1
+    windows = [r for r in records if r["kind"] == "window"]
+    assert meter.settled and any(w["paused_s"] >= 0.05 for w in windows)  # inside a window, yet left out of it
+    assert meter.epoch_starts and all(s >= 0.06 for s in meter.epoch_starts)  # the end's seconds and the start's
+    steady = meter.summary()["imgs_per_s"]
+    meter.charge_epochs(epoch_images=80, start_s=0.06)  # 10 steps of 8 images, then 0.06 s of boundary
+    s = meter.summary()
+    assert s["imgs_per_s_steady"] == steady and s["epoch_start_s"] == 0.06
+    assert s["imgs_per_s"] == pytest.approx(80 / (80 / steady + 0.06), rel=1e-3)
+    # A train run's windows measure its whole pace: nothing paused, nothing charged.
+    train = make([])
+    train.continuous = True
+    with train.epoch_boundary():
+        pass
+    assert train.epoch_starts == []
+
+
+def test_a_stepping_run_says_so_while_no_window_closes():
+    records = []
+    meter = make(records, warmup_min_steps=100, warmup_max_s=60)
+    meter._t_said -= 10  # as if the last record went out 10 s ago
+    meter.step()
+    beat = records[-1]
+    assert beat["kind"] == "steps" and beat["steps"] == 1 and beat["state"] == "warmup" and beat["step_s"] >= 0
+    meter.step()
+    assert len(records) == 1  # not again before STEPS_EVERY_S

@@ -16,6 +16,12 @@ A script opts into what it wants tuned; everything else stays its own. About a d
             if run.report(len(images), loss):                 # the measurement: True when the trial is measured
                 break
 
+The usual idioms have a helper each: ``run.clip_grad_norm_(max_norm)`` after ``run.backward`` (unscaled under fp16,
+on the micro-step that steps only), ``run.step(optimizer, scheduler)`` (the scheduler once per optimizer step;
+``run.stepped`` says whether one happened), ``run.module`` (the script's own module inside DDP and compile: its
+parameter names for optimizer groups, its ``state_dict``), ``run.model(torch.compile(net))`` (compiled once, as the
+run says). A framework adapter (Lightning, Accelerate) is a thin layer over the same calls.
+
 Under plain ``torchrun`` (no search) every value is the script's default and nothing is measured. Under
 ``autotune search`` the run hands the script each trial's settings and measures the steps it reports with the
 built-in job's meter; under ``autotune train --config best.yaml`` (or ``AUTOTUNE_CONFIG=best.yaml torchrun ...``)

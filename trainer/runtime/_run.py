@@ -15,8 +15,10 @@ import contextlib
 import gc
 import math
 import os
+import statistics
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.apply import (
+    applied_here,
     autocast,
     compile_script_model,
     cudnn_benchmark,
@@ -39,7 +42,8 @@ from trainer.apply import (
 )
 from trainer.config import ConfigError, DataConfig, DDPConfig, TrainConfig, TrainingConfig
 from trainer.knobs import table
-from trainer.meter import ThroughputMeter, sync
+from trainer.lifeline import die_with_parent, stacks_on_sigterm
+from trainer.meter import ThroughputMeter, allreduce, sync
 from trainer.protocol import Kind, ResultWriter, error_record
 from trainer.records import Dist, count_nonfinite, start_record, summary_record
 from trainer.runtime._batches import first_length, to_device, touch
@@ -63,6 +67,7 @@ DDP_WRAPPER = tuple(name for name in MODEL if table().by_runtime_name[name].path
 field, by its knob's path."""
 
 _UNSET = object()
+_END = object()
 
 SCRIPT_LOSS_HINT = ("learning rate too high for this model, optimizer and batch: the script owns its optimizer, "
                     "so lower its learning rate there (or scale it with the batch size)")
@@ -113,7 +118,11 @@ class Run:
         self._model: torch.nn.Module | None = None
         self._optimizers: set[int] = set()
         self._scaler: torch.amp.GradScaler | None = None
-        self._stepping = False
+        self._stepping = self._unscaled = False
+        self.stepped = False
+        """Whether the latest ``run.step`` ended with an optimizer step."""
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._module: torch.nn.Module | None = None
         self._micro = 0
         self._pending = 0
         self._closables: list[Callable[[], None]] = []
@@ -121,19 +130,27 @@ class Run:
         self.feed: Any = None
         """A loader a framework iterates (``trainer.runtime._frameworks.Feed``): its per-rank length and prefetch
         buffer tell the search and the meter what ``_loader``'s would; the stage modes need ``_loader``."""
+        self._iterated: weakref.WeakSet = weakref.WeakSet()
         self.meter: ThroughputMeter | None = None
         self.reports = self.steps = 0
         self.epochs_done = 0
         """Epochs of ``epochs()`` the script ran to their end (0 for a loop of its own)."""
         self.done = self._closed = False
         self._t_ready: float | None = None
+        self._epoch0_start_s: float | None = None
         self.loss = torch.zeros((), device=self.device)
         self._nonfinite = (torch.zeros((), dtype=torch.int64, device=self.device),
                            torch.zeros((), dtype=torch.int64, device=self.device))
         if self.device.type == "cuda":
             self._apply_cudnn()
         set_run(self)
+        if request.measured:
+            self._watch_loaders()
         if request.measured and active() is None:  # a process of the script's own: its records are ours
+            # As the built-in job's ranks do: die with torchrun, and say where the script was when stopped (a
+            # hang's report stands on it).
+            die_with_parent()
+            stacks_on_sigterm()
             self.writer.write(start_record(self.env))
             atexit.register(self._at_exit)
             if not getattr(sys.excepthook, "autotune", False):
@@ -202,21 +219,59 @@ class Run:
     def _check_loader(self, loader):
         """A DataLoader the script built itself: its settings are the script's, not searched; a setting the script
         declares (or the run sets) must be what the loader was built with."""
-        wrong = []
-        for name in LOADER:
-            have = getattr(loader, name, None)
-            want = self.request.settings.get(name, self._declared.get(name, have))
-            if name == "prefetch_factor" and not loader.num_workers:
-                continue
-            if name == "pin_memory" and self.device.type != "cuda":
-                continue
-            if want != have:
-                wrong.append(f"{name}={have} (the run sets {want})")
+        wanted = {name: self.request.settings.get(name, self._declared.get(name, getattr(loader, name, None)))
+                  for name in LOADER}
+        wrong = [f"{name}={have} (the run sets {want})" for name, have, want in self._loader_mismatch(loader, wanted)]
         if wrong:
             raise ScriptError([f"the script's DataLoader was built with {', '.join(wrong)}: pass the dataset to "
                                "run.loader(dataset, ...) so the run's values apply, or build the DataLoader from "
                                "run.<setting>"])
         return loader
+
+    def _loader_mismatch(self, loader, wanted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        """(setting, what ``loader`` was built with, what is wanted) for each of ``wanted`` that differs; what a
+        DataLoader clears or ignores here is no difference (a prefetch depth without workers, pinning on the CPU)."""
+        wrong = []
+        for name, want in wanted.items():
+            have = getattr(loader, name, None)
+            if name == "prefetch_factor" and not loader.num_workers:
+                continue
+            if name == "pin_memory" and self.device.type != "cuda":
+                continue
+            if want != have:
+                wrong.append((name, have, want))
+        return wrong
+
+    def _watch_loaders(self) -> None:
+        """In a search, note every DataLoader the script iterates: one it built and iterates itself, beside
+        ``run.loader``, must use the loader settings it reads from the run, or a knob is searched with no effect
+        (checked at the first report, ``_own_loaders``)."""
+        from torch.utils.data import DataLoader
+
+        original = DataLoader.__iter__
+        seen = self._iterated
+
+        def __iter__(loader):
+            seen.add(loader)
+            return original(loader)
+
+        DataLoader.__iter__ = __iter__
+        self._closables.append(lambda: setattr(DataLoader, "__iter__", original))
+
+    def _own_loaders(self) -> list[str]:
+        """The loader settings the script read from the run but did not give a DataLoader it iterates."""
+        read = [name for name in LOADER if name in self._read]
+        problems = []
+        for loader in list(self._iterated):
+            if applied_here(loader) or loader is getattr(self._loader, "_loader", None) or not read:
+                continue
+            for name, have, want in self._loader_mismatch(loader, {n: self._value(n) for n in read}):
+                if name == "batch_size" and have is None:  # batches of its own batch_sampler: not comparable
+                    continue
+                problems.append(f"the script reads run.{name} ({want}) but iterates a DataLoader built with "
+                                f"{name}={have}, so the setting has no effect: pass {name}=run.{name} to its "
+                                "DataLoader, or build it with run.loader(dataset, ...)")
+        return problems
 
     def image_loader(self, path: str, *, image_size: int = 224, train: bool = True,
                      num_classes: int | None = None, **loader_args: Any) -> Batches:
@@ -264,31 +319,48 @@ class Run:
     def model(self, module: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:
         """The module on the run's device, in channels_last when the run asks, wrapped in DistributedDataParallel
         with the run's bucket size, gradient-as-bucket-view and static-graph settings (a value given here is the
-        script's default; other DDP arguments pass through), then torch.compile'd when the run asks."""
+        script's default; other DDP arguments pass through), then torch.compile'd when the run asks. A module the
+        script compiled itself (``torch.compile(net)``) is taken as the module inside, compile then the script's
+        default; ``run.module`` is the script's module either way."""
+        own_compile = _UNSET
+        compiled = getattr(module, "_orig_mod", None)
+        if isinstance(compiled, torch.nn.Module):
+            # The script compiled its own module: the run compiles the DDP wrapper instead (its all-reduces then
+            # overlap the backward, as the built-in job's do), with the script's choice as compile's default.
+            module, own_compile = compiled, True
+        self._module = module
         # A language model (no image-shaped weights) does not apply a layout, so its trials do not search it.
         module = place(module, self.device, channels_last=takes_layout(module) and bool(self._apply("channels_last")))
         wrapper = {table().by_runtime_name[name].path.partition(".")[2]: self._apply(name, ddp_kwargs.pop(name, _UNSET))
                    for name in DDP_WRAPPER}
         ddp = wrap_ddp(module, self.device, DDPConfig(**wrapper), **ddp_kwargs)
         self._model = ddp
-        if self._apply("compile"):
+        if self._apply("compile", own_compile):
             # Compile the DDP wrapper: Dynamo's DDPOptimizer splits the graph at bucket boundaries so the
             # all-reduces still overlap the backward pass (as the built-in job does).
             self._closables.append(torch._dynamo.reset)
             return compile_script_model(ddp, self._apply("compile_mode"))
         return ddp
 
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """The script's own module inside what ``run.model`` returned (no DDP wrapper, no compile): for its
+        ``state_dict``, its parameters by their own names (optimizer groups), its attributes."""
+        return self._module
+
     @contextlib.contextmanager
-    def step(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    def step(self, optimizer: torch.optim.Optimizer, scheduler=None) -> Iterator[None]:
         """One micro-step: its forward (and ``backward``) under autocast at the run's precision, inside DDP's
         ``no_sync()`` unless it is the last micro-step of an optimizer step (so gradients are all-reduced once per
-        optimizer step); after the last: the optimizer step through the GradScaler (fp16), then ``zero_grad``."""
+        optimizer step); after the last: the optimizer step through the GradScaler (fp16), then ``zero_grad``, then
+        ``scheduler.step()`` when given (once per optimizer step, whatever the accumulation). ``run.stepped`` says
+        whether this micro-step ended with an optimizer step (for a scheduler or EMA of the script's own)."""
         accum = max(1, int(self._apply("accum_steps")))
         amp = autocast(self._apply("precision"), self.device)
         self._prepare(optimizer)
         self._mark_ready()
         final = self._micro % accum == accum - 1
-        self._stepping = True
+        self._stepping, self._optimizer, self._unscaled, self.stepped = True, optimizer, False, False
         try:
             with grad_sync(self._model, final=final), amp:
                 yield
@@ -302,6 +374,32 @@ class Run:
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
+            self.stepped = True
+
+    @property
+    def final_micro_step(self) -> bool:
+        """Inside ``run.step``: whether this micro-step ends an optimizer step (its gradients are then complete)."""
+        accum = max(1, int(self._applied.get("accum_steps", 1)))
+        return self._micro % accum == accum - 1
+
+    def clip_grad_norm_(self, max_norm: float, parameters=None, **kwargs: Any) -> torch.Tensor | None:
+        """``torch.nn.utils.clip_grad_norm_`` after ``run.backward`` inside ``run.step``, right under every
+        precision and accumulation: on the last micro-step only (earlier ones hold part of the gradient), after the
+        GradScaler's ``unscale_`` under fp16 (else the norm is of scaled gradients). ``parameters``: the
+        optimizer's by default. Returns the total norm, None on a micro-step that does not step."""
+        if not self._stepping:
+            raise RuntimeError("run.clip_grad_norm_(...) belongs inside `with run.step(optimizer):`, after "
+                               "run.backward(loss)")
+        if not self.final_micro_step:
+            return None
+        if self._scaler is not None and not self._unscaled:
+            self._scaler.unscale_(self._optimizer)
+            self._unscaled = True
+        if parameters is None:
+            parameters = [p for group in self._optimizer.param_groups for p in group["params"]]
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` for a micro-step inside ``step``: divided over the micro-steps, scaled under fp16,
@@ -380,6 +478,9 @@ class Run:
             raise ScriptError([f"runtime.setup() declares {', '.join(unread)} but the script never reads "
                                f"run.{unread[0]}: use the value where the script needs it, or leave it out of "
                                "setup()"])
+        own = self._own_loaders()
+        if own:
+            raise ScriptError(own)
         self._mark_ready()
         sync(self.device)
         now = time.time()
@@ -410,6 +511,48 @@ class Run:
                                span_steps=math.ceil((workers or 1) / accum),
                                stop_requested=(lambda: os.path.exists(cancel)) if cancel else None)
 
+    @contextlib.contextmanager
+    def _boundary(self, *, end: bool = False) -> Iterator[None]:
+        """An epoch boundary of the script's own loader (``Batches``): the first epoch's start, before any step, is
+        timed alone (a one-off: loader workers spawned for the first time); every later one is the meter's
+        (``ThroughputMeter.epoch_boundary``)."""
+        if self.meter is not None and self.meter.steps_total:
+            with self.meter.epoch_boundary(end=end):
+                yield
+            return
+        if not self.request.measured or end:
+            yield
+            return
+        sync(self.device)
+        start = time.perf_counter()
+        with self.meter.paused() if self.meter is not None else contextlib.nullcontext():
+            yield
+        sync(self.device)
+        self._epoch0_start_s = time.perf_counter() - start
+
+    def _charge_epochs(self) -> None:
+        """The epoch boundaries of a loader the script iterates epoch by epoch (``run.loader``), charged to the
+        figure over its real epoch (``len(loader)`` batches of its full data): those measured, else the first
+        epoch's start where the loader restarts its workers every epoch (no persistent workers), as each epoch
+        then pays it again. Collective (the slowest rank's boundary); measurements only."""
+        from torch.utils.data import DataLoader
+
+        loader = getattr(self._loader, "_loader", None)
+        if not isinstance(loader, DataLoader) or self.meter.continuous or not self.meter.windows:
+            return
+        starts = list(self.meter.epoch_starts)
+        if not starts and self._epoch0_start_s and loader.num_workers and not loader.persistent_workers:
+            starts = [self._epoch0_start_s]
+        local = statistics.median(starts) if starts else 0.0
+        start_s = allreduce([local], dist.ReduceOp.MAX, self.device)[0]
+        try:
+            batches = len(loader)
+        except TypeError:  # an iterable dataset: no epoch length to charge over
+            return
+        per_step = sum(w.images for w in self.meter.windows) / max(1, sum(w.steps for w in self.meter.windows))
+        accum = 1 if self.request.mode == "supply" else max(1, int(self._applied.get("accum_steps", 1)))
+        self.meter.charge_epochs(epoch_images=round(batches * per_step / accum), start_s=start_s)
+
     def _progress(self) -> None:
         rate = self.meter.windows[-1].imgs_per_s if self.meter.windows else None
         self.writer.write({"kind": Kind.PROGRESS, "t": time.time(), "step": self.steps, "epoch": None,
@@ -422,6 +565,7 @@ class Run:
         batch = self._applied.get("batch_size")
         accum = int(self._applied.get("accum_steps", 1))
         mode = {"supply": "loader", "ceiling": "measure"}.get(self.request.mode, self.request.mode)
+        self._charge_epochs()
         self.writer.write(summary_record(self.meter, self.env, mode=mode, loss=self.loss,
                                          nonfinite=self._nonfinite if loss_known else None, steps_run=self.steps,
                                          steps=self.steps, epochs=self.epochs_done, unit=self.unit,
@@ -459,7 +603,7 @@ class Run:
         for release in self._closables:
             release()
         self._closables.clear()
-        self._model = self._loader = self.meter = None
+        self._model = self._module = self._optimizer = self._loader = self.meter = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -540,8 +684,30 @@ class Batches:
             first = to_device(next(iter(self._loader)), run.device, channels_last)
             while True:
                 yield first
-        for batch in self._loader:
+        for batch in self._epoch():
             yield to_device(batch, run.device, channels_last)
+
+    def _epoch(self) -> Iterator[Any]:
+        """One pass over the loader, its start (``iter`` and the first batch: workers spawned, batches prefetched)
+        and its end (the call that finds it exhausted: workers joined) inside the run's epoch boundary
+        (``Run._boundary``), kept out of the steady windows and charged over the epoch."""
+        run = self._run
+        with run._boundary():
+            it = iter(self._loader)
+            batch = next(it, _END)
+        try:
+            length = len(self._loader)
+        except TypeError:
+            length = None
+        given = 0
+        while batch is not _END:
+            yield batch
+            given += 1
+            if given == length:
+                with run._boundary(end=True):
+                    batch = next(it, _END)
+            else:
+                batch = next(it, _END)
 
     def _supply(self) -> None:
         """The loader alone, no model: batches to the device as fast as it delivers them, until the meter's windows
@@ -554,7 +720,7 @@ class Batches:
         channels_last = bool(run._value("channels_last"))
         while not meter.done:
             self.set_epoch(epoch)
-            for batch in self._loader:
+            for batch in self._epoch():
                 moved = to_device(batch, run.device, channels_last)
                 checksum += touch(moved).to(run.device)
                 meter.step(images=self._samples(batch))

@@ -3,7 +3,9 @@ trial after trial in one live worker (``trainer.worker``) or once in a fresh pro
 
 The function calls ``trainer.runtime.setup()`` as a script does; here that finds the worker's request, record
 stream and process group (``trainer.runtime.request.activate``) instead of the environment's. The process group
-belongs to the worker: ``setup()`` starts none and the run's ``close()`` ends none.
+belongs to the worker: ``setup()`` starts none and the run's ``close()`` ends none; the function's own
+``dist.init_process_group`` / ``destroy_process_group`` calls are accepted as no-ops on it
+(``trainer.apply.group_of_the_worker``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from trainer.apply import OWN_GROUP_FIX, group_of_the_worker
 from trainer.config import ConfigError, TrainConfig
 from trainer.runtime._run import ScriptError, TrialDone
 from trainer.runtime.request import Active, Request, activate, last_run
@@ -87,8 +90,13 @@ def run_entry(cfg: TrainConfig, env, writer, *, cancel: str | None = None, worke
     activate(Active(request=request, writer=writer, env=env, worker_trial=worker_trial))
     argv, sys.argv = sys.argv, [cfg.script.entry, *cfg.script.args]
     try:
-        with contextlib.suppress(TrialDone):  # the trial was measured and the function went on: it ends here
-            fn()
+        with contextlib.suppress(TrialDone), group_of_the_worker():  # TrialDone: measured, and the function went on
+            try:
+                fn()
+            except ValueError as e:
+                if "process group twice" not in str(e):
+                    raise
+                raise ScriptError([OWN_GROUP_FIX]) from e
         run = last_run()
         if run is None:
             raise ScriptError([f"script.entry={cfg.script.entry!r}: the function returned without calling "

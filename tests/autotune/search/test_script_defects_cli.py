@@ -167,8 +167,6 @@ def slow(tmp_path_factory):
     return line, (log if log.is_absolute() else cwd / log).read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 10: the hang message says each rank's stack is in the log; it is "
-                                       "not")
 def test_a_killed_scripts_message_claims_no_stack_the_log_lacks(slow):
     line, log = slow
     if "stack is in the log" in line:
@@ -176,8 +174,6 @@ def test_a_killed_scripts_message_claims_no_stack_the_log_lacks(slow):
         assert re.search(r'File ".*segment\.py", line \d+', log), log[-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 10: a trial that is slow but still stepping is called a hang "
-                                       "and asked whether it calls run.report")
 def test_a_slow_script_is_told_it_is_slow_not_asked_whether_it_reports(slow):
     line, _ = slow
     assert "run.report" not in line, line  # it does: its steps were reported, only too slowly for a window
@@ -204,8 +200,6 @@ def torchrun_request(cwd: Path, variant: str, request: Request, env: dict | None
 MEASURE = MeasureConfig(warmup_min_steps=2, window_s=0.5, windows=3, max_windows=6, warmup_max_s=20)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 11: a script that reads run.num_workers but iterates its own "
-                                       "DataLoader(num_workers=3) is not caught: the knob is searched with no effect")
 def test_a_setting_read_but_not_applied_to_the_scripts_own_loader_is_caught(tmp_path):
     _, records, out = torchrun_request(tmp_path, "own-loader", Request(mode="measure", measure=MEASURE,
                                                                       settings={"num_workers": 1}))
@@ -219,8 +213,6 @@ def test_a_setting_read_but_not_applied_to_the_scripts_own_loader_is_caught(tmp_
 # ---- 12. a script's own process group on the function path --------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 12: a script that starts its own process group, run as :main, "
-                                       "fails with torch's 'initialize the default process group twice'")
 def test_a_script_that_starts_its_own_process_group_runs_as_a_function_or_is_told_the_fix(tmp_path):
     r = autotune("search", "--script", f"{SEGMENT}:main", "--trials", "1", "--", "--variant", "own-group", cwd=tmp_path,
                  timeout=300)
@@ -233,8 +225,6 @@ def test_a_script_that_starts_its_own_process_group_runs_as_a_function_or_is_tol
 # ---- what to build: epoch starts kept out of the windows ---------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: an epoch restart of a script's own loader lands inside the measured "
-                                       "windows")
 def test_the_epoch_starts_of_a_scripts_loader_are_kept_out_of_its_windows(tmp_path):
     epochs = tmp_path / "epochs.txt"
     # 64 images, batch 16, 2 ranks: 2 steps an epoch, each epoch's loader starting its workers anew.
