@@ -76,7 +76,7 @@ class Evaluator:
         stage = trial.user_attrs.get("stage") or "search"
         ev = Evaluation(stage=stage)
         trial_dir = self.logs / (f"part-{trial.number}" if part else f"trial-{trial.number}")
-        overrides = self.overrides(trial, stage)
+        overrides = self.plan.space.settle(self.overrides(trial, stage), self.plan.base.to_dict())
         ev.attrs.update({"stage": stage, "log_path": str((trial_dir / "log.txt").resolve()),
                          "util_available": self.plan.util_available, "util_mean": None})
         try:
@@ -106,14 +106,14 @@ class Evaluator:
     def overrides(self, trial, stage: str) -> dict[str, Any]:
         if stage in MEASUREMENT_STAGES:
             return dict(trial.user_attrs.get("overrides") or {})
-        if stage in self.plan.preloaded:
-            # A run made before the study existed (a script's first run) ran the base: its params are what it
-            # ran, the sampler draws nothing for it, and its measurement is the one it had.
-            return self.plan.space.suggest(trial, self.plan.base.to_dict(), only=set(self.plan.baseline))
-        overrides = self.plan.space.suggest(trial, self.plan.base.to_dict())
         if stage == "baseline":
-            overrides["measure.max_windows"] = BASELINE_WINDOWS * self.plan.base.measure.max_windows
-        return overrides
+            # Trial 0 and its re-measure run the baseline's params and the base for the rest (a script's own
+            # values the space does not hold): the sampler draws nothing for them.
+            overrides = self.plan.space.suggest(trial, self.plan.base.to_dict(), only=set(self.plan.baseline))
+            if stage not in self.plan.preloaded:  # a run made before the study existed has its measurement
+                overrides["measure.max_windows"] = BASELINE_WINDOWS * self.plan.base.measure.max_windows
+            return overrides
+        return self.plan.space.suggest(trial, self.plan.base.to_dict())
 
     def known_oom(self, config: dict[str, Any]) -> int | str | None:
         """The trial that already ran out of memory at a batch <= this config's with the same memory-relevant

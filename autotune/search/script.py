@@ -185,7 +185,8 @@ def apply(plan, found: Probe) -> None:
     overrides["script.applies"] = sorted(found.applies)
     plan.base = plan.probe = plan.base.with_overrides(overrides)
     plan.space = resolve(plan.spec, world_size=plan.world, nproc_per_node=plan.nproc, cpu_only=not plan.entries,
-                         applies=set(found.applies), max_batch=found.samples_per_rank)
+                         applies=set(found.applies), max_batch=found.samples_per_rank,
+                         own_batch=found.applies.get(table().knobs[table().batch("micro")].runtime))
     plan.baseline = baseline_params(plan.space, plan.base.to_dict())
     plan.script = found
     plan.measures_ceiling = plan.measures_supply = found.loader

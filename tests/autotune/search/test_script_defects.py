@@ -136,8 +136,6 @@ class Sim:
 # ---- 2. a draw without loader workers -------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 2: num_workers=0 draws keep the script's prefetch_factor and "
-                                       "persistent_workers: infeasible:config")
 def test_a_draw_without_loader_workers_runs_instead_of_failing_for_the_scripts_own_loader_defaults(tmp_path,
                                                                                                   two_cores):
     sim = Sim(tmp_path, cpu_ranks(), 2, enqueue=[{"loader.num_workers": 0}])
@@ -149,8 +147,6 @@ def test_a_draw_without_loader_workers_runs_instead_of_failing_for_the_scripts_o
 # ---- 3. trial 0 measured again ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 3: trial 0's re-measure runs another config (batch 48, 1 "
-                                       "worker) and becomes the baseline")
 def test_trial_0_measured_again_runs_the_scripts_own_settings(tmp_path, two_cores):
     sim = Sim(tmp_path, cpu_ranks(noisy={"pil": 0.2}), 8)
     again = [t for t in sim.study.get_trials() if t.user_attrs.get("remeasure_of") == 0]
@@ -329,16 +325,12 @@ def test_a_script_whose_first_run_diverges_is_refused_at_the_probe_with_the_fix(
 # ---- 14. the space of a script on CPU ranks ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 14: pin_memory is searched on CPU ranks though the runtime turns "
-                                       "it off")
 def test_pinned_memory_is_not_searched_on_cpu_ranks(two_cores):
     plan = script_plan(8)
     # The runtime pins only for a CUDA device (trainer.runtime._run.Run.loader): on CPU ranks both values run the same.
     assert "loader.pin_memory" not in plan.space.by_path(), plan.space.by_path()["loader.pin_memory"].describe()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 14: the batch space leaves out the script's own 16 and anything "
-                                       "smaller")
 def test_the_batch_space_holds_the_scripts_own_batch_and_smaller_ones(two_cores):
     plan = script_plan(8)
     choices = plan.space.by_path()["training.batch_size"].choices
