@@ -141,6 +141,16 @@ class Measured:
     def top_batch(self) -> int:
         return max(self.choices("training.batch_size"))
 
+    def ceiling_batch(self) -> int:
+        """The batch the model alone is first measured at, per point of the grid: on GPUs the largest (a smaller
+        batch is not faster there); on CPU ranks, where a small batch stays in the caches and can run faster per
+        image, the baseline's, so the ceiling bounds the configuration the search starts from and the candidates
+        run at it (the smaller batches follow, ``StagePlanner._batches``)."""
+        own = self.plan.baseline.get("training.batch_size")
+        if self.on_gpu or own is None or own not in self.choices("training.batch_size"):
+            return self.top_batch()
+        return own
+
     def pair_of(self, v: TrialView) -> tuple:
         return point_of(v)
 
@@ -248,16 +258,19 @@ class Measured:
     def bound_of(self, vs: list[TrialView], config: dict[str, Any]) -> tuple[float, str] | None:
         """The most an end-to-end run of ``config`` can reach by what the stages measured, and why; None when they
         measured nothing that bounds it. Its ceiling: the pace of its precision and layout at the smallest measured
-        batch not below its images per step (a smaller batch is not faster); its supply: what its pipeline fed at
-        most (the fastest steady window of a supply that never settled), with the most loader workers."""
+        batch not below its images per step (on GPUs a smaller batch is not faster; on CPU ranks it can be, so only a
+        measurement at its images per step bounds it); its supply: what its pipeline fed at most (the fastest
+        steady window of a supply that never settled), with the most loader workers."""
         out: list[tuple[float, str]] = []
         pair = tuple(get_path(config, d.path) for d in grid())
         per_step = int(get_path(config, "training.batch_size")) * int(get_path(config, "training.accum_steps") or 1)
-        above = [v for v in self.ceilings_of(vs, pair) if v.setting("training.batch_size") >= per_step]
+        above = [v for v in self.ceilings_of(vs, pair) if v.setting("training.batch_size") >= per_step
+                 and (self.on_gpu or v.setting("training.batch_size") == per_step)]
         if above:
             b = min(v.setting("training.batch_size") for v in above)
             ips = max(v.imgs_per_s for v in above if v.setting("training.batch_size") == b)
-            out.append((ips, f"the model alone at {pair_label(pair)} batch {b} runs {ips:,.0f} imgs/s"))
+            if not self.refuted(vs, pair, b, ips):
+                out.append((ips, f"the model alone at {pair_label(pair)} batch {b} runs {ips:,.0f} imgs/s"))
         if self.supplies:
             decode = get_path(config, "data.decode")
             fraction = get_path(config, "data.hybrid_cpu_fraction") if decode == "hybrid" else None
@@ -265,6 +278,15 @@ class Measured:
                 if p.family == decode and p.settings.get("data.hybrid_cpu_fraction") == fraction:
                     out.append((p.upper, f"the {decode} pipeline feeds at most {p.upper:,.0f} imgs/s"))
         return min(out, default=None)
+
+
+    def refuted(self, vs: list[TrialView], pair: tuple, batch: int, ips: float) -> bool:
+        """Whether an end-to-end run at ``pair`` and ``batch`` images per step measured above the ceiling ``ips``
+        there by more than the tolerance: the model alone is then no bound at that point (its synthetic replay
+        costs what the job does not, or the windows swing), and pruning against it would drop what runs faster."""
+        return any(v.imgs_per_s > ips * (1 + self.tolerance) for v in feasible(vs)
+                   if not v.part and self.pair_of(v) == pair
+                   and v.setting("training.batch_size") * (v.setting("training.accum_steps") or 1) == batch)
 
 
 def supply_upper(v: TrialView) -> float:

@@ -177,7 +177,7 @@ class StagePlanner(Measured):
             cudnn = (" without and with cuDNN's algorithm search" if self._compare_first(budget) else
                      " (cuDNN's algorithm search not compared: too few trials; cuDNN's default stays)"
                      if self.on_gpu else "")
-            parts.append(f"the model alone at {pair_label(first)} batch {max(self.choices('training.batch_size'))}"
+            parts.append(f"the model alone at {pair_label(first)} batch {self.ceiling_batch()}"
                          f"{cudnn}")
         if self.supplies:
             parts.append(f"the {self.decodes()[0]} pipeline alone")
@@ -357,7 +357,7 @@ class StagePlanner(Measured):
             if state == "retry":
                 return self._want(vs, "ceiling", request, part_budget=False,
                                   attrs={"cudnn_evidence": True} if self.on_gpu else None)
-            top = self.top_batch()
+            top = self.ceiling_batch()
             evidence = any(v.attrs.get("cudnn_evidence") for v in vs
                            if v.stage == "ceiling" and self.pair_of(v) == pair)
             compare = self.on_gpu and (evidence or self._compare_first(self.budget, vs))
@@ -650,7 +650,7 @@ class StagePlanner(Measured):
                         if dim.once_s is not None and k > 0 and not self.affords_once(vs, dim, order, k):
                             break
                         return self._want(vs, "ceiling", request or self.ceiling_overrides(
-                            q, self.top_batch(), True if self.on_gpu else None))
+                            q, self.ceiling_batch(), True if self.on_gpu else None))
                     ips = self.pair_ceiling(vs, q)
                     if ips is not None and ips < top_ips * (1 - self.measure.spread_target):
                         rest = order[k + 1:] if step > 0 else order[:k][::-1]

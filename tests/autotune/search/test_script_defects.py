@@ -160,8 +160,6 @@ def test_trial_0_measured_again_runs_the_scripts_own_settings(tmp_path, two_core
 # ---- 5. the ceiling of CPU ranks -----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 5: the CPU ranks' ceiling measured at the largest batch bounds "
-                                       "smaller batches that run faster; trials reach 160% of it, draws dropped")
 def test_on_cpu_ranks_no_trial_runs_above_the_bound_its_ceiling_puts_on_it(tmp_path, two_cores):
     sim = Sim(tmp_path, cpu_ranks(noisy={"pil": 0.2}), 8)
     stages, tolerance = sim.engine.stages, sim.plan.spec.pruner.tolerance
