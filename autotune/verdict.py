@@ -39,6 +39,13 @@ FIXES: dict[Failure, str] = {
 """The change to make for a failure of each class, where one is known. A ``config`` failure's message names its own
 fix (every ``ConfigError`` problem does); a crash's is in its log."""
 
+SCRIPT_FIXES: dict[Failure, str] = {
+    Failure.DIVERGED: "lower the learning rate of the script's own optimizer (or run it at fp32/bf16); every trial "
+                      "would diverge the same",
+    Failure.OOM: "a smaller batch in the script (its batch_size default, or run.batch_size's)",
+}
+"""Where a user's script owns what ``FIXES`` names (its optimizer, its batch), the change to make in it."""
+
 NOT_ITS_FAULT = (str(Failure.INTERRUPTED), str(Failure.STALE), str(Failure.SEARCH))
 """Classes of a trial ended from outside (Ctrl-C, its search gone, the search's own error): they say nothing about
 its configuration nor about the machine, so such a trial is run again and counted in no verdict on the study."""
@@ -78,6 +85,11 @@ class Verdict:
 
 
 OK = Verdict()
+
+
+def script_fix(v: Verdict) -> str | None:
+    """The change to make for ``v`` in a user's script (``SCRIPT_FIXES``, else the verdict's own)."""
+    return SCRIPT_FIXES.get(v.failure, v.fix) if v.failure is not None else None
 
 
 def failed(failure: Failure, reason: str, *, error: dict[str, Any] | None = None) -> Verdict:

@@ -301,8 +301,6 @@ def test_train_of_one_window_claims_no_spread(tmp_path, two_cores):
 # ---- 13. a trial 0 whose loss goes NaN ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 13: a script whose trial 0 diverged is searched on (a study left "
-                                       "behind) and 'fix that' names no fix")
 def test_a_script_whose_first_run_diverges_is_refused_at_the_probe_with_the_fix(tmp_path, monkeypatch, two_cores):
     plan = script_plan(3, root=tmp_path)
     pool = FakePool(cpu_ranks(diverges={"fp32"}), tmp_path)
