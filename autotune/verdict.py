@@ -112,13 +112,19 @@ class Finished(Protocol):
 # ---- a finished run --------------------------------------------------------------------------------------------------
 
 
-def judge(run: Finished, *, pruned: bool = False) -> Verdict:
+def judge(run: Finished, *, pruned: bool = False, stopped_early: bool = False) -> Verdict:
     """A run whose figure is wanted: how it ended (``ending``), then whether its figure stands (``figure``), unless
-    ``pruned`` (the pruner stopped it: its figure is the pruner's, not a summary's)."""
+    the search stopped it on purpose: ``pruned`` (its figure is the pruner's, not a summary's), or ``stopped_early``
+    without a summary (a measurement of a part whose windows already said enough, ended at once where the job
+    cannot be asked to stop at its next window — a user's script in a process of its own: its figure is those
+    windows)."""
     v = ending(run)
     if v.failure is not None or pruned:
         return v
-    return figure(_last(run.records, Kind.SUMMARY))
+    summary = _last(run.records, Kind.SUMMARY)
+    if stopped_early and summary is None:
+        return v
+    return figure(summary)
 
 
 def ending(run: Finished) -> Verdict:

@@ -10,6 +10,7 @@ and a run with the search on, when its shapes first ran there with it off (it wo
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,7 +178,8 @@ class Evaluator:
             ev.attrs["shapes_new_to_worker"] = shape not in ran
             ran.setdefault(shape, ev.config.training.cudnn_benchmark)
         ev.pruned = run.stopped == "pruned" and watch.stopped == "pruned"
-        ev.judged(verdict.judge(run, pruned=ev.pruned))
+        early = watch.stopped is not None and not ev.pruned
+        ev.judged(verdict.judge(run, pruned=ev.pruned, stopped_early=early))
         ev.attrs.update(run_attrs(run))
         if watch.stopped == "pruned":
             # The figure a pruned trial shows is the one Optuna stores: its last report, the median of the windows
@@ -187,6 +189,12 @@ class Evaluator:
                             spread=round((max(latest) - min(latest)) / watch.reported, 5) if latest else None)
         elif watch.stopped:
             ev.attrs["stopped_early"] = watch.stopped
+            if run.summary is None and watch.full:
+                # Ended at once (a script's own process): the figure is the windows the stop was decided on.
+                latest = [x for _, x in watch.full][-int(watch.stop_when.get("windows") or 3):]
+                med = statistics.median(latest)
+                ev.attrs.update(imgs_per_s=med, settled=False,
+                                spread=round((max(latest) - min(latest)) / med, 5) if med > 0 else None)
         if plan.util_available:
             ev.attrs.update(summarize(samples, run.steady_windows, len(plan.gpus)))
 

@@ -104,9 +104,9 @@ class Sim:
     """A search of the script on a simulated machine: its lines (what ``autotune search`` prints), the study, the
     configs the pool was asked to run."""
 
-    def __init__(self, tmp: Path, machine: Machine, trials: int, *, enqueue=()):
+    def __init__(self, tmp: Path, machine: Machine, trials: int, *, enqueue=(), cancels: bool = True):
         self.plan = plan = script_plan(trials, root=tmp)
-        self.pool = FakePool(machine, tmp)
+        self.pool = FakePool(machine, tmp, cancels=cancels)
         # Trial 0 ran before the study existed (the probe), in a fresh process: the baseline trial records it.
         job = TrialJob(config=plan.base.with_overrides({"output_dir": str(tmp / "trial-0")}),
                        trial_dir=tmp / "trial-0", nproc_per_node=2)
@@ -131,6 +131,19 @@ class Sim:
     @property
     def lines(self) -> str:
         return "\n".join(self.said) + "\n" + self.out.getvalue()
+
+
+# ---- 1. a supply stopped early on the plain-script path ------------------------------------------------------------
+
+
+def test_a_supply_stopped_early_in_a_process_of_its_own_stands_as_one_measurement(tmp_path, two_cores):
+    # The plain path: each trial a torchrun of its own, killed at once when a supply stops early (no summary).
+    sim = Sim(tmp_path, cpu_ranks(), 4, cancels=False)
+    supplies = [v for v in sim.views if v.stage == "supply"]
+    assert [v.outcome for v in supplies] == ["part"], [(v.label, v.outcome, v.failure_message) for v in supplies]
+    assert supplies[0].attrs.get("stopped_early") and supplies[0].imgs_per_s, supplies[0].attrs
+    e2e = [v for v in sim.views if not v.part and not v.baseline and v.outcome == "measured"]
+    assert e2e, sim.lines  # a 4-trial search: trial 0, the ceiling, the supply, one end-to-end trial
 
 
 # ---- 2. a draw without loader workers -------------------------------------------------------------------------------
