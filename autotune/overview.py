@@ -88,7 +88,7 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     best, top, feeds = view.fastest(trials), trainable_ceiling(trials), view.supplies(trials)
     out: list[tuple[str, str]] = []
     synthetic = best is not None and best.setting("data.kind") == "synthetic"
-    decode = best.setting("data.decode") if best is not None and not synthetic else None
+    decode = view.pipeline(best) if best is not None and not synthetic else None
     feed = feeds.get(decode) if decode is not None else None
     if synthetic:
         out.append(("what limits it", f"the model's compute on the {devices}: the data is synthetic (made on the "

@@ -14,7 +14,7 @@ from itertools import product
 from typing import Any
 
 from autotune.space import get_path
-from autotune.study.view import TrialView, feasible, stage
+from autotune.study.view import OWN_LOADER, TrialView, feasible, own_loader, stage
 from autotune.verdict import NOT_ITS_FAULT
 from trainer.knobs import Knob, table
 from trainer.protocol import Failure
@@ -106,6 +106,10 @@ class Measured:
         plain = self.plain(pair)
         return plain if self.pair_ceiling(vs, plain) is not None else pair
 
+    def pipe_name(self, decode: str) -> str:
+        """How a pipeline reads in lines: its decode path, or a script's own loader (``view.own_loader``)."""
+        return OWN_LOADER if own_loader(self.base) else decode
+
     def decodes(self) -> list[str]:
         """Pipelines measured alone, in measuring order; hybrid only where its two ends are not both measured (its
         shares decode side by side, so its supply follows from theirs)."""
@@ -134,7 +138,7 @@ class Measured:
         the ceiling's grid at a batch, with or without cuDNN's search. A point a request leaves out is the base's
         (a study's earlier requests may predate a dimension)."""
         if stage_name == "supply":
-            return (o.get("data.decode"), o.get("data.hybrid_cpu_fraction"))
+            return (o.get("data.decode", get_path(self.base, "data.decode")), o.get("data.hybrid_cpu_fraction"))
         return (*(o.get(d.path, get_path(self.base, d.path)) for d in grid()), o.get("training.batch_size"),
                 o.get("training.cudnn_benchmark"))
 
@@ -276,7 +280,7 @@ class Measured:
             fraction = get_path(config, "data.hybrid_cpu_fraction") if decode == "hybrid" else None
             for p in self.pipes(vs):
                 if p.family == decode and p.settings.get("data.hybrid_cpu_fraction") == fraction:
-                    out.append((p.upper, f"the {decode} pipeline feeds at most {p.upper:,.0f} imgs/s"))
+                    out.append((p.upper, f"{self.pipe_name(decode)} feeds at most {p.upper:,.0f} imgs/s"))
         return min(out, default=None)
 
 

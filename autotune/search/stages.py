@@ -67,7 +67,7 @@ from optuna.trial import TrialState
 
 from autotune.search.bounds import NOT_ITS_FAULT, PLATEAU, Measured, Pipe, grid, pair_label
 from autotune.space import Param, get_path
-from autotune.study.view import TrialView, feasible, views
+from autotune.study.view import OWN_LOADER, TrialView, feasible, own_loader, views
 from trainer.knobs import table
 
 CUDNN_KEEP = 0.99
@@ -180,7 +180,8 @@ class StagePlanner(Measured):
             parts.append(f"the model alone at {pair_label(first)} batch {self.ceiling_batch()}"
                          f"{cudnn}")
         if self.supplies:
-            parts.append(f"the {self.decodes()[0]} pipeline alone")
+            parts.append(f"the {self.decodes()[0]} pipeline alone" if not own_loader(self.base) else
+                         f"{OWN_LOADER} alone")
         orders = [(d, d.order(self.choices(d.path), self.on_gpu)) for d in grid() if d.once_s is not None]
         costly = "".join(f"; {d.word(o[-1])} against {d.word(o[0])} last, where the budget pays for its one-off cost"
                          for d, o in orders if len(o) > 1)
@@ -377,7 +378,7 @@ class StagePlanner(Measured):
 
     def supply_overrides(self, vs: list[TrialView], decode: str, fraction: float | None) -> dict[str, Any]:
         chosen = self.ceiling_choice(vs) or {}
-        o = {"training.mode": "loader", "data.decode": decode,
+        o = {"training.mode": "loader", **({} if own_loader(self.base) else {"data.decode": decode}),
              "training.batch_size": chosen.get("training.batch_size", get_path(self.base, "training.batch_size")),
              "training.channels_last": chosen.get("training.channels_last",
                                                   get_path(self.base, "training.channels_last")),
@@ -696,7 +697,7 @@ class StagePlanner(Measured):
         for pipe in ranked[1]:
             fixed = self.candidate_settings(vs, pipe)
             if self.identity_state(vs, self.identity_of(fixed)) == "untried":
-                self.note(f"uncertain:{pipe.family}", f"stages: {pipe.family}'s supply never settled "
+                self.note(f"uncertain:{pipe.family}", f"stages: {self.pipe_name(pipe.family)}'s supply never settled "
                           f"({pipe.point:,.0f} imgs/s, up to {pipe.upper:,.0f}): run end to end as well")
                 self.main_enqueue(fixed, {"stage": "candidate", "uncertain": True})
                 return "candidate"
