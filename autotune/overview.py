@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from autotune.search.bounds import pair_label, point_of, trainable_ceiling
+from autotune.search.bounds import ceiling_share, pair_label, point_of, trainable_ceiling
 from autotune.search.progress import fmt_duration, fmt_ips, fmt_params
 from autotune.search.stages import shown_settings
 from autotune.study import view
@@ -43,9 +43,9 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
             f"{decode} {fmt_ips(v.imgs_per_s)}" for decode, v in parts) + f" {per}")
     best, base = view.fastest(trials), view.baseline(trials)
     if best is not None:
-        share = ""
-        if top and best.imgs_per_s <= top.imgs_per_s * (1 + CEILING_SLACK):
-            share = f" = {best.imgs_per_s / top.imgs_per_s:.0%} of the ceiling"
+        share, of = "", ceiling_share(best.imgs_per_s, top.imgs_per_s) if top else None
+        if of is not None:
+            share = f" = {of:.0%} of the ceiling"
         elif top:  # a share above the whole says the measurement is no bound for this run, not that it beat one
             share = (f", faster than the model alone measured (trial {top.label}, {fmt_ips(top.imgs_per_s)}): no "
                      "bound at this run's settings")
@@ -61,11 +61,6 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
                      f"{fresh}")
     return lines
 
-
-CEILING_SLACK = 0.05
-"""A tuned figure up to this much above the ceiling is the measurements' noise (the spread target): given as a share
-of it. Beyond, the ceiling did not bound the run (on CPU ranks a small batch can run faster per image than the one
-the model alone ran at)."""
 
 BELOW = "↓"
 """Marks a trial whose fresh-process re-measure (``autotune export``) fell below trial 0's figure."""

@@ -293,6 +293,19 @@ class Measured:
                    and v.setting("training.batch_size") * (v.setting("training.accum_steps") or 1) == batch)
 
 
+CEILING_SLACK = 0.05
+"""A figure up to this much above the ceiling is the measurements' noise (the spread target): a share of it. Beyond,
+the ceiling did not bound the run (on CPU ranks a small batch can run faster per image than the one the model alone
+ran at)."""
+
+
+def ceiling_share(ips: float, ceiling: float) -> float | None:
+    """``ips`` as a share of the ceiling, or None where the ceiling did not bound it (``CEILING_SLACK``)."""
+    if not ceiling or ips > ceiling * (1 + CEILING_SLACK):
+        return None
+    return ips / ceiling
+
+
 def supply_upper(v: TrialView) -> float:
     """What a supply may reach: its figure when its windows agreed, else the fastest of its latest half (the windows
     an unsettled result stands on)."""

@@ -19,7 +19,7 @@ from autotune import verdict
 from autotune.hw.nvml import fingerprint
 from autotune.runner.pool import WorkerPool
 from autotune.search import script
-from autotune.search.bounds import trainable_ceiling
+from autotune.search.bounds import ceiling_share, trainable_ceiling
 from autotune.search.evaluate import Evaluator
 from autotune.search.prepare import Plan, SearchOptions, describe_model, generate_data, prepare, summarize_data
 from autotune.search.progress import Progress
@@ -256,8 +256,10 @@ def best_line(study: optuna.Study) -> str:
     gain = (f", {best.imgs_per_s / base.imgs_per_s:.2f}x the baseline (trial {base.label}: {base.imgs_per_s:,.1f})"
             if base else "")
     top = trainable_ceiling(trials)
-    share = (f", {best.imgs_per_s / top.imgs_per_s:.0%} of the {view.devices(study)}' ceiling "
-             f"({top.imgs_per_s:,.0f})") if top else ""
+    of = ceiling_share(best.imgs_per_s, top.imgs_per_s) if top else None
+    share = (f", {of:.0%} of the {view.devices(study)}' ceiling ({top.imgs_per_s:,.0f})" if of is not None else
+             f", faster than the model alone measured ({top.imgs_per_s:,.0f}): no bound at its settings" if top
+             else "")
     return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} {view.rate(study)}{gain}{share}. "
             f"`autotune show "
             f"--study {study.study_name}` lists the trials; `autotune export best.yaml --study {study.study_name}` "
