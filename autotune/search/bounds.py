@@ -283,7 +283,6 @@ class Measured:
                     out.append((p.upper, f"{self.pipe_name(decode)} feeds at most {p.upper:,.0f} imgs/s"))
         return min(out, default=None)
 
-
     def refuted(self, vs: list[TrialView], pair: tuple, batch: int, ips: float) -> bool:
         """Whether an end-to-end run at ``pair`` and ``batch`` images per step measured above the ceiling ``ips``
         there by more than the tolerance: the model alone is then no bound at that point (its synthetic replay
