@@ -47,8 +47,8 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
         if of is not None:
             share = f" = {of:.0%} of the ceiling"
         elif top:  # a share above the whole says the measurement is no bound for this run, not that it beat one
-            share = (f", faster than the model alone measured (trial {top.label}, {fmt_ips(top.imgs_per_s)}): no "
-                     "bound at this run's settings")
+            share = (f", above the ceiling measured (trial {top.label}, {fmt_ips(top.imgs_per_s)} at batch "
+                     f"{top.setting('training.batch_size')}): the model alone bounds nothing at this run's settings")
         gain = f", {best.imgs_per_s / base.imgs_per_s:.2f}x trial {base.label} (the baseline, " \
                f"{fmt_ips(base.imgs_per_s)})" if base and base.imgs_per_s else ""
         again = (remeasured or {}).get(best.number)

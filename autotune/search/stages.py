@@ -32,7 +32,9 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    A supply stops early, in-band, once its latest full windows are all above the ceiling or all clearly out of reach
    (``stop_when``).
 7. **smaller batches** of the fastest pair, halving, while they keep ``PLATEAU`` of its pace: the smallest on the
-   plateau becomes the candidates' batch, and a batch below it bounds what a trial there can reach.
+   plateau becomes the candidates' batch, and a batch below it bounds what a trial there can reach. On CPU ranks,
+   where the ceiling starts at the baseline's batch, then **larger ones** while the largest measured is clearly the
+   fastest.
 8. **uncertain pipelines** — one dropped on a supply whose windows never agreed, but whose fastest steady window
    reaches the band, gets an end-to-end trial.
 9. **refine** — the sampler draws the other knobs (batch, accumulation, loader, DDP, the hybrid share, ...) with the
@@ -678,15 +680,21 @@ class StagePlanner(Measured):
         for v in self.ceilings_of(vs, pair):
             b = v.setting("training.batch_size")
             by_batch[b] = max(by_batch.get(b, 0.0), v.imgs_per_s)
-        smallest = min(by_batch)
-        if by_batch[smallest] < PLATEAU * top:
-            return None
-        lower = [b for b in self.choices("training.batch_size") if b <= smallest // 2]
-        if not lower:
-            return None
+        smallest, largest = min(by_batch), max(by_batch)
+        choices = self.choices("training.batch_size")
+        lower = [b for b in choices if b <= smallest // 2] if by_batch[smallest] >= PLATEAU * top else []
         flag = self.decision(pair)
-        return self._want(vs, "ceiling", self.ceiling_overrides(
-            pair, max(lower), (True if flag is None else flag) if self.on_gpu else None))
+        if lower:
+            return self._want(vs, "ceiling", self.ceiling_overrides(
+                pair, max(lower), (True if flag is None else flag) if self.on_gpu else None))
+        # CPU ranks start from the baseline's batch (``ceiling_batch``), and a larger one can be faster there too:
+        # up the choices while the largest measured is clearly the fastest.
+        below = [x for b, x in by_batch.items() if b < largest]
+        higher = [b for b in choices if b > largest]
+        if self.on_gpu or not higher or by_batch[largest] < top or \
+                (below and by_batch[largest] <= max(below) * (1 + self.measure.spread_target)):
+            return None
+        return self._want(vs, "ceiling", self.ceiling_overrides(pair, min(higher), None))
 
     # ---- 8. uncertain pipelines -------------------------------------------------------------------------------------
 
