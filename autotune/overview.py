@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from autotune.search.bounds import pair_label, point_of, trainable_ceiling
+from autotune.search.bounds import ceiling_share, pair_label, point_of, trainable_ceiling
 from autotune.search.progress import fmt_duration, fmt_ips, fmt_params
 from autotune.search.stages import shown_settings
 from autotune.study import view
@@ -71,7 +71,12 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
             f"{decode} {fmt_ips(v.imgs_per_s)}" for decode, v in parts) + f" {per}")
     best, base = view.fastest(trials), view.baseline(trials)
     if best is not None:
-        share = f" = {best.imgs_per_s / top.imgs_per_s:.0%} of the ceiling" if top else ""
+        share, of = "", ceiling_share(best.imgs_per_s, top.imgs_per_s) if top else None
+        if of is not None:
+            share = f" = {of:.0%} of the ceiling"
+        elif top:  # a share above the whole says the measurement is no bound for this run, not that it beat one
+            share = (f", above the ceiling measured (trial {top.label}, {fmt_ips(top.imgs_per_s)} at batch "
+                     f"{top.setting('training.batch_size')}): the model alone bounds nothing at this run's settings")
         gain = f", {best.imgs_per_s / base.imgs_per_s:.2f}x trial {base.label} ({baseline_words(base)}, " \
                f"{fmt_ips(base.imgs_per_s)})" if base and base.imgs_per_s else ""
         again = (remeasured or {}).get(best.number)
@@ -112,7 +117,7 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     best, top, feeds = view.fastest(trials), trainable_ceiling(trials), view.supplies(trials)
     out: list[tuple[str, str]] = []
     synthetic = best is not None and best.setting("data.kind") == "synthetic"
-    decode = best.setting("data.decode") if best is not None and not synthetic else None
+    decode = view.pipeline(best) if best is not None and not synthetic else None
     feed = feeds.get(decode) if decode is not None else None
     if synthetic:
         out.append(("what limits it", f"the model's compute on the {devices}: the data is synthetic (made on the "

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.exceptions import SpecError
 from autotune.ranges import DEFAULT_CHOICE, Condition, base_kind, declared, effective, field_type, norm_choice
-from trainer.knobs import AUTO, Knob, Range, knob, table
+from trainer.knobs import AUTO, BATCH_LADDER, UNSET, Knob, Range, knob, table
 
 if TYPE_CHECKING:
     from autotune.spec import StudySpec
@@ -136,6 +136,25 @@ class SearchSpace:
             overrides = {**overrides, accum: self.fixed_global_batch // (bs * self.world_size)}
         return overrides
 
+    def settle(self, overrides: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+        """``overrides`` with each conditional knob whose condition fails on the trial's config at its ``off`` value
+        (``trainer.knobs.Knob.off``): a draw without loader workers runs without a prefetch depth and kept workers,
+        though the base (a script's own defaults) has them. The condition is the space's where it searches the knob,
+        else the table's."""
+        out = dict(overrides)
+        by = self.by_path()
+        for k in table().entries:
+            if k.off is UNSET or (k.path not in by and (k.space is None or not k.space.when)):
+                continue
+            when = by[k.path].when if k.path in by else Condition.parse(k.space.when)
+            if when is None:
+                continue
+            current = out[when.path] if when.path in out else get_path(base, when.path)
+            value = out[k.path] if k.path in out else get_path(base, k.path)
+            if not when.holds(current) and value != k.off:
+                out[k.path] = k.off
+        return out
+
     def baseline_params(self, spec: StudySpec, base: dict[str, Any]) -> dict[str, Any]:
         """The Optuna params of trial 0: ``spec.baseline`` where given, else the base config's value. A value the
         spec's baseline names must be in the space; a base value that is not (a minimal spec whose base never
@@ -211,16 +230,18 @@ def get_path(d: dict[str, Any], path: str) -> Any:
 
 def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: bool,
             cores: int | None = None, max_batch: int | None = None, synthetic: bool = False,
-            applies: set[str] | None = None) -> SearchSpace:
+            applies: set[str] | None = None, own_batch: int | None = None) -> SearchSpace:
     """The spec's space for this machine and data: ``auto`` bounds filled in, GPU-only choices dropped on a CPU
     machine, batch sizes the data cannot fill dropped (``max_batch``: training images per rank), fixed-global-batch
     filtering, knobs ordered so conditions read already-suggested values. On ``synthetic`` data there is no input
     pipeline: the default space's pipeline knobs are not searched (a spec that names one keeps it). ``applies``: a
-    user's script's settings (``trainer.knobs`` runtime names): only those knobs are searched."""
+    user's script's settings (``trainer.knobs`` runtime names): only those knobs are searched. ``own_batch``: the
+    script's own batch, which the default space's batch choices then hold, with the ladder's steps down to half of it
+    (``trainer.knobs.BATCH_LADDER``): its own setting and the smaller ones it may run faster at are searched too."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     machine = _Machine(world_size=world_size, nproc_per_node=nproc_per_node, cpu_only=cpu_only, cores=cores,
-                       max_batch=max_batch)
+                       max_batch=max_batch, own_batch=own_batch)
     problems: list[str] = uninstalled(spec.base, effective(spec))
     notes: list[str] = []
     params: list[Param] = []
@@ -256,6 +277,7 @@ class _Machine:
     cpu_only: bool
     cores: int
     max_batch: int | None
+    own_batch: int | None = None
 
     @property
     def per_rank(self) -> int:
@@ -270,6 +292,8 @@ def _resolve_one(spec: StudySpec, k: Knob, r: Range, machine: _Machine, notes: l
     if r.choices is not None:
         choices = _machine_choices(k, [norm_choice(c) for c in r.choices], machine.cpu_only, notes)
         if k.batch == "micro":
+            if machine.own_batch and path not in spec.space:
+                choices = _around(choices, machine.own_batch)
             choices = _batch_choices(spec, path, choices, machine, notes, problems)
         if not choices:
             return None
@@ -362,6 +386,14 @@ def _settled_conditions(params: list[Param], notes: list[str], applies: set[str]
         else:
             out.append(p)
     return out
+
+
+def _around(choices: list[Any], own: int) -> list[Any]:
+    """The batch choices with ``own`` and the ladder's steps from half of it up to the smallest choice."""
+    numeric = [c for c in choices if isinstance(c, int) and not isinstance(c, bool)]
+    low = min(numeric, default=own + 1)
+    extra = {b for b in BATCH_LADDER if own / 2 <= b < low} | {own}
+    return sorted({*numeric, *extra}) + [c for c in choices if c not in numeric]
 
 
 def _batch_choices(spec: StudySpec, path: str, choices: list[Any], machine: _Machine, notes: list[str],

@@ -40,6 +40,13 @@ FIXES: dict[Failure, str] = {
 """The change to make for a failure of each class, where one is known. A ``config`` failure's message names its own
 fix (every ``ConfigError`` problem does); a crash's is in its log."""
 
+SCRIPT_FIXES: dict[Failure, str] = {
+    Failure.DIVERGED: "lower the learning rate of the script's own optimizer (or run it at fp32/bf16); every trial "
+                      "would diverge the same",
+    Failure.OOM: "a smaller batch in the script (its batch_size default, or run.batch_size's)",
+}
+"""Where a user's script owns what ``FIXES`` names (its optimizer, its batch), the change to make in it."""
+
 NOT_ITS_FAULT = (str(Failure.INTERRUPTED), str(Failure.STALE), str(Failure.SEARCH))
 """Classes of a trial ended from outside (Ctrl-C, its search gone, the search's own error): they say nothing about
 its configuration nor about the machine, so such a trial is run again and counted in no verdict on the study."""
@@ -81,6 +88,11 @@ class Verdict:
 OK = Verdict()
 
 
+def script_fix(v: Verdict) -> str | None:
+    """The change to make for ``v`` in a user's script (``SCRIPT_FIXES``, else the verdict's own)."""
+    return SCRIPT_FIXES.get(v.failure, v.fix) if v.failure is not None else None
+
+
 def failed(failure: Failure, reason: str, *, error: dict[str, Any] | None = None) -> Verdict:
     """A failure of ``failure``'s class, its fix from ``FIXES``."""
     return Verdict(failure=failure, reason=reason, fix=FIXES.get(failure), error=error)
@@ -101,13 +113,19 @@ class Finished(Protocol):
 # ---- a finished run --------------------------------------------------------------------------------------------------
 
 
-def judge(run: Finished, *, pruned: bool = False) -> Verdict:
+def judge(run: Finished, *, pruned: bool = False, stopped_early: bool = False) -> Verdict:
     """A run whose figure is wanted: how it ended (``ending``), then whether its figure stands (``figure``), unless
-    ``pruned`` (the pruner stopped it: its figure is the pruner's, not a summary's)."""
+    the search stopped it on purpose: ``pruned`` (its figure is the pruner's, not a summary's), or ``stopped_early``
+    without a summary (a measurement of a part whose windows already said enough, ended at once where the job
+    cannot be asked to stop at its next window — a user's script in a process of its own: its figure is those
+    windows)."""
     v = ending(run)
     if v.failure is not None or pruned:
         return v
-    return figure(_last(run.records, Kind.SUMMARY))
+    summary = _last(run.records, Kind.SUMMARY)
+    if stopped_early and summary is None:
+        return v
+    return figure(summary)
 
 
 def ending(run: Finished) -> Verdict:

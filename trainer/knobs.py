@@ -42,6 +42,11 @@ BATCH_CHOICES = (32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Powers of two and 1.5x between them: enough resolution near the memory limit without a continuous range."""
 
 
+BATCH_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, *BATCH_CHOICES)
+"""``BATCH_CHOICES`` continued below them in the same steps: where a user's script runs a smaller batch of its own,
+its space reaches down to half of it (``autotune.space.resolve``'s ``own_batch``)."""
+
+
 class _Unset:
     def __repr__(self) -> str:
         return "UNSET"
@@ -181,6 +186,12 @@ class Knob:
     """Its value while the model alone is measured (the ceiling: synthetic data on the device, no loader, one
     micro-batch per step); ``UNSET``: the grid point's or the base's."""
 
+    off: Any = UNSET
+    """Its value where the condition of its range (``Range.when``) does not hold: what the setting is without the
+    thing it needs (no prefetch depth and no kept workers without loader workers). A trial whose condition fails
+    takes it, whatever the base holds (a script's own ``prefetch_factor=2`` under a draw of ``num_workers=0``);
+    ``UNSET``: the base's value stands."""
+
     identity: bool = False
     """Part of what the refine stage holds of a good end-to-end trial (its pipeline family, precision, layout,
     compile); the sampler draws the rest."""
@@ -272,13 +283,15 @@ _KNOBS = (
          ceiling_value=0, shown=6, runtime="num_workers", runtime_default=0, applied_by="loader",
          doc="DataLoader worker processes per rank"),
     Knob(path="loader.prefetch_factor", label="pf", scope="pipeline",
-         space=Range(low=1, high=8, when="loader.num_workers > 0"), ceiling_value=None, runtime="prefetch_factor",
-         applied_by="loader", doc="batches in flight per worker"),
+         space=Range(low=1, high=8, when="loader.num_workers > 0"), ceiling_value=None, off=None,
+         runtime="prefetch_factor", applied_by="loader", doc="batches in flight per worker"),
+    # The runtime and the built-in job pin only for a CUDA device (trainer.apply.loader_args): on CPU ranks both
+    # values run the same.
     Knob(path="loader.pin_memory", label="pin", scope="pipeline",
-         space=Range(choices=(True, False), when=_NOT_UNDER_DALI),
-         runtime="pin_memory", runtime_default=False, applied_by="loader", doc="page-locked host batches"),
+         space=Range(choices=(True, False), when=_NOT_UNDER_DALI), needs_gpu="pinned memory only matters for a copy to a CUDA device", runtime="pin_memory",
+         runtime_default=False, applied_by="loader", doc="page-locked host batches"),
     Knob(path="loader.persistent_workers", label="pers", scope="pipeline",
-         space=Range(choices=(False, True), when="loader.num_workers > 0"), ceiling_value=False,
+         space=Range(choices=(False, True), when="loader.num_workers > 0"), ceiling_value=False, off=False,
          runtime="persistent_workers", runtime_default=False, applied_by="loader", doc="workers kept across epochs"),
     # Decode on the GPU first where there is one (it does not compete with the loader workers for cores): DALI's fused
     # decode + crop on the hardware engines and CUDA (what MLPerf's ResNet-50 feeds an H200 with), nvJPEG's CUDA

@@ -14,7 +14,7 @@ from itertools import product
 from typing import Any
 
 from autotune.space import get_path
-from autotune.study.view import TrialView, feasible, stage
+from autotune.study.view import OWN_LOADER, TrialView, feasible, own_loader, stage
 from autotune.verdict import NOT_ITS_FAULT
 from trainer.knobs import Knob, table
 from trainer.protocol import Failure
@@ -106,6 +106,10 @@ class Measured:
         plain = self.plain(pair)
         return plain if self.pair_ceiling(vs, plain) is not None else pair
 
+    def pipe_name(self, decode: str) -> str:
+        """How a pipeline reads in lines: its decode path, or a script's own loader (``view.own_loader``)."""
+        return OWN_LOADER if own_loader(self.base) else decode
+
     def decodes(self) -> list[str]:
         """Pipelines measured alone, in measuring order; hybrid only where its two ends are not both measured (its
         shares decode side by side, so its supply follows from theirs)."""
@@ -134,12 +138,22 @@ class Measured:
         the ceiling's grid at a batch, with or without cuDNN's search. A point a request leaves out is the base's
         (a study's earlier requests may predate a dimension)."""
         if stage_name == "supply":
-            return (o.get("data.decode"), o.get("data.hybrid_cpu_fraction"))
+            return (o.get("data.decode", get_path(self.base, "data.decode")), o.get("data.hybrid_cpu_fraction"))
         return (*(o.get(d.path, get_path(self.base, d.path)) for d in grid()), o.get("training.batch_size"),
                 o.get("training.cudnn_benchmark"))
 
     def top_batch(self) -> int:
         return max(self.choices("training.batch_size"))
+
+    def ceiling_batch(self) -> int:
+        """The batch the model alone is first measured at, per point of the grid: on GPUs the largest (a smaller
+        batch is not faster there); on CPU ranks, where a small batch stays in the caches and can run faster per
+        image, the baseline's, so the ceiling bounds the configuration the search starts from and the candidates
+        run at it (the smaller batches follow, ``StagePlanner._batches``)."""
+        own = self.plan.baseline.get("training.batch_size")
+        if self.on_gpu or own is None or own not in self.choices("training.batch_size"):
+            return self.top_batch()
+        return own
 
     def pair_of(self, v: TrialView) -> tuple:
         return point_of(v)
@@ -248,23 +262,47 @@ class Measured:
     def bound_of(self, vs: list[TrialView], config: dict[str, Any]) -> tuple[float, str] | None:
         """The most an end-to-end run of ``config`` can reach by what the stages measured, and why; None when they
         measured nothing that bounds it. Its ceiling: the pace of its precision and layout at the smallest measured
-        batch not below its images per step (a smaller batch is not faster); its supply: what its pipeline fed at
-        most (the fastest steady window of a supply that never settled), with the most loader workers."""
+        batch not below its images per step (on GPUs a smaller batch is not faster; on CPU ranks it can be, so only a
+        measurement at its images per step bounds it); its supply: what its pipeline fed at most (the fastest
+        steady window of a supply that never settled), with the most loader workers."""
         out: list[tuple[float, str]] = []
         pair = tuple(get_path(config, d.path) for d in grid())
         per_step = int(get_path(config, "training.batch_size")) * int(get_path(config, "training.accum_steps") or 1)
-        above = [v for v in self.ceilings_of(vs, pair) if v.setting("training.batch_size") >= per_step]
+        above = [v for v in self.ceilings_of(vs, pair) if v.setting("training.batch_size") >= per_step
+                 and (self.on_gpu or v.setting("training.batch_size") == per_step)]
         if above:
             b = min(v.setting("training.batch_size") for v in above)
             ips = max(v.imgs_per_s for v in above if v.setting("training.batch_size") == b)
-            out.append((ips, f"the model alone at {pair_label(pair)} batch {b} runs {ips:,.0f} imgs/s"))
+            if not self.refuted(vs, pair, b, ips):
+                out.append((ips, f"the model alone at {pair_label(pair)} batch {b} runs {ips:,.0f} imgs/s"))
         if self.supplies:
             decode = get_path(config, "data.decode")
             fraction = get_path(config, "data.hybrid_cpu_fraction") if decode == "hybrid" else None
             for p in self.pipes(vs):
                 if p.family == decode and p.settings.get("data.hybrid_cpu_fraction") == fraction:
-                    out.append((p.upper, f"the {decode} pipeline feeds at most {p.upper:,.0f} imgs/s"))
+                    out.append((p.upper, f"{self.pipe_name(decode)} feeds at most {p.upper:,.0f} imgs/s"))
         return min(out, default=None)
+
+    def refuted(self, vs: list[TrialView], pair: tuple, batch: int, ips: float) -> bool:
+        """Whether an end-to-end run at ``pair`` and ``batch`` images per step measured above the ceiling ``ips``
+        there by more than the tolerance: the model alone is then no bound at that point (its synthetic replay
+        costs what the job does not, or the windows swing), and pruning against it would drop what runs faster."""
+        return any(v.imgs_per_s > ips * (1 + self.tolerance) for v in feasible(vs)
+                   if not v.part and self.pair_of(v) == pair
+                   and v.setting("training.batch_size") * (v.setting("training.accum_steps") or 1) == batch)
+
+
+CEILING_SLACK = 0.05
+"""A figure up to this much above the ceiling is the measurements' noise (the spread target): a share of it. Beyond,
+the ceiling did not bound the run (on CPU ranks a small batch can run faster per image than the one the model alone
+ran at)."""
+
+
+def ceiling_share(ips: float, ceiling: float) -> float | None:
+    """``ips`` as a share of the ceiling, or None where the ceiling did not bound it (``CEILING_SLACK``)."""
+    if not ceiling or ips > ceiling * (1 + CEILING_SLACK):
+        return None
+    return ips / ceiling
 
 
 def supply_upper(v: TrialView) -> float:

@@ -19,12 +19,13 @@ from autotune import verdict
 from autotune.hw.nvml import fingerprint
 from autotune.runner.pool import WorkerPool
 from autotune.search import script
-from autotune.search.bounds import trainable_ceiling
+from autotune.search.bounds import ceiling_share, trainable_ceiling
 from autotune.search.evaluate import Evaluator
 from autotune.search.prepare import Plan, SearchOptions, describe_model, generate_data, prepare, summarize_data
 from autotune.search.progress import Progress
 from autotune.search.record import record
 from autotune.search.stages import Budget, StagePlanner, shown_settings
+from autotune.space import get_path
 from autotune.study import view
 from autotune.study.liveness import STALE_AFTER_S, reclaim_stale
 from autotune.study.setup import create_or_load, parts_study
@@ -183,7 +184,8 @@ class Engine:
             self.progress.say(f"autotune: trial {label} re-runs the parameters of trial {prior}, {why}")
         self.progress.begin(label, stage)
         ev = evaluate(trial, part=part)
-        ev.attrs["wall_s"] = round(time.monotonic() - t0, 3)
+        # A run made before the study existed (a script's trial 0) took its time then: its own wall stands.
+        ev.attrs["wall_s"] = round(max(time.monotonic() - t0, ev.attrs.get("wall_s") or 0.0), 3)
         state = record(study, trial, ev, self.plan.objective, self.plan.space, known_oom=evaluate.known_oom)
         if part:
             self.parts_run += 1
@@ -194,11 +196,12 @@ class Engine:
                    "infeasible": f"infeasible:{ev.failure}", "fail": f"FAIL:{ev.failure}"}[state]
         if ev.attrs.get("stopped_early"):
             outcome = "measured (stopped early)"
-        shown = dict(trial.params) or shown_settings(trial.user_attrs.get("overrides") or {})
+        overrides = trial.user_attrs.get("overrides") or {}
+        shown = shown_settings(overrides) if part else _shown(self.plan.space, trial, ev)
         self.progress.trial_done(number=label, stage=stage, params=shown, outcome=outcome,
                                  ips=ev.attrs.get("imgs_per_s"), util=ev.attrs.get("util_mean"),
                                  best=(best.label, best.imgs_per_s) if best else None,
-                                 baseline=base.imgs_per_s if base else None, wall=time.monotonic() - t0,
+                                 baseline=base.imgs_per_s if base else None, wall=ev.attrs["wall_s"],
                                  counted=counted or not ev.skipped)
         if ev.skipped:
             self.progress.say(f"      not launched: {ev.attrs.get('pruned_before_launch')}")
@@ -207,6 +210,21 @@ class Engine:
         elif ev.failure is not None and state != "pruned":
             self.progress.say(f"      {ev.failure}: {ev.message} (log: {ev.attrs.get('log_path')})")
         return ev
+
+
+def _shown(space, trial, ev) -> dict:
+    """An end-to-end trial's settings as its line shows them: each searched knob, its param where the sampler drew
+    one, else what its config ran (trial 0 of a script runs its own batch and workers, which the space may not
+    hold)."""
+    config = ev.config.to_dict() if ev.config is not None else None
+    if config is None:
+        return dict(trial.params)
+    out = {}
+    for p in space.params:
+        value = trial.params.get(p.path, get_path(config, p.path))
+        if value is not None:
+            out[p.path] = value
+    return out
 
 
 def abandon(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> None:
@@ -238,8 +256,10 @@ def best_line(study: optuna.Study) -> str:
     gain = (f", {best.imgs_per_s / base.imgs_per_s:.2f}x the baseline (trial {base.label}: {base.imgs_per_s:,.1f})"
             if base else "")
     top = trainable_ceiling(trials)
-    share = (f", {best.imgs_per_s / top.imgs_per_s:.0%} of the {view.devices(study)}' ceiling "
-             f"({top.imgs_per_s:,.0f})") if top else ""
+    of = ceiling_share(best.imgs_per_s, top.imgs_per_s) if top else None
+    share = (f", {of:.0%} of the {view.devices(study)}' ceiling ({top.imgs_per_s:,.0f})" if of is not None else
+             f", above the {view.devices(study)}' ceiling measured ({top.imgs_per_s:,.0f}): no bound at its settings"
+             if top else "")
     return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} {view.rate(study)}{gain}{share}. "
             f"`autotune show "
             f"--study {study.study_name}` lists the trials; `autotune export best.yaml --study {study.study_name}` "

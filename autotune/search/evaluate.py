@@ -10,6 +10,7 @@ and a run with the search on, when its shapes first ran there with it off (it wo
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +77,7 @@ class Evaluator:
         stage = trial.user_attrs.get("stage") or "search"
         ev = Evaluation(stage=stage)
         trial_dir = self.logs / (f"part-{trial.number}" if part else f"trial-{trial.number}")
-        overrides = self.overrides(trial, stage)
+        overrides = self.plan.space.settle(self.overrides(trial, stage), self.plan.base.to_dict())
         ev.attrs.update({"stage": stage, "log_path": str((trial_dir / "log.txt").resolve()),
                          "util_available": self.plan.util_available, "util_mean": None})
         try:
@@ -106,14 +107,14 @@ class Evaluator:
     def overrides(self, trial, stage: str) -> dict[str, Any]:
         if stage in MEASUREMENT_STAGES:
             return dict(trial.user_attrs.get("overrides") or {})
-        if stage in self.plan.preloaded:
-            # A run made before the study existed (a script's first run) ran the base: its params are what it
-            # ran, the sampler draws nothing for it, and its measurement is the one it had.
-            return self.plan.space.suggest(trial, self.plan.base.to_dict(), only=set(self.plan.baseline))
-        overrides = self.plan.space.suggest(trial, self.plan.base.to_dict())
         if stage == "baseline":
-            overrides["measure.max_windows"] = BASELINE_WINDOWS * self.plan.base.measure.max_windows
-        return overrides
+            # Trial 0 and its re-measure run the baseline's params and the base for the rest (a script's own
+            # values the space does not hold): the sampler draws nothing for them.
+            overrides = self.plan.space.suggest(trial, self.plan.base.to_dict(), only=set(self.plan.baseline))
+            if stage not in self.plan.preloaded:  # a run made before the study existed has its measurement
+                overrides["measure.max_windows"] = BASELINE_WINDOWS * self.plan.base.measure.max_windows
+            return overrides
+        return self.plan.space.suggest(trial, self.plan.base.to_dict())
 
     def known_oom(self, config: dict[str, Any]) -> int | str | None:
         """The trial that already ran out of memory at a batch <= this config's with the same memory-relevant
@@ -177,7 +178,8 @@ class Evaluator:
             ev.attrs["shapes_new_to_worker"] = shape not in ran
             ran.setdefault(shape, ev.config.training.cudnn_benchmark)
         ev.pruned = run.stopped == "pruned" and watch.stopped == "pruned"
-        ev.judged(verdict.judge(run, pruned=ev.pruned))
+        early = watch.stopped is not None and not ev.pruned
+        ev.judged(verdict.judge(run, pruned=ev.pruned, stopped_early=early))
         ev.attrs.update(run_attrs(run))
         if watch.stopped == "pruned":
             # The figure a pruned trial shows is the one Optuna stores: its last report, the median of the windows
@@ -187,6 +189,12 @@ class Evaluator:
                             spread=round((max(latest) - min(latest)) / watch.reported, 5) if latest else None)
         elif watch.stopped:
             ev.attrs["stopped_early"] = watch.stopped
+            if run.summary is None and watch.full:
+                # Ended at once (a script's own process): the figure is the windows the stop was decided on.
+                latest = [x for _, x in watch.full][-int(watch.stop_when.get("windows") or 3):]
+                med = statistics.median(latest)
+                ev.attrs.update(imgs_per_s=med, settled=False,
+                                spread=round((max(latest) - min(latest)) / med, 5) if med > 0 else None)
         if plan.util_available:
             ev.attrs.update(summarize(samples, run.steady_windows, len(plan.gpus)))
 

@@ -25,7 +25,7 @@ from autotune.exceptions import AutotuneError
 from autotune.hw.nvml import Sampler
 from autotune.runner.trial import TrialJob, TrialRun, run_trial
 from autotune.spec import StudySpec
-from autotune.verdict import ending
+from autotune.verdict import ending, judge, script_fix
 from trainer.knobs import table
 from trainer.protocol import Failure, Kind
 
@@ -191,7 +191,8 @@ def probe(plan, logs: Path, say) -> Probe:
     finally:
         samples = sampler.stop()
     settings = run.of_kind(Kind.SETTINGS)
-    if not ending(run).ok or run.summary is None or not settings:
+    # judge, not ending: a first run whose loss left the finite numbers is no baseline, and each trial would too.
+    if not judge(run).ok or run.summary is None or not settings:
         raise ScriptError(failure_line(run, plan.options.script))
     found = settings[-1]
     applies = {name: value for name, value in (found.get("applied") or {}).items() if name in table().by_runtime_name}
@@ -215,6 +216,8 @@ def failure_line(run: TrialRun, script: str) -> str:
     """One line for a first run that cannot stand as a trial: what happened, where the whole story is."""
     log = run.log_path
     v = ending(run)
+    if v.ok and run.summary is not None:
+        v = judge(run)  # its figure does not stand (a loss that left the finite numbers)
     if v.ok and run.summary is None:
         if not run.of_kind(Kind.START):
             why = ("it never called trainer.runtime.setup() (or ended before it): call `run = runtime.setup(...)` "
@@ -226,7 +229,8 @@ def failure_line(run: TrialRun, script: str) -> str:
     elif v.failure in (Failure.HANG, Failure.SLOW):
         why = f"{v.failure}: {v.reason}; {v.fix}"
     else:
-        why = f"{v.failure}: {v.reason}"
+        fix = script_fix(v)
+        why = f"{v.failure}: {v.reason}" + (f"; {fix}" if fix else "")
     return f"--script {script}: its first run (trial 0, its own defaults) failed: {why} (log: {log})"
 
 
@@ -239,7 +243,8 @@ def apply(plan, found: Probe) -> None:
     overrides["script.applies"] = sorted(found.applies)
     plan.base = plan.probe = plan.base.with_overrides(overrides)
     plan.space = resolve(plan.spec, world_size=plan.world, nproc_per_node=plan.nproc, cpu_only=not plan.entries,
-                         applies=set(found.applies), max_batch=found.samples_per_rank)
+                         applies=set(found.applies), max_batch=found.samples_per_rank,
+                         own_batch=found.applies.get(table().knobs[table().batch("micro")].runtime))
     plan.baseline = baseline_params(plan.space, plan.base.to_dict())
     plan.script = found
     plan.measures_ceiling = plan.measures_supply = found.loader

@@ -32,7 +32,9 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    A supply stops early, in-band, once its latest full windows are all above the ceiling or all clearly out of reach
    (``stop_when``).
 7. **smaller batches** of the fastest pair, halving, while they keep ``PLATEAU`` of its pace: the smallest on the
-   plateau becomes the candidates' batch, and a batch below it bounds what a trial there can reach.
+   plateau becomes the candidates' batch, and a batch below it bounds what a trial there can reach. On CPU ranks,
+   where the ceiling starts at the baseline's batch, then **larger ones** while the largest measured is clearly the
+   fastest.
 8. **uncertain pipelines** — one dropped on a supply whose windows never agreed, but whose fastest steady window
    reaches the band, gets an end-to-end trial.
 9. **refine** — the sampler draws the other knobs (batch, accumulation, loader, DDP, the hybrid share, ...) with the
@@ -67,7 +69,7 @@ from optuna.trial import TrialState
 
 from autotune.search.bounds import NOT_ITS_FAULT, PLATEAU, Measured, Pipe, grid, pair_label
 from autotune.space import Param, get_path
-from autotune.study.view import TrialView, feasible, views
+from autotune.study.view import OWN_LOADER, TrialView, feasible, own_loader, views
 from trainer.knobs import table
 
 CUDNN_KEEP = 0.99
@@ -179,10 +181,11 @@ class StagePlanner(Measured):
             cudnn = (" without and with cuDNN's algorithm search" if self._compare_first(budget) else
                      " (cuDNN's algorithm search not compared: too few trials; cuDNN's default stays)"
                      if self.on_gpu else "")
-            parts.append(f"the model alone at {pair_label(first)} batch {max(self.choices('training.batch_size'))}"
+            parts.append(f"the model alone at {pair_label(first)} batch {self.ceiling_batch()}"
                          f"{cudnn}")
         if self.supplies:
-            parts.append(f"the {self.decodes()[0]} pipeline alone")
+            parts.append(f"the {self.decodes()[0]} pipeline alone" if not own_loader(self.base) else
+                         f"{OWN_LOADER} alone")
         orders = [(d, d.order(self.choices(d.path), self.on_gpu)) for d in grid() if d.once_s is not None]
         costly = "".join(f"; {d.word(o[-1])} against {d.word(o[0])} last, where the budget pays for its one-off cost"
                          for d, o in orders if len(o) > 1)
@@ -359,7 +362,7 @@ class StagePlanner(Measured):
             if state == "retry":
                 return self._want(vs, "ceiling", request, part_budget=False,
                                   attrs={"cudnn_evidence": True} if self.on_gpu else None)
-            top = self.top_batch()
+            top = self.ceiling_batch()
             evidence = any(v.attrs.get("cudnn_evidence") for v in vs
                            if v.stage == "ceiling" and self.pair_of(v) == pair)
             compare = self.on_gpu and (evidence or self._compare_first(self.budget, vs))
@@ -379,7 +382,7 @@ class StagePlanner(Measured):
 
     def supply_overrides(self, vs: list[TrialView], decode: str, fraction: float | None) -> dict[str, Any]:
         chosen = self.ceiling_choice(vs) or {}
-        o = {"training.mode": "loader", "data.decode": decode,
+        o = {"training.mode": "loader", **({} if own_loader(self.base) else {"data.decode": decode}),
              "training.batch_size": chosen.get("training.batch_size", get_path(self.base, "training.batch_size")),
              "training.channels_last": chosen.get("training.channels_last",
                                                   get_path(self.base, "training.channels_last")),
@@ -660,7 +663,7 @@ class StagePlanner(Measured):
                         if dim.once_s is not None and k > 0 and not self.affords_once(vs, dim, order, k):
                             break
                         return self._want(vs, "ceiling", request or self.ceiling_overrides(
-                            q, self.top_batch(), True if self.on_gpu else None))
+                            q, self.ceiling_batch(), True if self.on_gpu else None))
                     ips = self.pair_ceiling(vs, q)
                     if ips is not None and ips < top_ips * (1 - self.measure.spread_target):
                         rest = order[k + 1:] if step > 0 else order[:k][::-1]
@@ -687,15 +690,21 @@ class StagePlanner(Measured):
         for v in self.ceilings_of(vs, pair):
             b = v.setting("training.batch_size")
             by_batch[b] = max(by_batch.get(b, 0.0), v.imgs_per_s)
-        smallest = min(by_batch)
-        if by_batch[smallest] < PLATEAU * top:
-            return None
-        lower = [b for b in self.choices("training.batch_size") if b <= smallest // 2]
-        if not lower:
-            return None
+        smallest, largest = min(by_batch), max(by_batch)
+        choices = self.choices("training.batch_size")
+        lower = [b for b in choices if b <= smallest // 2] if by_batch[smallest] >= PLATEAU * top else []
         flag = self.decision(pair)
-        return self._want(vs, "ceiling", self.ceiling_overrides(
-            pair, max(lower), (True if flag is None else flag) if self.on_gpu else None))
+        if lower:
+            return self._want(vs, "ceiling", self.ceiling_overrides(
+                pair, max(lower), (True if flag is None else flag) if self.on_gpu else None))
+        # CPU ranks start from the baseline's batch (``ceiling_batch``), and a larger one can be faster there too:
+        # up the choices while the largest measured is clearly the fastest.
+        below = [x for b, x in by_batch.items() if b < largest]
+        higher = [b for b in choices if b > largest]
+        if self.on_gpu or not higher or by_batch[largest] < top or \
+                (below and by_batch[largest] <= max(below) * (1 + self.measure.spread_target)):
+            return None
+        return self._want(vs, "ceiling", self.ceiling_overrides(pair, min(higher), None))
 
     # ---- 8. uncertain pipelines -------------------------------------------------------------------------------------
 
@@ -706,7 +715,7 @@ class StagePlanner(Measured):
         for pipe in ranked[1]:
             fixed = self.candidate_settings(vs, pipe)
             if self.identity_state(vs, self.identity_of(fixed)) == "untried":
-                self.note(f"uncertain:{pipe.family}", f"stages: {pipe.family}'s supply never settled "
+                self.note(f"uncertain:{pipe.family}", f"stages: {self.pipe_name(pipe.family)}'s supply never settled "
                           f"({pipe.point:,.0f} imgs/s, up to {pipe.upper:,.0f}): run end to end as well")
                 self.main_enqueue(fixed, {"stage": "candidate", "uncertain": True})
                 return "candidate"

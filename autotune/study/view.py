@@ -190,11 +190,31 @@ def ceiling(trials: list[TrialView]) -> TrialView | None:
     return max(stage(trials, "ceiling"), key=lambda v: v.imgs_per_s, default=None)
 
 
+OWN_LOADER = "its own loader"
+"""The input pipeline of a user's script that builds its own Dataset (it does not apply ``data.decode``)."""
+
+
+def own_loader(config: dict[str, Any] | None) -> bool:
+    """Whether ``config`` is a user's script whose input pipeline is its own: ``data.decode`` names nothing it
+    runs (only ``run.image_loader`` applies it)."""
+    from trainer.knobs import table
+
+    script = (config or {}).get("script") or {}
+    decode = table().supply
+    return bool(script.get("path") or script.get("entry")) and (decode is None or
+                                                                 decode.runtime not in (script.get("applies") or []))
+
+
+def pipeline(v: TrialView) -> str | None:
+    """A trial's input pipeline as a person reads it: its decode path, or a script's own loader."""
+    return OWN_LOADER if own_loader(v.config) else v.setting("data.decode")
+
+
 def supplies(trials: list[TrialView]) -> dict[str, TrialView]:
-    """Per input pipeline (``data.decode``), its best supply measurement: what it can feed."""
+    """Per input pipeline (``pipeline``: its decode path), its best supply measurement: what it can feed."""
     out: dict[str, TrialView] = {}
     for v in stage(trials, "supply"):
-        decode = v.setting("data.decode")
+        decode = pipeline(v)
         if decode not in out or v.imgs_per_s > out[decode].imgs_per_s:
             out[decode] = v
     return out

@@ -123,8 +123,12 @@ class FakeWorker:
 class FakePool:
     """``WorkerPool``'s interface over a ``Machine``: a worker lives on until a failure or a fresh request."""
 
-    def __init__(self, machine: Machine, root: Path):
+    def __init__(self, machine: Machine, root: Path, *, cancels: bool = True):
         self.machine, self.root = machine, Path(root)
+        self.cancels = cancels
+        """A stop asked for (the Watch returning True) ends the run at its next window with a summary, as a live
+        worker does; False: at once, without one, as a user's script in a torchrun of its own is killed
+        (``autotune.runner.trial.run_trial``)."""
         self.worker: FakeWorker | None = None
         self.launched = 0
         self.compiles = 0
@@ -179,6 +183,9 @@ class FakePool:
             rates.append(m.window(cfg, i, steady))
             emit({"kind": "window", "window": i, "t0": t + 6 + i * mc.window_s, "t1": t + 6 + (i + 1) * mc.window_s,
                   "seconds": mc.window_s, "imgs_per_s": rates[-1], "images": int(rates[-1] * mc.window_s)})
+            if stop and not self.cancels:
+                self.worker = None
+                return self._end(run)
             if stop and stop_at is None:
                 stop_at = i + 1  # cancelled: the job stops at the end of the window after the decision
             if stop_at is not None and i >= stop_at:

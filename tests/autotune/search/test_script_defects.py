@@ -104,9 +104,9 @@ class Sim:
     """A search of the script on a simulated machine: its lines (what ``autotune search`` prints), the study, the
     configs the pool was asked to run."""
 
-    def __init__(self, tmp: Path, machine: Machine, trials: int, *, enqueue=()):
+    def __init__(self, tmp: Path, machine: Machine, trials: int, *, enqueue=(), cancels: bool = True):
         self.plan = plan = script_plan(trials, root=tmp)
-        self.pool = FakePool(machine, tmp)
+        self.pool = FakePool(machine, tmp, cancels=cancels)
         # Trial 0 ran before the study existed (the probe), in a fresh process: the baseline trial records it.
         job = TrialJob(config=plan.base.with_overrides({"output_dir": str(tmp / "trial-0")}),
                        trial_dir=tmp / "trial-0", nproc_per_node=2)
@@ -133,11 +133,22 @@ class Sim:
         return "\n".join(self.said) + "\n" + self.out.getvalue()
 
 
+# ---- 1. a supply stopped early on the plain-script path ------------------------------------------------------------
+
+
+def test_a_supply_stopped_early_in_a_process_of_its_own_stands_as_one_measurement(tmp_path, two_cores):
+    # The plain path: each trial a torchrun of its own, killed at once when a supply stops early (no summary).
+    sim = Sim(tmp_path, cpu_ranks(), 4, cancels=False)
+    supplies = [v for v in sim.views if v.stage == "supply"]
+    assert [v.outcome for v in supplies] == ["part"], [(v.label, v.outcome, v.failure_message) for v in supplies]
+    assert supplies[0].attrs.get("stopped_early") and supplies[0].imgs_per_s, supplies[0].attrs
+    e2e = [v for v in sim.views if not v.part and not v.baseline and v.outcome == "measured"]
+    assert e2e, sim.lines  # a 4-trial search: trial 0, the ceiling, the supply, one end-to-end trial
+
+
 # ---- 2. a draw without loader workers -------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 2: num_workers=0 draws keep the script's prefetch_factor and "
-                                       "persistent_workers: infeasible:config")
 def test_a_draw_without_loader_workers_runs_instead_of_failing_for_the_scripts_own_loader_defaults(tmp_path,
                                                                                                   two_cores):
     sim = Sim(tmp_path, cpu_ranks(), 2, enqueue=[{"loader.num_workers": 0}])
@@ -149,8 +160,6 @@ def test_a_draw_without_loader_workers_runs_instead_of_failing_for_the_scripts_o
 # ---- 3. trial 0 measured again ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 3: trial 0's re-measure runs another config (batch 48, 1 "
-                                       "worker) and becomes the baseline")
 def test_trial_0_measured_again_runs_the_scripts_own_settings(tmp_path, two_cores):
     sim = Sim(tmp_path, cpu_ranks(noisy={"pil": 0.2}), 8)
     again = [t for t in sim.study.get_trials() if t.user_attrs.get("remeasure_of") == 0]
@@ -164,8 +173,6 @@ def test_trial_0_measured_again_runs_the_scripts_own_settings(tmp_path, two_core
 # ---- 5. the ceiling of CPU ranks -----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 5: the CPU ranks' ceiling measured at the largest batch bounds "
-                                       "smaller batches that run faster; trials reach 160% of it, draws dropped")
 def test_on_cpu_ranks_no_trial_runs_above_the_bound_its_ceiling_puts_on_it(tmp_path, two_cores):
     sim = Sim(tmp_path, cpu_ranks(noisy={"pil": 0.2}), 8)
     stages, tolerance = sim.engine.stages, sim.plan.spec.pruner.tolerance
@@ -319,8 +326,6 @@ def test_train_of_one_window_claims_no_spread(tmp_path, two_cores):
 # ---- 13. a trial 0 whose loss goes NaN ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 13: a script whose trial 0 diverged is searched on (a study left "
-                                       "behind) and 'fix that' names no fix")
 def test_a_script_whose_first_run_diverges_is_refused_at_the_probe_with_the_fix(tmp_path, monkeypatch, two_cores):
     plan = script_plan(3, root=tmp_path)
     pool = FakePool(cpu_ranks(diverges={"fp32"}), tmp_path)
@@ -341,16 +346,12 @@ def test_a_script_whose_first_run_diverges_is_refused_at_the_probe_with_the_fix(
 # ---- 14. the space of a script on CPU ranks ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 14: pin_memory is searched on CPU ranks though the runtime turns "
-                                       "it off")
 def test_pinned_memory_is_not_searched_on_cpu_ranks(two_cores):
     plan = script_plan(8)
     # The runtime pins only for a CUDA device (trainer.runtime._run.Run.loader): on CPU ranks both values run the same.
     assert "loader.pin_memory" not in plan.space.by_path(), plan.space.by_path()["loader.pin_memory"].describe()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 14: the batch space leaves out the script's own 16 and anything "
-                                       "smaller")
 def test_the_batch_space_holds_the_scripts_own_batch_and_smaller_ones(two_cores):
     plan = script_plan(8)
     choices = plan.space.by_path()["training.batch_size"].choices

@@ -78,8 +78,6 @@ def searched(tmp_path_factory) -> Searched:
 # ---- 1. the supply of a plain script ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 1: a supply stopped early on the plain-script path is recorded "
-                                       "as `crash: the job reported no throughput`")
 def test_a_supply_stopped_early_stands_as_a_measurement(searched):
     searched.needs_an_early_stop()
     supplies = searched.rows("supply")
@@ -87,13 +85,11 @@ def test_a_supply_stopped_early_stands_as_a_measurement(searched):
     assert supplies and not [r for r in supplies if " fail " in r or "reported no throughput" in r], supplies
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 1: the stopped supply is run again (p2) and fails again")
 def test_a_supply_is_measured_once(searched):
     searched.needs_an_early_stop()
     assert len(searched.rows("supply")) == 1, searched.rows("supply")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 1: a 4-trial plain-script search gets no end-to-end trial")
 def test_a_4_trial_plain_script_search_gets_an_end_to_end_trial(searched):
     searched.needs_an_early_stop()
     e2e = [t for t in searched.study.get_trials() if trial_attrs(t).get("stage") != "baseline"
@@ -101,7 +97,6 @@ def test_a_4_trial_plain_script_search_gets_an_end_to_end_trial(searched):
     assert e2e, searched.show
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 1: show says the pipeline 'was not measured alone' after it was")
 def test_show_does_not_say_a_measured_supply_was_not_measured(searched):
     searched.needs_an_early_stop()
     assert "was not measured alone" not in searched.show, searched.show
@@ -110,14 +105,12 @@ def test_show_does_not_say_a_measured_supply_was_not_measured(searched):
 # ---- 4. trial 0 as the search shows it -----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 4: trial 0 shows a wall time of 0s")
 def test_trial_0s_wall_time_is_the_time_it_ran(searched):
     a = trial_attrs(searched.study.trials[0])
     # It ran before the study existed (the probe), in a fresh torchrun: launch, set-up, warm-up, windows.
     assert a["wall_s"] >= a["launch_s"] + a["measure_s"], {k: a.get(k) for k in ("wall_s", "launch_s", "measure_s")}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 4: trial 0's settings are shown without bs/wk")
 def test_trial_0s_settings_show_its_batch_and_workers(searched):
     out = searched.search.stdout.splitlines()
     i = next(i for i, ln in enumerate(out) if re.match(r"trial\s+0 \[1/4\] baseline", ln))
@@ -127,8 +120,6 @@ def test_trial_0s_settings_show_its_batch_and_workers(searched):
 # ---- 6. the input pipeline of a script with its own Dataset ---------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 6: `pil` is named as the input pipeline of a script with its own "
-                                       "in-memory Dataset")
 def test_a_script_with_its_own_dataset_is_not_said_to_decode_with_pil(searched):
     for name, text in (("search", searched.search.stdout), ("show", searched.show)):
         said = [ln for ln in text.splitlines() if re.search(r"\bpil\b", ln)]

@@ -53,7 +53,7 @@ def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_co
     # alone, and the first end-to-end candidate: an answer within the first four trials. The sampler refines later.
     order = sorted([(t.datetime_start, t.user_attrs["stage"]) for t in trials + parts])
     assert [stage for _, stage in order[:4]] == ["baseline", "ceiling", "supply", "candidate"]
-    assert "stages: first the likeliest fastest — the model alone at fp32 NCHW batch 32, then the " \
+    assert "stages: first the likeliest fastest — the model alone at fp32 NCHW batch 16, then the " \
            "torchvision-cpu pipeline alone" in out
     t0 = trials[0]
     assert t0.params["training.batch_size"] == 16 and t0.params["data.decode"] == "pil"
@@ -107,7 +107,10 @@ def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_co
     assert r.returncode == 0, r.stderr
     assert f"study cpu-demo: {len(trials) + len(parts)} trials" in r.stdout  # the parts study is not another study
     assert "what the CPU ranks can do (ceiling" in r.stdout and "what each input pipeline can feed" in r.stdout
-    assert "of the ceiling" in r.stdout and "median trial (" in r.stdout and ", windows " in r.stdout
+    # A share of the ceiling, or (on CPU ranks, where a batch the model alone did not run at can be faster) that the
+    # tuned run is above it: never a share above the whole.
+    assert re.search(r"of the ceiling|above the ceiling measured", r.stdout), r.stdout
+    assert "median trial (" in r.stdout and ", windows " in r.stdout
     # show still lists every measurement of a part, by its number in the parts study.
     rows = [line.split() for line in r.stdout.splitlines()]
     assert sum(1 for row in rows if row and row[0] in {f"p{t.number}" for t in parts}
