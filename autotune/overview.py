@@ -197,7 +197,8 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
     summary = f"study {study.study_name}: {plural(len(trials), 'trial')} (" + ", ".join(
         f"{n} {LABELS[o]}" for o, n in counts.items() if n) + ")"
     shown = sorted(trials, key=lambda v: -(v.imgs_per_s or -1)) if sort == "imgs" or top else trials
-    rows = [("#", "stage", "outcome", per, f"vs #{base.label if base else 0}", "spread", "loss", "util", "wall", "settings / why")]
+    rows = [("#", "stage", "outcome", per, f"vs #{base.label if base else 0}", "spread", "loss", "util", "wall",
+             "settings / why")]
     for v in shown[:top] if top else shown:
         a = v.attrs
         gain = f"{v.imgs_per_s / base.imgs_per_s:.2f}x" if v.feasible and base else ""

@@ -289,7 +289,8 @@ _KNOBS = (
     # values run the same.
     Knob(path="loader.pin_memory", label="pin", scope="pipeline",
          space=Range(choices=(True, False), when=_NOT_UNDER_DALI),
-         needs_gpu="pinned memory only matters for a copy to a CUDA device", runtime="pin_memory", runtime_default=False, applied_by="loader", doc="page-locked host batches"),
+         needs_gpu="pinned memory only matters for a copy to a CUDA device", runtime="pin_memory",
+         runtime_default=False, applied_by="loader", doc="page-locked host batches"),
     Knob(path="loader.persistent_workers", label="pers", scope="pipeline",
          space=Range(choices=(False, True), when="loader.num_workers > 0"), ceiling_value=False, off=False,
          runtime="persistent_workers", runtime_default=False, applied_by="loader", doc="workers kept across epochs"),
