@@ -35,6 +35,12 @@ class StagePlanner:
     spend: Spend = field(init=False)
     """The budget the planner was last given, and what it pays for."""
 
+    first: First = field(init=False)
+    candidates: Candidates = field(init=False)
+    cudnn: Cudnn = field(init=False)
+    limits: Limits = field(init=False)
+    refine: Refine = field(init=False)
+
     def __post_init__(self):
         self.measured = Measured(self.plan)
         self.notes = Notes()
