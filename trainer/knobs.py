@@ -177,7 +177,7 @@ class Knob:
     """What a value after the first costs once, on its first run in a worker (torch.compile: the compile), before
     anything is measured: seconds, a prior the stage planner uses until a run of it says what it cost. Such a
     dimension is measured last, and only where the budget left pays for the cost and for end-to-end trials after it
-    (``StagePlanner.affords_once``)."""
+    (``autotune.search.stages._budget.Spend.affords_once``)."""
 
     once_attr: str | None = None
     """The trial attribute a run records that one-off cost in (``compile_s``)."""

@@ -65,7 +65,7 @@ class Measured:
     """The reading for a search's plan (its space, its base config, GPUs or CPU ranks, its measurement protocol),
     over the trials of both studies (``autotune.study.view.views``) given to each method."""
 
-    def read_plan(self, plan) -> None:
+    def __init__(self, plan) -> None:
         self.plan = plan
         self.space = plan.space.by_path()
         self.base = plan.probe.to_dict()
@@ -149,7 +149,7 @@ class Measured:
         """The batch the model alone is first measured at, per point of the grid: on GPUs the largest (a smaller
         batch is not faster there); on CPU ranks, where a small batch stays in the caches and can run faster per
         image, the baseline's, so the ceiling bounds the configuration the search starts from and the candidates
-        run at it (the smaller batches follow, ``StagePlanner._batches``)."""
+        run at it (the smaller batches follow, ``autotune.search.stages._limits.Limits.batches``)."""
         own = self.plan.baseline.get("training.batch_size")
         if self.on_gpu or own is None or own not in self.choices("training.batch_size"):
             return self.top_batch()

@@ -178,7 +178,7 @@ def test_on_cpu_ranks_no_trial_runs_above_the_bound_its_ceiling_puts_on_it(tmp_p
     stages, tolerance = sim.engine.stages, sim.plan.spec.pruner.tolerance
     above = []
     for v in view.feasible(sim.views):
-        bound = stages.bound_of(sim.views, v.config)
+        bound = stages.measured.bound_of(sim.views, v.config)
         if bound is not None and v.imgs_per_s > bound[0] * (1 + tolerance):
             above.append(f"trial {v.label}: {v.imgs_per_s:,.0f} against {bound[1]}")
     dropped = [v.attrs["pruned_before_launch"] for v in sim.views if v.attrs.get("pruned_before_launch")]

@@ -243,12 +243,12 @@ def test_a_small_budget_runs_a_smaller_plan_and_says_which(trials, ceilings, sup
 def test_measurements_of_parts_keep_to_their_share_of_a_time_budget():
     r = search(Machine(ceilings=GPU, supplies=FEEDS), trials=3)
     planner = r.engine.stages
-    planner.cost = lambda vs, part: 10.0  # seconds a trial of either kind takes here
+    planner.spend.cost = lambda vs, part: 10.0  # seconds a trial of either kind takes here
     vs = view.views(r.study)
-    planner.budget = Budget(trials=30, left=20, seconds=100.0, left_s=60.0, parts_run=3, parts_s=35.0)
-    assert planner.affords_part(vs)  # 45 s of parts within half of 100 s
-    planner.budget = Budget(trials=30, left=20, seconds=100.0, left_s=60.0, parts_run=4, parts_s=45.0)
-    assert not planner.affords_part(vs)
+    planner.spend.budget = Budget(trials=30, left=20, seconds=100.0, left_s=60.0, parts_run=3, parts_s=35.0)
+    assert planner.spend.affords_part(vs)  # 45 s of parts within half of 100 s
+    planner.spend.budget = Budget(trials=30, left=20, seconds=100.0, left_s=60.0, parts_run=4, parts_s=45.0)
+    assert not planner.spend.affords_part(vs)
     assert any("they have had their share of this search's budget (4 of 30 trials, 45 of 100 s)" in n
                for n in planner.take_notes())
 
@@ -260,10 +260,10 @@ def test_a_slow_trial_0_does_not_make_a_timed_search_skip_its_stages():
     planner = r.engine.stages
     vs = [dataclasses.replace(v, attrs={**v.attrs, "wall_s": 65.0}) for v in view.views(r.study)]
     assert [v.stage for v in vs] == ["baseline"]
-    assert planner.cost(vs, part=True) is None and planner.cost(vs, part=False) is None
-    assert planner._core_fits(Budget(trials=16, left=15, seconds=170.0, left_s=105.0), vs=vs)
+    assert planner.spend.cost(vs, part=True) is None and planner.spend.cost(vs, part=False) is None
+    assert planner.spend.core_fits(Budget(trials=16, left=15, seconds=170.0, left_s=105.0), vs=vs)
     later = [*vs, dataclasses.replace(vs[0], number=1, stage="refine", attrs={**vs[0].attrs, "wall_s": 40.0})]
-    assert planner.cost(later, part=True) == 40.0  # a live-worker trial's time does count
+    assert planner.spend.cost(later, part=True) == 40.0  # a live-worker trial's time does count
 
 
 def test_an_interrupted_supply_is_measured_again_when_the_search_resumes():
@@ -403,13 +403,13 @@ def test_a_compile_the_trial_timeout_or_the_time_left_cannot_pay_for_is_not_meas
             "--trial-timeout raises it); eager stays") in r.out
     planner = r.engine.stages
     planner.plan.trial_timeout_s = 300.0
-    planner.cost = lambda vs, part: 10.0
+    planner.spend.cost = lambda vs, part: 10.0
     vs = view.views(r.study)
     dim, order = planner_dim("training.compile"), [False, True]
-    planner.budget = Budget(trials=30, left=20, seconds=400.0, left_s=100.0, parts_run=3, parts_s=30.0)
-    assert planner.affords_once(vs, dim, order, 1)  # 60 s of compile, 10 s of measurement, 2 x 10 s after it
-    planner.budget = Budget(trials=30, left=20, seconds=400.0, left_s=80.0, parts_run=3, parts_s=30.0)
-    assert not planner.affords_once(vs, dim, order, 1)
+    planner.spend.budget = Budget(trials=30, left=20, seconds=400.0, left_s=100.0, parts_run=3, parts_s=30.0)
+    assert planner.spend.affords_once(vs, dim, order, 1)  # 60 s of compile, 10 s of measurement, 2 x 10 s after it
+    planner.spend.budget = Budget(trials=30, left=20, seconds=400.0, left_s=80.0, parts_run=3, parts_s=30.0)
+    assert not planner.spend.affords_once(vs, dim, order, 1)
     assert any("its first run costs about 60 s more, and the 80 s left cannot pay for it" in n
                for n in planner.take_notes())
 
@@ -430,7 +430,7 @@ def test_a_measurement_two_search_workers_planned_at_once_runs_once():
     storage = optuna.storages.InMemoryStorage()
     r = search(Machine(ceilings=GPU, supplies=FEEDS), trials=1, storage=storage)  # trial 0 only
     planner = r.engine.stages
-    request = planner.supply_overrides(view.views(r.study, r.parts), "pil", None)
+    request = planner.first.supply_overrides(view.views(r.study, r.parts), "pil", None)
     for _ in range(2):  # as two workers that both saw no such measurement would
         r.parts.enqueue_trial({}, user_attrs={"stage": "supply", "overrides": request}, skip_if_exists=False)
     again = search(Machine(ceilings=GPU, supplies=FEEDS), trials=6, storage=storage)

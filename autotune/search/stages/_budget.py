@@ -1,0 +1,130 @@
+"""The budget: what this search may still spend on measurements of parts, and what each kind of trial costs here."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.search.bounds import Measured
+from autotune.search.stages._notes import Notes
+from autotune.study.view import TrialView
+
+PARTS_SHARE = 0.5
+"""Measurements of parts spend at most this share of a search's trials and time; the rest is end to end."""
+
+
+@dataclass(kw_only=True)
+class Budget:
+    """What this search may still spend, as the planner sees it before a trial."""
+
+    trials: int
+    """Trials this search runs in all (``--trials``)."""
+
+    left: int
+    """Trials it still runs, the next one included."""
+
+    seconds: float | None = None
+    """Its time budget (``--timeout``), if any."""
+
+    left_s: float | None = None
+    parts_run: int = 0
+    """Measurements of parts this search has run."""
+
+    parts_s: float = 0.0
+    """Seconds they took."""
+
+
+@dataclass
+class Spend:
+    """Whether the budget (``budget``: the latest the planner was given, None before) pays for a step; said when
+    not."""
+
+    measured: Measured
+    notes: Notes
+    budget: Budget | None = None
+
+    def core(self) -> list[str]:
+        """The smallest staged plan: what it measures before the first end-to-end candidate."""
+        steps = []
+        if self.measured.ceilings:
+            steps.append("ceiling")
+        if self.measured.supplies:
+            steps.append("supply")
+        return steps
+
+    def core_words(self) -> str:
+        return ", ".join({"ceiling": "the model alone", "supply": "a pipeline alone"}[s] for s in self.core())
+
+    def core_fits(self, budget: Budget, extra: int = 0, vs: list[TrialView] | None = None) -> bool:
+        """Whether the smallest staged plan (and ``extra`` measurements more) fits: in trials, and — once a trial's
+        time is known — in the time left, with one end-to-end trial after it."""
+        n = len(self.core()) + extra
+        if budget.left < n + 1:
+            return False
+        if budget.left_s is None or vs is None:
+            return True
+        part, e2e = self.cost(vs, part=True), self.cost(vs, part=False)
+        return part is None or e2e is None or n * part + e2e <= budget.left_s
+
+    def cost(self, vs: list[TrialView], part: bool) -> float | None:
+        """Median seconds of a trial of that kind in this study (the other kind's, else None). Trial 0 says nothing
+        of either: it runs in a fresh process (torchrun's start, import torch, the CUDA context) and may measure
+        twice the windows (on 1xH200, 65 s against 7-23 s for the measurements after it on a live worker; counted, it
+        made a 170 s search skip every stage)."""
+        for kind in (part, not part):
+            walls = [float(v.attrs["wall_s"]) for v in vs if v.attrs.get("wall_s") is not None
+                     and v.stage != "baseline" and (v.stage in ("ceiling", "supply")) == kind]
+            if walls:
+                return statistics.median(walls)
+        return None
+
+    def affords_part(self, vs: list[TrialView]) -> bool:
+        """Whether one more measurement of a part fits: at least one end-to-end trial after it, and parts within
+        ``PARTS_SHARE`` of this search's trials and time."""
+        b = self.budget
+        if b is None:
+            return True
+        if b.left < 2:
+            return False  # the search's last trial is end to end
+        ok = b.parts_run + 1 <= PARTS_SHARE * b.trials
+        cost = self.cost(vs, part=True)
+        if ok and b.seconds is not None and cost is not None:
+            e2e = self.cost(vs, part=False) or cost
+            ok = b.parts_s + cost <= PARTS_SHARE * b.seconds and (b.left_s is None or b.left_s - cost >= e2e)
+        if not ok:
+            used = f"{b.parts_run} of {b.trials} trials" + (f", {b.parts_s:.0f} of {b.seconds:.0f} s" if b.seconds
+                                                              else "")
+            self.notes.note("budget", f"stages: no further measurement of parts: they have had their share of this "
+                                      f"search's budget ({used}); end to end from here")
+        return ok
+
+    def affords_once(self, vs: list[TrialView], dim, order: list[Any], k: int) -> bool:
+        """Whether the budget pays for measuring ``order[k]`` of a dimension with a one-off cost: the measurement
+        with its cost inside the trial timeout, within the parts' share of the time, and two end-to-end trials
+        after it in the time left (the candidate it makes, and one more). Said when not."""
+        once = once_cost(vs, dim)
+        part = self.cost(vs, part=True) or 0.0
+        e2e = self.cost(vs, part=False) or part
+        timeout, b = self.measured.plan.trial_timeout_s, self.budget
+        why = None
+        if timeout and once + part > 0.8 * timeout:  # a run killed at the timeout is a hang: a margin for noise
+            why = "timeout", (f"a run with it would take about {once + part:.0f} s, too near the trial timeout "
+                              f"({timeout:.0f} s; --trial-timeout raises it)")
+        elif b is not None and b.left_s is not None and b.left_s < once + part + 2 * e2e:
+            why = "left", (f"its first run costs about {once:.0f} s more, and the {b.left_s:.0f} s left cannot pay for "
+                           "it and two end-to-end trials after it")
+        elif b is not None and b.seconds is not None and b.parts_s + part + once > PARTS_SHARE * b.seconds:
+            why = "share", (f"its first run costs about {once:.0f} s more, over the measurements' share of this "
+                            f"search's time ({b.parts_s:.0f} of {b.seconds:.0f} s spent)")
+        if why:
+            self.notes.note(f"once:{dim.path}:{why[0]}", f"stages: {dim.word(order[k])} not measured: {why[1]}; "
+                                                         f"{dim.word(order[0])} stays")
+        return why is None
+
+
+def once_cost(vs: list[TrialView], dim) -> float:
+    """Seconds the first run at a costly value of ``dim`` pays once (a compile): the most any run recorded
+    (``dim.once_attr``), else the dimension's prior."""
+    paid = [float(v.attrs[dim.once_attr]) for v in vs if v.attrs.get(dim.once_attr) is not None]
+    return max(paid) if paid else float(dim.once_s)

@@ -1,0 +1,146 @@
+"""Stages 3 and 4: the candidates — end-to-end trials at the ceiling's precision, layout and batch for the pipelines
+whose bound is within ``REACH`` of the best, and at each precision and layout the ceiling cannot tell from the
+fastest — and trial 0 again, where its windows never agreed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.search.bounds import NOT_ITS_FAULT, Pipe, grid, pair_label
+from autotune.search.stages._ask import REACH, Ask
+from autotune.search.stages._first import threads_of
+from autotune.space import Param, get_path
+from autotune.study.view import TrialView
+from trainer.knobs import table
+
+
+@dataclass
+class Candidates:
+    """Which end-to-end trials the measurements of parts call for, and whether each ran."""
+
+    ask: Ask
+
+    def ranking(self, vs: list[TrialView]) -> tuple[list[Pipe], list[Pipe], float] | None:
+        """(the best pipeline of each family within REACH of the best bound, best first; the families only an
+        unsettled supply keeps out of it; the ceiling they are capped at) — None before both are known."""
+        m = self.ask.measured
+        best = m.best_pair(vs) if m.ceilings else None
+        if m.ceilings and best is None:
+            return None
+        ceiling = best[1] if best else math.inf
+        pipes = m.pipes(vs) if m.supplies else [Pipe(settings={}, point=math.inf, upper=math.inf, settled=True)]
+        if not pipes:
+            return None
+        top = max(min(p.point, ceiling) for p in pipes)
+        by_family: dict[str, Pipe] = {}
+        for p in sorted(pipes, key=lambda p: (-min(p.point, ceiling), -p.point)):  # ties: the most headroom
+            by_family.setdefault(p.family, p)
+        sure = [p for p in by_family.values() if min(p.point, ceiling) >= REACH * top]
+        unsure = [p for p in by_family.values() if p not in sure and not p.settled
+                  and min(p.upper, ceiling) >= REACH * top]
+        return sure, unsure, ceiling
+
+    def identity_of(self, fixed: dict[str, Any]) -> tuple:
+        """The identity (``trainer.knobs.Table.identity``: what the refine stage holds) of the trial ``fixed`` would
+        enqueue: its settings, else what it inherits."""
+        params = self.complete(fixed)
+        return tuple(params[k] if k in params else get_path(self.ask.measured.base, k) for k in table().identity)
+
+    def identity_state(self, vs: list[TrialView], ident: tuple) -> str:
+        """``untried``, ``pending``, ``alive`` (it trained: measured or pruned) or ``dead`` (every trial failed)."""
+        mine = [v for v in vs if v.end_to_end and not v.baseline and not v.part
+                and tuple(v.setting(k) for k in table().identity) == ident and v.failure_class not in NOT_ITS_FAULT]
+        if not mine:
+            return "untried"
+        if any(v.outcome in ("measured", "pruned") for v in mine):
+            return "alive"
+        if any(v.outcome in ("running", "waiting") for v in mine):
+            return "pending"
+        return "dead"
+
+    def settings(self, vs: list[TrialView], pipe: Pipe, pair: tuple | None = None) -> dict[str, Any]:
+        """What a candidate of ``pipe`` fixes: the ceiling's choice at ``pair`` (default: the best), the pipeline,
+        its threads and the most loader workers, the least accumulation."""
+        m = self.ask.measured
+        best = (pair, None) if pair is not None else m.best_pair(vs)
+        if best is not None:
+            chosen = m.ceiling_choice(vs, best[0])
+            fixed = {k: v for k, v in chosen.items() if k != "imgs_per_s"}
+        else:  # no ceiling: the baseline's precision, layout and batch
+            fixed = {d.path: m.plan.baseline.get(d.path, get_path(m.base, d.path)) for d in grid()}
+        fixed.update(pipe.settings)
+        fixed.update(threads_of(m, fixed.get("data.decode")))
+        if "loader.num_workers" in m.space:
+            fixed["loader.num_workers"] = max(m.choices("loader.num_workers"))
+        if "training.accum_steps" in m.space:
+            fixed["training.accum_steps"] = min(m.choices("training.accum_steps"))
+        return fixed
+
+    def candidates(self, vs: list[TrialView]) -> str | None:
+        m = self.ask.measured
+        ranked = self.ranking(vs)
+        if ranked is None:
+            return None
+        sure, _, _ = ranked
+        running = 0
+        for pipe in sure:
+            fixed = self.settings(vs, pipe)
+            state = self.identity_state(vs, self.identity_of(fixed))
+            if state == "dead":
+                continue  # replaced by the next (it does not count against the cap)
+            running += 1
+            if running > m.plan.spec.stages.candidates:
+                break
+            if state == "untried":
+                self.enqueue(fixed, {"stage": "candidate"})
+                return "candidate"
+        # Pairs the ceiling cannot tell from the best: broken by running the best pipeline at each.
+        best = m.best_pair(vs)
+        for pair, _ in m.tied_pairs(vs) if sure and best is not None else []:
+            tried = any(v.end_to_end and not v.baseline and m.pair_of(v) == pair
+                        and v.failure_class not in NOT_ITS_FAULT for v in vs)
+            if pair != best[0] and not tried:
+                self.enqueue(self.settings(vs, sure[0], pair), {"stage": "candidate", "tie_of": pair_label(best[0])})
+                return "candidate"
+        return None
+
+    def enqueue(self, fixed: dict[str, Any], attrs: dict[str, Any]) -> None:
+        self.ask.trial(self.complete(fixed), attrs)
+
+    def complete(self, fixed: dict[str, Any]) -> dict[str, Any]:
+        """Optuna params for every active knob: ``fixed`` where given, else the baseline's value (the library
+        defaults a tutorial uses), else the base's nearest value."""
+        plan, base = self.ask.measured.plan, self.ask.measured.base
+        params: dict[str, Any] = {}
+        for p in plan.space.params:
+            if not plan.space.active(p, params, base):
+                continue
+            params[p.path] = _value(p, fixed, plan.baseline, base)
+        return params
+
+    def baseline_again(self, vs: list[TrialView]) -> str | None:
+        """Trial 0 measured again in a fresh process, where its windows never agreed."""
+        runs = [v for v in vs if v.baseline and not v.part]
+        if (not runs or any(v.outcome in ("running", "waiting") for v in runs)
+                or any(v.attrs.get("remeasure_of") is not None for v in runs)):
+            return None
+        first = runs[0]
+        if first.outcome != "measured" or first.attrs.get("settled") is not False or self.ask.spend.budget.left < 2:
+            return None
+        # Its latest windows' spread can be under the target while the one before them is not: no figure to give.
+        target = self.ask.measured.plan.base.measure.spread_target
+        self.ask.notes.note("baseline", f"stages: trial {first.label}'s windows never agreed within {target:.0%} "
+                                        "before its window limit: measured again in a fresh process; the baseline is "
+                                        "the faster settled figure (the faster of the two if neither settles)")
+        self.ask.trial(dict(first.params), {"stage": "baseline", "remeasure_of": first.number})
+        return "baseline"
+
+
+def _value(p: Param, fixed: dict[str, Any], baseline: dict[str, Any], base: dict[str, Any]) -> Any:
+    for source in (fixed, baseline):
+        if p.path in source and p.contains(source[p.path]):
+            value = source[p.path]
+            return p.match(value) if p.kind == "categorical" else value
+    return p.nearest(get_path(base, p.path))

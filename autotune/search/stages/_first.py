@@ -1,0 +1,137 @@
+"""Stages 1 and 2, the first measurements: the model alone at the likeliest fastest point of the ceiling's grid (on a
+GPU without and with cuDNN's algorithm search), then the likeliest fastest pipeline alone; and how any measurement of
+either is asked for (the later stages ask for theirs the same way)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.search.bounds import Measured, grid
+from autotune.search.stages._ask import BLOCKED, REACH, Ask
+from autotune.search.stages._budget import Budget
+from autotune.space import get_path
+from autotune.study.view import TrialView, own_loader
+from trainer.knobs import table
+
+CEILING_DATA = {"data.kind": "synthetic"}
+"""What makes a measurement the model alone: one batch made on the device and replayed (the knobs it fixes besides:
+``trainer.knobs.Table.ceiling_fixed``)."""
+
+
+def ceiling_overrides(m: Measured, pair: tuple, batch: int, cudnn: bool | None) -> dict[str, Any]:
+    """The settings of a measurement of the model alone at ``pair`` and ``batch`` (cuDNN's search as given)."""
+    # The model's head as the trials have it: the data's classes (synthetic data would make 1000), or the base's
+    # where the study's data is synthetic already (a different head is another model, and another compile).
+    classes = {"data.num_classes": m.plan.data.classes} if m.plan.data else {}
+    o = {**CEILING_DATA, **table().ceiling_fixed, **dict(zip((d.path for d in grid()), pair, strict=True)),
+         "training.batch_size": batch, **classes,
+         "measure.window_s": min(m.plan.spec.stages.ceiling_window_s, m.measure.window_s)}
+    if cudnn is not None:
+        o["training.cudnn_benchmark"] = cudnn
+    return o
+
+
+def threads_of(m: Measured, decode: str | None) -> dict[str, Any]:
+    """A pipeline's own CPU threads at their most where the space searches them under ``decode`` (DALI's), as the
+    loader's workers are: what it can feed, before the sampler weighs the cores against the rest."""
+    return {p.path: max(m.choices(p.path)) for p in m.space.values()
+            if p.knob.auto == "cores" and p.when is not None and p.when.path == "data.decode"
+            and p.when.holds(decode)}
+
+
+@dataclass
+class First:
+    """The first ceiling and the first supply, and the supplies after them."""
+
+    ask: Ask
+
+    def compare_first(self, budget: Budget, vs: list[TrialView] | None = None) -> bool:
+        """Whether the first ceiling is measured with and without cuDNN's algorithm search (GPU; the budget)."""
+        return self.ask.measured.on_gpu and self.ask.spend.core_fits(budget, extra=1, vs=vs)
+
+    def ceiling(self, vs: list[TrialView]) -> str | None:
+        """The likeliest fastest pair at its first batch (the next pair where one cannot run at any batch)."""
+        m, ask = self.ask.measured, self.ask
+        if not m.ceilings:
+            return None
+        for pair in m.pairs():
+            state, request = m.pair_state(vs, pair)
+            if state == "pending":
+                return BLOCKED
+            if state == "impossible" or m.pair_dead(vs, pair):
+                continue
+            if state == "retry":
+                return ask.part(vs, "ceiling", request, part_budget=False,
+                                attrs={"cudnn_evidence": True} if m.on_gpu else None)
+            top = m.ceiling_batch()
+            evidence = any(v.attrs.get("cudnn_evidence") for v in vs
+                           if v.stage == "ceiling" and m.pair_of(v) == pair)
+            compare = m.on_gpu and (evidence or self.compare_first(ask.spend.budget, vs))
+            if m.on_gpu and not compare:
+                ask.notes.note("cudnn", "stages: cuDNN's algorithm search is not compared (too little budget left): "
+                                        "it stays at cuDNN's default (on)")
+            if compare:  # without first: the measurement with it then gets a fresh worker, which lives on
+                name = ask.part(vs, "ceiling", ceiling_overrides(m, pair, top, False), part_budget=False,
+                                attrs={"cudnn_evidence": True})
+                if name:
+                    return name
+            return ask.part(vs, "ceiling", ceiling_overrides(m, pair, top, True if m.on_gpu else None),
+                            part_budget=False, attrs={"cudnn_evidence": True} if compare else None)
+        return None
+
+    def supply(self, vs: list[TrialView]) -> str | None:
+        if self.ask.measured.pipes(vs):
+            return None
+        return self.next_supply(vs, part_budget=False, only_first=True)
+
+    def supply_overrides(self, vs: list[TrialView], decode: str, fraction: float | None) -> dict[str, Any]:
+        m = self.ask.measured
+        chosen = m.ceiling_choice(vs) or {}
+        o = {"training.mode": "loader", **({} if own_loader(m.base) else {"data.decode": decode}),
+             "training.batch_size": chosen.get("training.batch_size", get_path(m.base, "training.batch_size")),
+             "training.channels_last": chosen.get("training.channels_last",
+                                                  get_path(m.base, "training.channels_last")),
+             "loader.num_workers": max(m.choices("loader.num_workers")), "loader.persistent_workers": False,
+             "loader.prefetch_factor": None}
+        if fraction is not None:
+            o["data.hybrid_cpu_fraction"] = fraction
+        return {**o, **threads_of(m, decode)}
+
+    def stop_when(self, vs: list[TrialView]) -> dict[str, Any]:
+        """When a supply measurement may stop before it settles (``autotune.search.evaluate.Watch``): its latest
+        ``windows`` full windows all above the ceiling (it feeds more than the model takes: the ceiling bounds it),
+        or all below what could still come within ``REACH`` of the best bound."""
+        m = self.ask.measured
+        best = m.best_pair(vs)
+        ceiling = best[1] if best else None
+        bounds = [min(p.point, ceiling or math.inf) for p in m.pipes(vs)]
+        out: dict[str, Any] = {"windows": m.measure.windows}
+        if ceiling is not None:
+            out["above"] = round(ceiling * (1 + m.measure.spread_target), 3)
+        if bounds:
+            out["below"] = round(REACH * max(bounds) * (1 - m.measure.spread_target), 3)
+        return out
+
+    def supply_requests(self) -> list[tuple[str, float | None]]:
+        m = self.ask.measured
+        out: list[tuple[str, float | None]] = []
+        for d in m.decodes():
+            out += [(d, f) for f in m.choices("data.hybrid_cpu_fraction")] if d == "hybrid" else [(d, None)]
+        return out
+
+    def next_supply(self, vs: list[TrialView], *, part_budget: bool = True, only_first: bool = False) -> str | None:
+        """The next pipeline in measuring order not measured yet (only the first: ``only_first``)."""
+        m = self.ask.measured
+        if not m.supplies:
+            return None
+        for decode, fraction in self.supply_requests()[:1] if only_first else self.supply_requests():
+            status = m.status(vs, "supply", (decode, fraction))
+            if status == "pending":
+                return BLOCKED
+            if status in ("done", "given_up"):
+                continue
+            return self.ask.part(vs, "supply", self.supply_overrides(vs, decode, fraction), part_budget=part_budget,
+                                 attrs={"stop_when": self.stop_when(vs)})
+        return None
