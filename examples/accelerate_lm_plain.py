@@ -67,7 +67,7 @@ def main():
     cuda = torch.cuda.is_available()
     accelerator = Accelerator(mixed_precision="bf16" if cuda else "no")
     loader = DataLoader(BigramTokens(args.sequences, args.seq_len, args.vocab), batch_size=32, shuffle=True,
-                        num_workers=1, drop_last=True)
+                        num_workers=1, persistent_workers=True, drop_last=True)
     model = TinyLM(args.vocab, args.seq_len, args.dim or (512 if cuda else 128), args.layers or (8 if cuda else 2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)

@@ -24,7 +24,9 @@ def test_measure_run_streams_windows_and_counts_every_image(jpegs, tmp_path, dec
                          "training.accum_steps": 2})
     code, records, log = run_job(cfg, tmp_path)
     assert code == 0, log
-    assert [r["kind"] for r in records[:4]] == ["start", "ready", "first_step", "warmup_done"]
+    # A warm-up slower than the meter's heartbeat (a loaded machine) has `steps` records among these: not events.
+    events = [r["kind"] for r in records if r["kind"] != "steps"]
+    assert events[:4] == ["start", "ready", "first_step", "warmup_done"]
     assert records[0]["world_size"] == 2 and records[0]["backend"] == "gloo"
     windows, (summary,) = kinds(records, "window"), kinds(records, "summary")
     assert len(windows) >= 3

@@ -53,7 +53,7 @@ def test_the_lightning_example_is_searched_exported_and_trained(tmp_path):
 
 def test_the_accelerate_example_is_searched_on_a_live_worker_exported_and_trained(tmp_path):
     found, applies = searched_exported_and_trained(tmp_path, f"{EXAMPLES / 'accelerate_lm.py'}:main",
-                                                   "script-accelerate_lm", LM_ARGS[1:], trials=3)
+                                                   "script-accelerate_lm-main", LM_ARGS[1:], trials=3)
     assert {"precision", "accum_steps", "bucket_cap_mb", "batch_size", "num_workers"} <= applies
     assert "channels_last" not in applies  # a language model: no layout to search
     assert found.user_attrs["unit"] == "tokens"
