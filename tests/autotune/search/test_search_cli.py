@@ -372,7 +372,10 @@ def test_a_spec_that_names_compile_gets_it_weighed_by_the_stages_and_paid_once_p
     (a, t), = on
     assert ceilings[0][0]["overrides"]["training.compile"] is False and t.number > ceilings[0][1].number
     assert a["compile_s"] > 0 and a["compiles"] >= 1 and a["loss_end"] > 0
-    eager = max(t.value for b, t in ceilings if not b["overrides"]["training.compile"])
+    # Against the eager ceiling at the compiled one's batch: on CPU ranks each batch's ceiling bounds only its own.
+    batch = a["overrides"]["training.batch_size"]
+    eager = max(u.value for b, u in ceilings
+                if not b["overrides"]["training.compile"] and b["overrides"]["training.batch_size"] == batch)
     compiled = [u for u in trials if u.datetime_start > t.datetime_start and u.params.get("training.compile")]
     if t.value >= eager * 0.95:  # faster, or tied within the spread target (a tie is broken end to end)
         # A compiled candidate is asked for; it runs unless its ceiling is already below the best end-to-end trial.
