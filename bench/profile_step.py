@@ -2,6 +2,14 @@
 
     python3 bench/profile_step.py --out profile.json [--modes eager,compile,cudagraphs] [--batch 512] [--steps 10]
     python3 bench/profile_step.py --out smoke.json --cpu-smoke        # the script itself, on the CPU, at toy sizes
+    python3 bench/profile_step.py --out dali.json --data DIR --set data.decode=dali --set data.dali_threads=8
+
+``--data``: the steps are fed by the job's own input pipeline on that ImageFolder (``trainer.data.build_pipeline``,
+``--set`` choosing it and its knobs) instead of a synthetic batch. Each mode then also says how long the training
+thread waited for the next batch per step (``input_ms``: host time inside the pipeline's ``next``) and how much of
+the profiled span the device was idle (``device_idle``: no kernel or copy on any stream), so an end-to-end gap below
+the model's own pace reads as the pipeline holding the host (a wait, an idle device) or sharing the device (its
+kernels among the top ones, a busy device).
 
 The step is the job's own (``trainer.loop.train_step``: autocast, GradScaler for fp16, the fused optimizer, the
 model built by ``trainer.model``, compiled by ``trainer.compiled``), on synthetic data made on the device, without
@@ -26,10 +34,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+import yaml
 
 from trainer.apply import autocast, grad_scaler
 from trainer.compiled import PROCESS, compile_model, compile_record
 from trainer.config import TrainConfig
+from trainer.data import build_pipeline
 from trainer.loop import train_step
 from trainer.model import build_model
 from trainer.optim import build_optimizer
@@ -53,6 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=10, help="profiled steps")
     p.add_argument("--top", type=int, default=15, help="kernels listed per mode")
     p.add_argument("--cpu-smoke", action="store_true", help="CPU, resnet18 at 32 px, batch 4, 2 steps")
+    p.add_argument("--data", help="an ImageFolder: feed the steps from the job's input pipeline on it")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a TrainConfig override for --data runs (data.decode=dali, data.dali_hw_decoder_load=1.0)")
     args = p.parse_args(argv)
     if args.cpu_smoke:
         args.model, args.batch, args.size, args.precision = "resnet18", 4, 32, "fp32"
@@ -61,10 +74,52 @@ def parse_args(argv=None):
 
 
 def step_config(args, mode: str) -> TrainConfig:
+    data = {"data.kind": "imagefolder", "data.path": args.data} if args.data else {}
+    sets = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.set)}
     return TrainConfig().with_overrides({
         "model.name": args.model, "data.image_size": args.size, "data.num_classes": args.classes,
         "training.batch_size": args.batch, "training.precision": args.precision,
-        "training.channels_last": not args.no_channels_last, **MODES[mode]})
+        "training.channels_last": not args.no_channels_last, **data, **sets, **MODES[mode]})
+
+
+class Timed:
+    """The pipeline's batches, epoch after epoch, with the host time spent waiting in ``next``."""
+
+    def __init__(self, pipeline):
+        self.pipeline, self.it, self.wait_s, self.epoch = pipeline, iter(pipeline), 0.0, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        t0 = time.perf_counter()
+        try:
+            batch = next(self.it)
+        except StopIteration:
+            self.epoch += 1
+            self.pipeline.set_epoch(self.epoch)
+            self.it = iter(self.pipeline)
+            batch = next(self.it)
+        self.wait_s += time.perf_counter() - t0
+        return batch
+
+
+def device_idle(events) -> float | None:
+    """The share of the span from the first to the last device event with nothing running on any stream."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return None
+    busy, (start, end) = 0.0, spans[0]
+    first = start
+    for s0, s1 in spans[1:]:
+        if s0 > end:
+            busy, start, end = busy + end - start, s0, s1
+        else:
+            end = max(end, s1)
+    busy += end - start
+    last = max(s1 for _, s1 in spans)
+    return round(1 - busy / max(last - first, 1e-9), 4)
 
 
 def profile_mode(args, mode: str, device: torch.device) -> dict:
@@ -84,10 +139,11 @@ def profile_mode(args, mode: str, device: torch.device) -> dict:
     graphs = t.compile and t.compile_mode in ("reduce-overhead", "max-autotune")
     images = torch.randn(args.batch, 3, args.size, args.size, device=device).contiguous(memory_format=fmt)
     labels = torch.randint(0, args.classes, (args.batch,), device=device)
+    fed = Timed(build_pipeline(cfg, rank=0, world_size=1, device=device)) if args.data else None
 
     def one():
-        return train_step(model, iter([(images, labels)]), optimizer, scaler, accum_steps=1, autocast_ctx=amp,
-                          cuda_graphs=graphs)
+        batches = fed if fed is not None else iter([(images, labels)])
+        return train_step(model, batches, optimizer, scaler, accum_steps=1, autocast_ctx=amp, cuda_graphs=graphs)
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
@@ -97,11 +153,12 @@ def profile_mode(args, mode: str, device: torch.device) -> dict:
     warm_s = time.perf_counter() - t0
     compiled = compile_record(before) if t.compile else {}
     # Timed without the profiler (it adds host overhead per launch, which is what CUDA graphs remove).
-    t0 = time.perf_counter()
+    t0, waited = time.perf_counter(), fed.wait_s if fed else 0.0
     for _ in range(args.steps):
         loss = one()
     sync()
     step_ms = 1000 * (time.perf_counter() - t0) / args.steps
+    input_ms = 1000 * (fed.wait_s - waited) / args.steps if fed else None
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -109,6 +166,8 @@ def profile_mode(args, mode: str, device: torch.device) -> dict:
         for _ in range(args.steps):
             loss = one()
         sync()
+    if fed is not None:
+        fed.pipeline.close()
     kernels = defaultdict(lambda: [0.0, 0])
     for e in prof.events():
         # Device-side events: kernels, memcpy/memset (on the CPU, the ops themselves stand in)
@@ -126,6 +185,8 @@ def profile_mode(args, mode: str, device: torch.device) -> dict:
     top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:args.top]
     return {"mode": mode, "step_ms": round(step_ms, 3), "imgs_per_s": round(args.batch * 1000 / step_ms, 1),
             "warmup_s": round(warm_s, 2), **compiled, "loss": float(loss.float().item()),
+            "input_ms": None if input_ms is None else round(input_ms, 3),
+            "device_idle": device_idle(prof.events()) if device.type == "cuda" else None,
             "device_ms_per_step": round(total_us / 1000 / args.steps, 3),
             "kernels_per_step": round(sum(v[1] for v in kernels.values()) / args.steps, 1),
             "top": [{"name": name[:160], "ms_per_step": round(us / 1000 / args.steps, 4), "calls_per_step":
@@ -151,13 +212,15 @@ def main(argv=None) -> int:
         print(json.dumps({k: v for k, v in r.items() if k != "top"}), flush=True)
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "model": args.model, "batch": args.batch, "size": args.size, "precision": args.precision,
-           "channels_last": not args.no_channels_last}
+           "channels_last": not args.no_channels_last, "data": args.data, "set": args.set}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"env": env, "modes": results}, indent=1))
     for r in results:
         print(f"\n{r['mode']}: {r['step_ms']:.1f} ms/step ({r['imgs_per_s']:,.0f} imgs/s), device "
               f"{r['device_ms_per_step']:.1f} ms, {r['kernels_per_step']:.0f} kernels/step, loss {r['loss']:.3f}"
-              + (f", compile {r['compile_s']:.0f} s" if "compile_s" in r else ""))
+              + (f", compile {r['compile_s']:.0f} s" if "compile_s" in r else "")
+              + (f", input wait {r['input_ms']:.1f} ms/step" if r["input_ms"] is not None else "")
+              + (f", device idle {100 * r['device_idle']:.1f} %" if r["device_idle"] is not None else ""))
         for k in r["top"]:
             share = f"{100 * k['share']:5.1f} %" if k["share"] is not None else "   n/a"
             print(f"  {k['ms_per_step']:8.3f} ms {share} x{k['calls_per_step']:<6g} {k['name'][:90]}")
