@@ -1,6 +1,6 @@
 """The dali pipeline: without NVIDIA DALI, one config error naming the extra before anything starts; with it (on DALI's
-CPU operators: the mixed device needs a GPU), the Pipeline contract, the sampler's shard and epochs, the validation
-shard, an unreadable image named, and a close that leaves no thread behind. The tests that need DALI skip without
+CPU operators: the mixed device needs a GPU), the Pipeline contract, disjoint shards reshuffled every epoch, the
+endless stream of a measure run, the validation shard, an unreadable image named, and a close that leaves no thread behind. The tests that need DALI skip without
 it (CI does not install it)."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from tests.trainer.data.common import config, samples_of
 from trainer.config import ConfigError
 from trainer.data import Pipeline, prefetched_batches
 from trainer.data.dali import DaliPipeline, import_dali
-from trainer.data.sampling import train_sampler
 from trainer.runtime._run import IMAGES
 
 MISSING = "data.decode=dali needs NVIDIA DALI, which is not installed: pip install 'ddp-autotune[dali]'"
@@ -49,46 +48,66 @@ def test_a_script_receives_dalis_settings_and_its_queue_counts_as_prefetched():
 @needs_dali
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="the mixed device needs a GPU"))])
-def test_the_pipeline_yields_the_contract_over_the_samplers_shard_and_epochs(folder, device):
+def test_the_pipeline_yields_the_contract_over_disjoint_reshuffled_shards(folder, device):
     samples = samples_of(folder)
-    cfg = dali_config()
+    cfg = dali_config(**{"training.mode": "train"})
     before = {t.ident for t in threading.enumerate()}
-    p = DaliPipeline(cfg, samples, train=True, rank=1, world_size=2, device=device)
+    ranks = [DaliPipeline(cfg, samples, train=True, rank=r, world_size=2, device=device) for r in (0, 1)]
+    again = DaliPipeline(cfg, samples, train=True, rank=0, world_size=2, device=device)
     try:
-        assert isinstance(p, Pipeline)
-        sampler = train_sampler(samples, cfg, rank=1, world_size=2)
+        assert isinstance(ranks[0], Pipeline)
+        images, labels = next(iter(again))
+        assert images.device.type == labels.device.type == device
+        assert images.shape == (8, 3, 48, 48) and images.dtype == torch.float32 and labels.dtype == torch.int64
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        assert -3 < images.mean().item() < 3  # normalized, not 0..255
+        for p in ranks:
+            p._labels = torch.arange(len(p.samples), device=device)  # each batch as the files' indices
+        epochs = []
         for epoch in (0, 1):
-            p.set_epoch(epoch)
-            sampler.set_epoch(epoch)
-            order = list(sampler)
-            batches = list(p)
-            assert len(batches) == len(p) == len(order) // 8
-            images, labels = batches[0]
-            assert images.device.type == labels.device.type == device
-            assert images.shape == (8, 3, 48, 48) and images.dtype == torch.float32
-            assert images.is_contiguous(memory_format=torch.channels_last)
-            assert -3 < images.mean().item() < 3  # normalized, not 0..255
-            got = torch.cat([y for _, y in batches]).cpu().tolist()
-            assert labels.dtype == torch.int64
-            assert got == [samples[i][1] for i in order[:len(got)]]  # the sampler's shard, in its order
+            seen = []
+            for p in ranks:
+                p.set_epoch(epoch)
+                batches = list(p)
+                assert len(batches) == len(p) == (len(samples) // 2) // 8  # the same steps on every rank
+                seen.append(torch.cat([y for _, y in batches]).tolist())
+            assert not set(seen[0]) & set(seen[1])  # disjoint shards
+            assert seen[0] != sorted(seen[0])  # shuffled, from the first epoch on
+            epochs.append(seen)
+        assert set(epochs[0][0]) != set(epochs[1][0])  # reshuffled: another shard of the set in the next epoch
+        # The same seed, the same order; each image's label is its file's class.
+        assert labels.tolist() == [ranks[0].samples[i][1] for i in epochs[0][0][:8]]
+    finally:
+        for p in (*ranks, again):
+            p.close()
+    assert {t.ident for t in threading.enumerate()} <= before
+
+
+@needs_dali
+def test_a_measure_run_reads_one_endless_stream_of_epochs(folder):
+    p = DaliPipeline(dali_config(**{"training.mode": "measure"}), samples_of(folder), train=True, rank=0,
+                     world_size=1, device="cpu")
+    try:
+        it = iter(p)
+        assert len([next(it) for _ in range(3 * len(p) + 1)]) == 3 * len(p) + 1  # past three epochs, no stop
     finally:
         p.close()
-    assert {t.ident for t in threading.enumerate()} <= before
 
 
 @needs_dali
 def test_validation_is_the_unaugmented_rank_shard_with_a_partial_last_batch(folder):
     samples = samples_of(folder)
-    v = DaliPipeline(dali_config(**{"training.channels_last": False}), samples, train=False, rank=0, world_size=2,
+    v = DaliPipeline(dali_config(**{"training.channels_last": False}), samples, train=False, rank=1, world_size=2,
                      device="cpu")
     try:
         batches = list(v)
         first = list(v)
     finally:
         v.close()
-    shard = samples[0::2]
+    shard = samples[len(samples) // 2:]
     assert sum(len(y) for _, y in batches) == len(shard) and len(batches) == len(v) == -(-len(shard) // 8)
     assert torch.cat([y for _, y in batches]).tolist() == [label for _, label in shard]
+    assert torch.cat([y for _, y in first]).tolist() == [label for _, label in shard]  # the same shard each pass
     assert batches[0][0].is_contiguous() and batches[0][0].shape == (8, 3, 48, 48)
     assert torch.equal(batches[0][0], first[0][0])  # no augmentation: the same images each pass
 
