@@ -9,8 +9,8 @@ all prefetched on DALI's own stream (``prefetch_queue_depth``) and handed to tor
 The files are read by DALI's own file reader, sharded by rank and reshuffled every epoch as DistributedSampler does
 (its own permutation of the same seed, not the other pipelines' order). No Python runs per batch but the hand-over:
 measured on 1xH200 (ResNet-50 compiled, fp16, batch 512; ``bench/RESULTS.md``), files fed from Python threads through
-an external source held the training thread and left the device idle 34-42 % of a step (5,008-5,587 imgs/s), the
-reader 8-23 % (6,176-6,265), against 7,228 for the model alone. Validation images go through the same pipeline
+an external source left the device idle 34-42 % of a step (5,008-5,587 imgs/s), the reader 8-23 % (6,176-6,265),
+against 7,228 for the model alone. Validation images go through the same pipeline
 without augmentation (resize, centre crop).
 
 On a CPU device the same graph runs on DALI's CPU operators (``device='cpu'``): the tests check shapes, labels,
