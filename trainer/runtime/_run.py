@@ -47,6 +47,7 @@ from trainer.meter import ThroughputMeter, allreduce, sync
 from trainer.protocol import Kind, ResultWriter, error_record
 from trainer.records import Dist, count_nonfinite, start_record, summary_record
 from trainer.runtime._batches import first_length, to_device, touch
+from trainer.runtime._folder import image_folder
 from trainer.runtime.request import Request, active, current, last_run, set_run
 
 # Which helper applies which setting is the knob table's (``trainer.knobs.Knob.applied_by``).
@@ -127,6 +128,8 @@ class Run:
         self._pending = 0
         self._closables: list[Callable[[], None]] = []
         self._loader: Batches | None = None
+        self._image_folder: dict[str, Any] | None = None
+        """The image folder the script's own Dataset reads (``_folder.image_folder``), for its settings record."""
         self.feed: Any = None
         """A loader a framework iterates (``trainer.runtime._frameworks.Feed``): its per-rank length and prefetch
         buffer tell the search and the meter what ``_loader``'s would; the stage modes need ``_loader``."""
@@ -205,6 +208,7 @@ class Run:
         setting to a value it was not built with (its trials would measure the same thing under other names)."""
         from torch.utils.data import DataLoader
 
+        self._image_folder = image_folder(data.dataset if isinstance(data, DataLoader) else data)
         if isinstance(data, DataLoader):
             loader = self._check_loader(data)
         else:
@@ -489,7 +493,8 @@ class Run:
         self.writer.write({"kind": Kind.SETTINGS, "t": now, "unit": self.unit, "applied": self.settings(),
                            "loader": self._loader is not None,
                            "samples_per_rank": (self._loader or self.feed).samples_per_rank()
-                           if self._loader or self.feed else None})
+                           if self._loader or self.feed else None,
+                           **({"image_folder": self._image_folder} if self._image_folder else {})})
         self.writer.write({"kind": Kind.FIRST_STEP, "t": now, "first_batch_s": None,
                            "first_compute_s": round(time.perf_counter() - self._t_ready, 4),
                            "cudnn_benchmark": self._applied.get("cudnn_benchmark")})
