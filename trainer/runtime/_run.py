@@ -143,6 +143,8 @@ class Run:
         self._epoch0_start_s: float | None = None
         self._turns: tuple[int, int] | None = None
         """(tail, lead) of the epoch turns of the script's own DataLoader while measuring (``_turn_shape``)."""
+        self._turns_of: Batches | None = None
+        """The loader they are of (another one, a validation loader, turns nothing)."""
         self.loss = torch.zeros((), device=self.device)
         self._nonfinite = (torch.zeros((), dtype=torch.int64, device=self.device),
                            torch.zeros((), dtype=torch.int64, device=self.device))
@@ -520,6 +522,7 @@ class Run:
                                 span_steps=math.ceil((workers or 1) / accum),
                                 stop_requested=(lambda: os.path.exists(cancel)) if cancel else None)
         self._turns = None if continuous else self._turn_shape()
+        self._turns_of = self._loader
         meter.whole_rounds = self._turns is not None
         return meter
 
@@ -746,7 +749,7 @@ class Batches:
         while batch is not _END:
             yield batch
             given += 1
-            turns = run._turns  # known once the meter is made, at the first step
+            turns = run._turns if run._turns_of is self else None  # known once the meter is made, at the first step
             if turns and given == turns[1]:
                 run._turn(begin=False)
             if turns and given == length - turns[0]:
