@@ -26,8 +26,9 @@
 #                  folder=N[@S]: examples/folder_ddp.py:main, a script with its own ImageFolder and DataLoader handed
 #                  to run.loader (study folder-fn; where its own loader bounds it, the project's fastest pipeline is
 #                  measured once on the same folder, and its show says both figures); lightning=N[@S]:
-#                  examples/lightning_ddp.py, the same ResNet-50 as a Lightning DataModule, LightningModule and Trainer tuned through trainer.runtime.lightning (a fresh
-#                  torchrun per trial; study lightning-script); against search=N@S in the same call for the ratio
+#                  examples/lightning_ddp.py, the same ResNet-50 as a Lightning DataModule, LightningModule and
+#                  Trainer tuned through trainer.runtime.lightning (a fresh torchrun per trial; study
+#                  lightning-script); against search=N@S in the same call for the ratio
 #   model=NAME[@S] a fresh 16-trial search of a torchvision classifier by name (--model NAME) on the same JPEGs
 #   hand=ROWS      bench/run.py rows into hand.json; hand-NAME=ROWS: the same rows with --set model.name=NAME (and
 #                  the model family's optimizer: AdamW 1e-3 for convnext/vit/swin/maxvit)
