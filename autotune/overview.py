@@ -106,6 +106,22 @@ def unsettled(v: TrialView) -> bool:
     return v.attrs.get("settled") is False and v.outcome != "pruned"
 
 
+def image_loader_line(trials: list[TrialView], per: str = "imgs/s") -> str | None:
+    """Where a user's script's own image loader bounds its job (its supply below the ceiling) and the project's
+    pipeline, measured alone on the same folder (the ``image_loader`` stage), would feed more: both figures and the
+    change to make, in one line; else None."""
+    own = view.supplies(trials).get(view.OWN_LOADER)
+    theirs = max(view.stage(trials, view.IMAGE_LOADER), key=lambda v: v.imgs_per_s, default=None)
+    top = trainable_ceiling(trials)
+    if own is None or theirs is None or top is None or own.imgs_per_s >= top.imgs_per_s \
+            or theirs.imgs_per_s <= own.imgs_per_s:
+        return None
+    call = f'run.image_loader("{theirs.setting("data.path")}", image_size={theirs.setting("data.image_size")})'
+    return (f"the script's own loader feeds {fmt_ips(own.imgs_per_s)} {per} (trial {own.label}); {call} would feed "
+            f"{fmt_ips(theirs.imgs_per_s)} ({theirs.setting('data.decode')}, trial {theirs.label}) on the same files: "
+            "build its loader with that instead of run.loader(dataset, ...) (README: Tune your own script)")
+
+
 def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | None = None) -> list[tuple[str, str]]:
     """What a reader should learn first, as (topic, sentence): what limits the job, the tuned configuration's
     settings, the commands that export and run it, how sure its figure is. ``storage``: the ``--storage`` the
@@ -141,6 +157,9 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     else:
         out.append(("what limits it", "not measured: this study has no stage measurements (the model alone, each "
                                       "pipeline alone), so it says how fast, not what limits"))
+    change = image_loader_line(trials, per)
+    if change:
+        out.append(("the change to make", change))
     if best is None:
         out.append(("its settings", "none yet: no end-to-end trial has completed; run `autotune search`"))
         return out

@@ -320,6 +320,12 @@ def _auto(end: str, value: Any, machine: _Machine) -> Any:
     return 0 if end == "low" else machine.per_rank
 
 
+def machine_choices(path: str, *, cpu_only: bool) -> list[Any]:
+    """The default choices of the knob at ``path`` that this machine can run (``_machine_choices``)."""
+    k = knob(path)
+    return _machine_choices(k, [norm_choice(c) for c in k.space.choices], cpu_only, [])
+
+
 def _machine_choices(k: Knob, choices: list[Any], cpu_only: bool, notes: list[str]) -> list[Any]:
     """The choices this machine can run: without a GPU, none of the knob's GPU-only choices (``Knob.gpu_only``; one
     that runs on a CPU as well is kept where it is the only choice); GPU or not, none whose module (an extra's)

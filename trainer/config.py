@@ -530,6 +530,16 @@ def process_settings(cfg: TrainConfig) -> dict[str, Any]:
             "script": [cfg.script.path, cfg.script.entry, list(cfg.script.args)]}
 
 
+def serves(settings: dict[str, Any], cfg: TrainConfig) -> bool:
+    """Whether a live process made with ``settings`` (``process_settings``) can run ``cfg``: the same settings, or
+    the built-in job on a process made for a user's function and otherwise the same (a worker runs either)."""
+    mine = process_settings(cfg)
+    if mine == settings:
+        return True
+    other = {k: v for k, v in settings.items() if k != "script"}
+    return not cfg.script.given and {k: v for k, v in mine.items() if k != "script"} == other
+
+
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     import yaml
 

@@ -26,6 +26,11 @@ from trainer.protocol import STEPS_EVERY_S, Kind
 # Warm-up steps whose median sizes the first window: few enough to reflect the pace after the prefetch buffer.
 STEP_TIME_STEPS = 5
 
+MIN_ROUNDS = 2
+"""Fewest loader rounds in a window of whole rounds (``ThroughputMeter.whole_rounds``). On 1xH200, the rounds of 16
+PIL workers of a script's own loader took 2.96, 2.79 and 2.67 s back to back (the first after an epoch's start the
+slowest): windows of one round would differ by 10 % on that alone, twice the spread target."""
+
 
 @dataclass
 class Window:
@@ -78,6 +83,17 @@ class ThroughputMeter:
     """Seconds of each epoch boundary of a script's own loader met while measuring (``epoch_boundary``): its workers
     joined and spawned anew, its first batches prefetched. Kept out of the windows, charged by ``charge_epochs``."""
 
+    whole_rounds: bool = False
+    """Windows of whole loader rounds (``span_steps`` steps, at least ``MIN_ROUNDS`` of them), opened at a round's
+    end. A loader whose workers all start together (at each epoch's start) hands over its batches in bursts, one
+    round at a time: a window that ends inside a burst reads its steps as free or as a whole round's wait, a window
+    of whole rounds reads their pace whatever the bursts. Set with ``turn_begins``/``turn_ends`` (the runtime)."""
+
+    epoch_turns: list[dict[str, float]] = field(default_factory=list)
+    """Each epoch's turn measured inside the windows (``turn_begins`` to ``turn_ends``): its ``seconds``, and the
+    ``steps`` and this rank's ``images`` it served. Kept out of the windows, charged net of what those steps take at
+    the steady pace (``turn_costs``)."""
+
     steps_total: int = 0
     """Every ``step()`` so far, warm-up included."""
 
@@ -102,6 +118,9 @@ class ThroughputMeter:
     _t_step: float = field(default_factory=time.monotonic)
     _charge: dict[str, Any] | None = None
     _epoch_end_s: float = 0.0
+    _turn: dict[str, Any] | None = None
+    _round_pos: int = 0
+    """Steps since the last round's end that the windows know of: the start, or the end of an epoch's turn."""
 
     @property
     def min_steps(self) -> int:
@@ -122,14 +141,20 @@ class ThroughputMeter:
         if loss is not None:
             self._loss = loss
         self.steps_total += 1
-        if self.state == "warmup":
+        images = self.images_per_step if images is None else int(images)
+        if self.state == "measure" and loss is not None:  # counted on the device (no sync), read at the window's end
+            bad = (~torch.isfinite(loss.detach())).any().to(torch.int32)
+            self._win_nonfinite = bad if self._win_nonfinite is None else self._win_nonfinite + bad
+        if self._turn is not None:  # an epoch's turn: neither a warm-up step nor a window's
+            self._turn["steps"] += 1
+            self._turn["images"] += images
+        elif self.state == "warmup":
+            self._round_pos += 1
             self._warmup_step()
         elif self.state == "measure":
-            if loss is not None:  # counted on the device (no sync), read at the window's end
-                bad = (~torch.isfinite(loss.detach())).any().to(torch.int32)
-                self._win_nonfinite = bad if self._win_nonfinite is None else self._win_nonfinite + bad
+            self._round_pos += 1
             self._win_steps += 1
-            self._win_images += self.images_per_step if images is None else int(images)
+            self._win_images += images
             if self._win_steps >= self.steps_per_window:
                 self._close_window()
         now, self._t_step = self._t_step, time.monotonic()
@@ -152,10 +177,13 @@ class ThroughputMeter:
             yield
         finally:
             sync(self.device)
+            seconds = time.perf_counter() - start
+            if self._turn is not None:  # the turn's clock skips it too: it is no part of the epoch's turn
+                self._turn["t0"] += seconds
             if self.state == "warmup":
-                self._t_last += time.perf_counter() - start
+                self._t_last += seconds
             elif self.state == "measure":
-                self._win_paused += time.perf_counter() - start
+                self._win_paused += seconds
 
     @contextlib.contextmanager
     def epoch_boundary(self, *, end: bool = False):
@@ -164,7 +192,7 @@ class ThroughputMeter:
         epoch's length), and its seconds kept, an end's added to the start after it (``epoch_starts``), to charge
         over a real epoch (``charge_epochs``). In a train run's continuous windows it is part of the pace: nothing
         is paused."""
-        if self.continuous or self.state == "done":
+        if self.continuous or self.state == "done" or self._turn is not None:  # a turn holds it already
             yield
             return
         start = time.perf_counter()
@@ -177,13 +205,59 @@ class ThroughputMeter:
             self.epoch_starts.append(seconds + self._epoch_end_s)
             self._epoch_end_s = 0.0
 
-    def charge_epochs(self, *, epoch_images: int | None, start_s: float | None) -> None:
+    def turn_begins(self) -> None:
+        """An epoch's turn begins: its loader is about to serve the epoch's last, partial round of worker batches
+        (or, with a whole last round, to find the epoch over), then joins its workers and starts the next epoch's.
+        Until ``turn_ends`` every step is kept out of the windows (their clock stops, their steps and images are not
+        counted) and out of warm-up; the turn's own seconds, steps and images are kept (``epoch_turns``). Begun and
+        ended on the same steps on every rank (the runtime checks that every rank's epoch has as many batches), so
+        the ranks' windows still close on the same step. In a train run's continuous windows it is part of the pace:
+        nothing is kept out."""
+        if self.continuous or self.state == "done" or self._turn is not None:
+            return
+        sync(self.device)
+        self._turn = {"t0": time.perf_counter(), "steps": 0, "images": 0, "state": self.state}
+
+    def turn_ends(self) -> None:
+        """The epoch's turn ends: the new epoch's first round of worker batches (one per worker, all started
+        together) has been served, and its loader is back at a round's end: windows of whole rounds go on from
+        here. A turn that began and ended while measuring is kept for the charge."""
+        turn, self._turn = self._turn, None
+        if turn is None:
+            return
+        sync(self.device)
+        now = time.perf_counter()
+        self._round_pos = 0
+        if self.state == "warmup":
+            self._t_last = now  # no warm-up step's time
+        elif self.state == "measure":
+            self._win_paused += now - max(turn["t0"], self._win_t0)
+            if turn["state"] == "measure":
+                self.epoch_turns.append({"seconds": now - turn["t0"], "steps": turn["steps"],
+                                         "images": turn["images"]})
+
+    def turn_costs(self) -> list[float]:
+        """What each epoch turn cost this rank beyond the steady pace: its seconds less the seconds its steps take
+        at the steady windows' pace (this rank's share of it). A turn starts at a round's end and ends at one, so
+        this is what an epoch of the loader pays for its end and its start: the partial last round, the workers
+        joined and spawned anew, their first batches made before any arrives (empty without a steady figure)."""
+        rates = [w.imgs_per_s for w in self.steady()]
+        steady = statistics.median(rates) / _world() if rates else 0.0
+        if steady <= 0:
+            return []
+        return [t["seconds"] - t["images"] / steady for t in self.epoch_turns]
+
+    def charge_epochs(self, *, epoch_images: int | None, start_s: float | None, measured: int | None = None) -> None:
         """What a real run pays per epoch, charged to the figure: ``start_s`` seconds of boundary (the slowest
         rank's) once every ``epoch_images`` images (all ranks'), on top of the steady windows' pace. The summary's
-        ``imgs_per_s`` is then the charged figure; ``imgs_per_s_steady`` the windows' own."""
+        ``imgs_per_s`` is then the charged figure; ``imgs_per_s_steady`` the windows' own. ``measured``: how many
+        epoch boundaries ``start_s`` stands on (default: those this meter met)."""
         if epoch_images and start_s:
+            met = len(self.epoch_turns) or len(self.epoch_starts)
             self._charge = {"epoch_images": int(epoch_images), "epoch_start_s": round(start_s, 6),
-                            "epoch_starts": len(self.epoch_starts)}
+                            "epoch_starts": met if measured is None else measured}
+            if self.epoch_turns:  # this rank's, each net of its steps at the steady pace
+                self._charge["epoch_turns_s"] = [round(c, 4) for c in self.turn_costs()]
 
     # ---- warm-up -----------------------------------------------------------------------------------------------
 
@@ -196,15 +270,21 @@ class ThroughputMeter:
         # Steps served from the loader's prefetch buffer are fast and say nothing about the steady state, and the
         # first step carries cudnn autotuning and the communicators' set-up: at least one step is always discarded.
         done = self.warmup_steps >= max(1, self.min_steps)
+        if self.whole_rounds:  # the first window opens at a round's end
+            done = done and self._round_pos % max(1, self.span_steps) == 0
         capped = now - self._t_start >= self.cfg.warmup_max_s
         # Every rank must leave warm-up on the same step: when all are done, or any has hit the time cap.
         not_done, any_capped = allreduce([float(not done), float(capped)], dist.ReduceOp.MAX, self.device)
         if not_done and not any_capped:
             return
-        local = statistics.median(self._step_times[-STEP_TIME_STEPS:])
+        if self.whole_rounds:  # the last round's pace: inside a round, bursts make single steps free or slow
+            recent = self._step_times[-max(1, self.span_steps):]
+            local = sum(recent) / len(recent)
+        else:
+            local = statistics.median(self._step_times[-STEP_TIME_STEPS:])
         self.step_time_s = allreduce([local], dist.ReduceOp.MAX, self.device)[0]
         self.warmup_capped = bool(not_done)
-        self.steps_per_window = max(self.span_steps, round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
+        self.steps_per_window = self._fit(round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
         self._say({"kind": "warmup_done", "t": time.time(), "steps": self.warmup_steps,
                    "seconds": round(now - self._t_start, 4), "step_time_s": self.step_time_s,
                    "capped": self.warmup_capped, "steps_per_window": self.steps_per_window})
@@ -245,12 +325,20 @@ class ThroughputMeter:
         # Re-aim the next window at window_s from what this one really took (every rank computes the same number),
         # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
         aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))
-        self.steps_per_window = max(self.span_steps, min(2 * w.steps, max(w.steps // 2, aim)))
+        self.steps_per_window = self._fit(min(2 * w.steps, max(w.steps // 2, aim)))
         self.cancelled = bool(stop)
         if self.cancelled or (not self.continuous and self._protocol_complete()):
             self.state = "done"
             return
         self._open_window()
+
+    def _fit(self, steps: int) -> int:
+        """A window's steps: at least one batch from every loader worker; whole rounds of them where the loader's
+        batches come in rounds (``whole_rounds``)."""
+        span = max(1, self.span_steps)
+        if not self.whole_rounds:
+            return max(span, steps)
+        return max(MIN_ROUNDS, round(steps / span)) * span
 
     def _protocol_complete(self) -> bool:
         return len(self.windows) >= self.cfg.max_windows or self.settled

@@ -8,8 +8,9 @@ fresh job does, then serves more: the tuner appends one JSON line per trial to t
 ``{"stop": true}`` at the end (a trial ends early, at a window's end, once its ``cancel`` file exists). Each trial is a
 ``Job`` of its own (built, run, closed) streaming its records to its own result file, so the tuner reads a reused
 trial exactly as a fresh one. What a trial needs from the process itself — the NCCL environment, the backend, the
-process group's timeout (``trainer.config.process_settings``) — must equal the first config's; the tuner starts a
-new worker for anything else.
+process group's timeout, the user's function it serves (``trainer.config.process_settings``) — must equal the first
+config's (the built-in job runs on a function's worker as well, ``trainer.config.serves``); the tuner starts a new
+worker for anything else.
 
 Launch, ``import torch``, the CUDA context and the communicators are paid once per worker instead of once per trial.
 Isolation is kept by ending the worker at the first failure (an OOM, a NCCL error, a dead loader leave state nobody
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from trainer.apply import init_distributed, shutdown_distributed
 from trainer.compiled import process_threads
-from trainer.config import ConfigError, TrainConfig, process_settings
+from trainer.config import ConfigError, TrainConfig, process_settings, serves
 from trainer.job import Job
 from trainer.protocol import Failure, ResultWriter, error_record
 from trainer.records import Dist, start_record
@@ -107,7 +108,7 @@ def serve(first: TrainConfig, first_result: str | None, requests: str | Path, *,
 
         def body(cfg=cfg, index=index, cancel_file=cancel_file, writer=writer) -> None:
             nonlocal env
-            if process_settings(cfg) != settings:
+            if not serves(settings, cfg):
                 raise ConfigError([f"this worker runs with {settings}; the trial needs {process_settings(cfg)}: a "
                                    "process-scope setting changed, which takes a new worker"])
             if env is None:

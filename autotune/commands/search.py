@@ -58,7 +58,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 @command("search", help="tune a DDP job: an Optuna study whose trials are short torchrun runs", arguments=arguments)
 def run(args: argparse.Namespace) -> int:
+    from autotune.overview import image_loader_line
     from autotune.search import SearchOptions, best_line, search
+    from autotune.study import view
     from autotune.verdict import FIXES
     from trainer.protocol import Failure
 
@@ -85,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     print(best_line(study), flush=True)
+    change = image_loader_line(view.views(study), view.rate(study))
+    if change:
+        print(f"autotune: {change}", flush=True)
     cause = all_failed(study)
     if cause:
         raise SearchFailed(cause)

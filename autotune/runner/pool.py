@@ -3,7 +3,8 @@
 A fresh trial pays torchrun's start, ``import torch``, the CUDA context and the communicators (about 10 s on 2xH200,
 a quarter of a trial) before its first step; a worker pays them once. The pool keeps one worker alive and hands it
 each trial whose process-scope settings (``TrialJob.process_key``: NCCL environment, backend, world, GPUs) match its
-own; anything else, and a trial that must be measured in a fresh process (the baseline), gets a new worker.
+own (``TrialJob.runs_on``: the built-in job also runs on a user's function's worker); anything else, and a trial that
+must be measured in a fresh process (the baseline), gets a new worker.
 
 Isolation: a trial that fails in any way (OOM, NCCL error, hang, dead loader, interrupted) costs its worker: the
 worker exits by itself on an error, or is killed, and the next trial gets a fresh one. A pruned trial is cancelled
@@ -33,7 +34,7 @@ class Worker:
     """One live worker: launched with its first trial, then fed through its requests file."""
 
     def __init__(self, job: TrialJob, run: TrialRun, folder: Path, name: str):
-        self.name, self.key = name, job.process_key()
+        self.name, self.key, self.key_any_script = name, job.process_key(), job.process_key(script=False)
         folder.mkdir(parents=True, exist_ok=True)
         self.requests, self.log_path = folder / "requests.jsonl", folder / "log.txt"
         self.requests.write_bytes(b"")
@@ -107,7 +108,7 @@ class WorkerPool:
         run = prepare(job)
         cancel_path(run).unlink(missing_ok=True)
         w = self.worker
-        reused = not (fresh or w is None or not w.alive() or w.key != job.process_key())
+        reused = not (fresh or w is None or not w.alive() or not job.runs_on(w.key, w.key_any_script))
         if not reused:
             self.close()
             self.launched += 1

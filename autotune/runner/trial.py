@@ -47,11 +47,23 @@ class TrialJob:
     cores: int | None = None
     """CPU cores shared by the ranks (OMP_NUM_THREADS = cores // ranks); default: this process's affinity."""
 
-    def process_key(self) -> str:
+    def process_key(self, *, script: bool = True) -> str:
         """Equal for two jobs that can share one live process (``trainer.config.process_settings``, the world, the
-        GPUs and the environment)."""
-        return repr((process_settings(self.config), self.nproc_per_node, self.gpus, list(self.torchrun_args),
+        GPUs and the environment); without ``script``: whatever user's function the process serves."""
+        settings = process_settings(self.config)
+        if not script:
+            settings.pop("script")
+        return repr((settings, self.nproc_per_node, self.gpus, list(self.torchrun_args),
                      sorted(self.extra_env.items()), self.cores))
+
+    def runs_on(self, key: str, key_any_script: str) -> bool:
+        """Whether this job can run on a live process made for a job of these keys (``process_key``): one of the
+        same key, or, for the built-in job, one of a user's function with the same settings otherwise (the worker
+        runs the built-in job as well; a measurement of the project's pipeline in a search of that function then
+        costs no worker of its own, nor the function's worker made anew after it)."""
+        if key == self.process_key():
+            return True
+        return not self.config.script.given and key_any_script == self.process_key(script=False)
 
     def env(self) -> tuple[dict[str, str], dict[str, str]]:
         return run_env(nccl=self.config.nccl.to_env(), nproc=self.nproc_per_node, gpus=self.gpus,

@@ -14,7 +14,7 @@ from itertools import product
 from typing import Any
 
 from autotune.space import get_path
-from autotune.study.view import OWN_LOADER, TrialView, feasible, own_loader, stage
+from autotune.study.view import IMAGE_LOADER, OWN_LOADER, TrialView, feasible, own_loader, stage
 from autotune.verdict import NOT_ITS_FAULT
 from trainer.knobs import Knob, table
 from trainer.protocol import Failure
@@ -139,6 +139,8 @@ class Measured:
         (a study's earlier requests may predate a dimension)."""
         if stage_name == "supply":
             return (o.get("data.decode", get_path(self.base, "data.decode")), o.get("data.hybrid_cpu_fraction"))
+        if stage_name == IMAGE_LOADER:  # a pipeline on a folder
+            return (o.get("data.decode"), o.get("data.path"))
         return (*(o.get(d.path, get_path(self.base, d.path)) for d in grid()), o.get("training.batch_size"),
                 o.get("training.cudnn_benchmark"))
 

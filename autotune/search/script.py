@@ -68,18 +68,25 @@ class Probe:
     samples_per_rank: int | None = None
     """What one rank's loader holds per epoch, when it can tell: no batch larger is tried."""
 
+    image_folder: dict[str, Any] | None = None
+    """Where the script's own Dataset is an image folder of JPEGs (torchvision's ImageFolder): its ``path`` and, where
+    its transform says, the crop (``image_size``); the project's pipelines could read the same files
+    (``autotune.search.stages._folder``)."""
+
     run: TrialRun | None = None
     samples: list | None = None
     """The NVML samples of the probe's run (a fresh probe; None when read back from a study)."""
 
     def record(self) -> dict[str, Any]:
         return {"applies": self.applies, "unit": self.unit, "loader": self.loader,
-                "samples_per_rank": self.samples_per_rank}
+                "samples_per_rank": self.samples_per_rank, "image_folder": self.image_folder}
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> Probe:
+        folder = data.get("image_folder")
         return cls(applies=dict(data.get("applies") or {}), unit=data.get("unit") or "samples",
-                   loader=bool(data.get("loader")), samples_per_rank=data.get("samples_per_rank"))
+                   loader=bool(data.get("loader")), samples_per_rank=data.get("samples_per_rank"),
+                   image_folder=dict(folder) if isinstance(folder, dict) and folder.get("path") else None)
 
 
 def parse_script(script: str) -> tuple[str | None, str | None]:
@@ -196,8 +203,10 @@ def probe(plan, logs: Path, say) -> Probe:
         raise ScriptError(failure_line(run, plan.options.script))
     found = settings[-1]
     applies = {name: value for name, value in (found.get("applied") or {}).items() if name in table().by_runtime_name}
+    folder = found.get("image_folder")
     return Probe(applies=applies, unit=found.get("unit") or "samples", loader=bool(found.get("loader")),
-                 samples_per_rank=found.get("samples_per_rank"), run=run, samples=samples)
+                 samples_per_rank=found.get("samples_per_rank"), run=run, samples=samples,
+                 image_folder=folder if isinstance(folder, dict) and folder.get("path") else None)
 
 
 def known(storage, name: str) -> Probe | None:

@@ -1,8 +1,9 @@
 """One reading of a study's trials for search, show, export and report: what each trial is (its stage), how it ended,
 what it measured, and which trials count — feasible, the best, the baseline, the ceiling, the supplies.
 
-A trial's stage says what it measured. ``ceiling`` (the model on synthetic data) and ``supply`` (an input pipeline
-alone, no model) are measurements of the parts, not training configurations: they never count as an answer. They live
+A trial's stage says what it measured. ``ceiling`` (the model on synthetic data), ``supply`` (an input pipeline
+alone, no model) and ``image_loader`` (the project's pipeline on a user's script's image folder) are measurements
+of the parts, not training configurations: they never count as an answer. They live
 in a companion Optuna study of the same storage, ``<study>.parts`` (``parts_name``), so that everything that reads the
 main study with Optuna's own tools — optuna-dashboard's best, history and importances, ``optuna best-trial``, the
 sampler — sees end-to-end trials only. ``views(study)`` merges both, in the order they ran: a part is labelled
@@ -21,7 +22,12 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.study.storage import CONFIG_KEY, parts_name, trial_attrs
 from trainer.protocol import Failure
 
-MEASUREMENT_STAGES = ("ceiling", "supply")
+IMAGE_LOADER = "image_loader"
+"""The stage that measures the project's fastest input pipeline (``run.image_loader``'s) alone on the image folder a
+user's script reads through a loader of its own (``autotune.search.stages._folder``): a figure beside the script's
+own supply, never a pipeline its trials run."""
+
+MEASUREMENT_STAGES = ("ceiling", "supply", IMAGE_LOADER)
 """Stages that measure a part of the job (not an end-to-end configuration)."""
 
 REQUEST_ATTRS = ("stage", "overrides", "start", "baseline", "remeasure_of", "cudnn_evidence", "stop_when",

@@ -1,6 +1,7 @@
 """The measurement protocol's decisions, driven step by step in one process (world of one, CPU)."""
 
 import itertools
+import statistics
 import time
 
 import pytest
@@ -288,3 +289,64 @@ def test_a_stepping_run_says_so_while_no_window_closes():
     assert beat["kind"] == "steps" and beat["steps"] == 1 and beat["state"] == "warmup" and beat["step_s"] >= 0
     meter.step()
     assert len(records) == 1  # not again before STEPS_EVERY_S
+
+
+# ---- a script's own loader, restarted every epoch -----------------------------------------------------------------
+
+
+class _Records(list):
+    def write(self, record, *, any_rank=False):
+        self.append(record)
+
+    def __bool__(self):  # a writer, even while it holds no record
+        return True
+
+
+def _measure_own_loader(loader, *, mode: str, step_s: float = 0.0):
+    """A script's loop over its own DataLoader (``run.loader``) in-process, as a live worker runs its trial: the
+    loader alone (``supply``) or a loop whose every step takes ``step_s`` (``measure``). Returns the records."""
+    from trainer.records import Dist
+    from trainer.runtime import setup
+    from trainer.runtime._run import TrialDone
+    from trainer.runtime.request import Active, Request, activate
+
+    cfg = MeasureConfig(warmup_min_steps=2, window_s=0.05, windows=3, max_windows=8, spread_target=0.1)
+    records = _Records()
+    env = Dist(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    activate(Active(request=Request(mode=mode, measure=cfg), writer=records, env=env))
+    run = setup(unit="images")
+    try:
+        batches = run.loader(loader)
+        for _ in run.epochs(1000):
+            for batch in batches:
+                time.sleep(step_s)
+                if run.report(len(batch)):
+                    break
+    except TrialDone:
+        pass
+    finally:
+        run.close()
+        activate(None)
+    return records
+
+
+@pytest.mark.parametrize("mode, step_s", [("supply", 0.0), ("measure", 0.01), ("measure", 0.03)],
+                         ids=["loader-alone", "loader-bound", "compute-bound"])
+def test_a_loader_restarted_every_epoch_settles_and_is_charged_what_its_epochs_take(mode, step_s):
+    """14 batches an epoch from 4 workers starting together (3 rounds and 2 batches): after each restart the batches
+    come in bursts of 4. Each epoch's turn (its last, partial round, the workers joined and spawned anew, the next
+    epoch's first round) is kept out of the windows of whole rounds and charged net of its steps' steady time: the
+    windows agree, and the figure is what an epoch really takes. Before, the boundary was kept out only until the
+    first batch came: the burst after it fell into the windows, which never agreed (a loader-bound loop), or the
+    first window was aimed at a burst's free steps, 600 steps long, and the measurement took 60 epochs (the loader
+    alone). (The spread target is loose so that sleep jitter on a loaded machine cannot decide the outcome.)"""
+    from tests.helpers.bursty import BurstyLoader
+
+    loader = BurstyLoader(batches=14, batch_size=8, workers=4, batch_s=0.08, spawn_s=0.05, join_s=0.01)
+    records = _measure_own_loader(loader, mode=mode, step_s=step_s)
+    summary = next(r for r in records if r["kind"] == "summary")
+    assert summary["settled"] and summary["spread"] <= 0.1, summary["imgs_per_s_windows"]
+    assert len(loader.starts) <= 12  # four windows of two rounds, one an epoch, and the warm-up
+    epochs = [b - a for a, b in itertools.pairwise(loader.starts)]
+    truth = 14 * 8 / statistics.median(epochs)  # an epoch's images over its real wall time
+    assert summary["epoch_starts"] >= 1 and summary["imgs_per_s"] == pytest.approx(truth, rel=0.04), (summary, epochs)

@@ -47,6 +47,7 @@ from trainer.meter import ThroughputMeter, allreduce, sync
 from trainer.protocol import Kind, ResultWriter, error_record
 from trainer.records import Dist, count_nonfinite, start_record, summary_record
 from trainer.runtime._batches import first_length, to_device, touch
+from trainer.runtime._folder import image_folder
 from trainer.runtime.request import Request, active, current, last_run, set_run
 
 # Which helper applies which setting is the knob table's (``trainer.knobs.Knob.applied_by``).
@@ -127,6 +128,8 @@ class Run:
         self._pending = 0
         self._closables: list[Callable[[], None]] = []
         self._loader: Batches | None = None
+        self._image_folder: dict[str, Any] | None = None
+        """The image folder the script's own Dataset reads (``_folder.image_folder``), for its settings record."""
         self.feed: Any = None
         """A loader a framework iterates (``trainer.runtime._frameworks.Feed``): its per-rank length and prefetch
         buffer tell the search and the meter what ``_loader``'s would; the stage modes need ``_loader``."""
@@ -138,6 +141,10 @@ class Run:
         self.done = self._closed = False
         self._t_ready: float | None = None
         self._epoch0_start_s: float | None = None
+        self._turns: tuple[int, int] | None = None
+        """(tail, lead) of the epoch turns of the script's own DataLoader while measuring (``_turn_shape``)."""
+        self._turns_of: Batches | None = None
+        """The loader they are of (another one, a validation loader, turns nothing)."""
         self.loss = torch.zeros((), device=self.device)
         self._nonfinite = (torch.zeros((), dtype=torch.int64, device=self.device),
                            torch.zeros((), dtype=torch.int64, device=self.device))
@@ -203,6 +210,7 @@ class Run:
         setting to a value it was not built with (its trials would measure the same thing under other names)."""
         from torch.utils.data import DataLoader
 
+        self._image_folder = image_folder(data.dataset if isinstance(data, DataLoader) else data)
         if isinstance(data, DataLoader):
             loader = self._check_loader(data)
         else:
@@ -487,7 +495,8 @@ class Run:
         self.writer.write({"kind": Kind.SETTINGS, "t": now, "unit": self.unit, "applied": self.settings(),
                            "loader": self._loader is not None,
                            "samples_per_rank": (self._loader or self.feed).samples_per_rank()
-                           if self._loader or self.feed else None})
+                           if self._loader or self.feed else None,
+                           **({"image_folder": self._image_folder} if self._image_folder else {})})
         self.writer.write({"kind": Kind.FIRST_STEP, "t": now, "first_batch_s": None,
                            "first_compute_s": round(time.perf_counter() - self._t_ready, 4),
                            "cudnn_benchmark": self._applied.get("cudnn_benchmark")})
@@ -503,13 +512,46 @@ class Run:
 
     def _meter(self, *, continuous: bool, buffered: int, workers: int | None = None) -> ThroughputMeter:
         accum = max(1, int(self._applied.get("accum_steps", 1)))
-        if workers is None:
-            workers = self._applied.get("num_workers", 0) if self._loader or self.feed else 0
+        if workers is None:  # what the loader was built with (a script's own DataLoader is taken as it is)
+            own = getattr(getattr(self._loader, "_loader", None), "num_workers", None)
+            applied = self._applied.get("num_workers", 0) if self._loader or self.feed else 0
+            workers = own if own is not None else applied
         cancel = self.request.cancel
-        return ThroughputMeter(self.request.measure, images_per_step=0, device=self.device, emit=self.writer.write,
-                               continuous=continuous, prefetched_steps=math.ceil(buffered / accum),
-                               span_steps=math.ceil((workers or 1) / accum),
-                               stop_requested=(lambda: os.path.exists(cancel)) if cancel else None)
+        meter = ThroughputMeter(self.request.measure, images_per_step=0, device=self.device, emit=self.writer.write,
+                                continuous=continuous, prefetched_steps=math.ceil(buffered / accum),
+                                span_steps=math.ceil((workers or 1) / accum),
+                                stop_requested=(lambda: os.path.exists(cancel)) if cancel else None)
+        self._turns = None if continuous else self._turn_shape()
+        self._turns_of = self._loader
+        meter.whole_rounds = self._turns is not None
+        return meter
+
+    def _turn_shape(self) -> tuple[int, int] | None:
+        """How the epochs of the script's own DataLoader turn, in batches: ``(tail, lead)``. Its workers all start
+        together at an epoch's start, one batch each, so its batches come in rounds of one per worker; an epoch's
+        turn runs from the end of its last whole round (``tail`` batches before its end: the partial round) through
+        the workers joined and spawned anew to the end of the next epoch's first round (``lead`` batches), each end
+        a round's end. None where the epochs have no round between turns, or the ranks' epochs are not all as long
+        (their turns would fall on different steps): the boundaries alone are then kept out
+        (``ThroughputMeter.epoch_boundary``). Collective: every rank calls it as its meter is made."""
+        from torch.utils.data import DataLoader
+
+        loader = getattr(self._loader, "_loader", None)
+        if not isinstance(loader, DataLoader):
+            return None
+        try:
+            length = len(loader)
+        except TypeError:  # an iterable dataset: no epoch length
+            return None
+        shortest, longest = allreduce([-length, length], dist.ReduceOp.MAX, self.device)
+        workers = max(1, loader.num_workers)
+        if -shortest != longest or length // workers < 2:
+            return None
+        return length % workers, workers
+
+    def _turn(self, *, begin: bool) -> None:
+        if self.meter is not None and self._turns is not None:
+            (self.meter.turn_begins if begin else self.meter.turn_ends)()
 
     @contextlib.contextmanager
     def _boundary(self, *, end: bool = False) -> Iterator[None]:
@@ -540,10 +582,12 @@ class Run:
         loader = getattr(self._loader, "_loader", None)
         if not isinstance(loader, DataLoader) or self.meter.continuous or not self.meter.windows:
             return
-        starts = list(self.meter.epoch_starts)
+        starts = self.meter.turn_costs() or list(self.meter.epoch_starts)
+        measured = len(starts)
         if not starts and self._epoch0_start_s and loader.num_workers and not loader.persistent_workers:
             starts = [self._epoch0_start_s]
-        local = statistics.median(starts) if starts else 0.0
+        # A turn's cost is net of its steps' steady time: noise can make one a little below nothing.
+        local = max(0.0, statistics.median(starts)) if starts else 0.0
         start_s = allreduce([local], dist.ReduceOp.MAX, self.device)[0]
         try:
             batches = len(loader)
@@ -551,7 +595,7 @@ class Run:
             return
         per_step = sum(w.images for w in self.meter.windows) / max(1, sum(w.steps for w in self.meter.windows))
         accum = 1 if self.request.mode == "supply" else max(1, int(self._applied.get("accum_steps", 1)))
-        self.meter.charge_epochs(epoch_images=round(batches * per_step / accum), start_s=start_s)
+        self.meter.charge_epochs(epoch_images=round(batches * per_step / accum), start_s=start_s, measured=measured)
 
     def _progress(self) -> None:
         rate = self.meter.windows[-1].imgs_per_s if self.meter.windows else None
@@ -690,7 +734,9 @@ class Batches:
     def _epoch(self) -> Iterator[Any]:
         """One pass over the loader, its start (``iter`` and the first batch: workers spawned, batches prefetched)
         and its end (the call that finds it exhausted: workers joined) inside the run's epoch boundary
-        (``Run._boundary``), kept out of the steady windows and charged over the epoch."""
+        (``Run._boundary``), kept out of the steady windows and charged over the epoch; where the loader's batches
+        come in rounds of its workers' (``Run._turn_shape``), inside the epoch's whole turn, from its last round to
+        the next epoch's first."""
         run = self._run
         with run._boundary():
             it = iter(self._loader)
@@ -703,6 +749,11 @@ class Batches:
         while batch is not _END:
             yield batch
             given += 1
+            turns = run._turns if run._turns_of is self else None  # known once the meter is made, at the first step
+            if turns and given == turns[1]:
+                run._turn(begin=False)
+            if turns and given == length - turns[0]:
+                run._turn(begin=True)
             if given == length:
                 with run._boundary(end=True):
                     batch = next(it, _END)

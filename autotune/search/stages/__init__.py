@@ -23,7 +23,10 @@ what is known and enqueues the next thing worth running, in this order (``StageP
 4. **trial 0 again** — when its windows never agreed, in a fresh process: the gain over trial 0 is the headline.
 5. **cuDNN per precision and layout** — for every precision and layout a candidate runs at, the measurement without
    the algorithm search beside the one with it; the search stays on for that pair only where it buys ``CUDNN_KEEP``.
-6. **what limits the bound** — while the input pipelines bound every run below the ceiling, the next pipeline's
+6. **the project's pipeline on a script's folder** — where a user's script reads an image folder through a loader of
+   its own and that loader's supply is below the ceiling, the project's fastest pipeline alone on the same folder
+   (``run.image_loader``'s): once, a figure to say beside the script's own with the change to make.
+7. **what limits the bound** — while the input pipelines bound every run below the ceiling, the next pipeline's
    supply; otherwise the ceiling's grid, one dimension at a time from the fastest pair, along the dimension's order
    until a step is clearly slower (the rest of that direction is then taken as dominated: the order is the prior, the
    measurement confirms it), a dimension with a one-off cost (torch.compile: a compile per graph) last and only
@@ -31,13 +34,13 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    not measured yet (they can only tie, and ties are run end to end).
    A supply stops early, in-band, once its latest full windows are all above the ceiling or all clearly out of reach
    (``stop_when``).
-7. **smaller batches** of the fastest pair, halving, while they keep ``PLATEAU`` of its pace: the smallest on the
+8. **smaller batches** of the fastest pair, halving, while they keep ``PLATEAU`` of its pace: the smallest on the
    plateau becomes the candidates' batch, and a batch below it bounds what a trial there can reach. On CPU ranks,
    where the ceiling starts at the baseline's batch, then **larger ones** while the largest measured is clearly the
    fastest.
-8. **uncertain pipelines** — one dropped on a supply whose windows never agreed, but whose fastest steady window
+9. **uncertain pipelines** — one dropped on a supply whose windows never agreed, but whose fastest steady window
    reaches the band, gets an end-to-end trial.
-9. **refine** — the sampler draws the other knobs (batch, accumulation, loader, DDP, the hybrid share, ...) with the
+10. **refine** — the sampler draws the other knobs (batch, accumulation, loader, DDP, the hybrid share, ...) with the
    pipeline, precision, layout and compile of the best end-to-end trials held, round-robin over those within
    ``REACH`` of the best; a compiled one also holds what its graph is keyed by (``Table.graph_settings``: each
    change is a new compile) and searches the input side around it. Draws the stages do not
@@ -60,8 +63,8 @@ and many workers work as for any trial, while Optuna's own view of the main stud
 **Where each step lives.** ``StagePlanner`` (``_planner``) keeps the order and the plan's line, and holds the
 measured view (``autotune.search.bounds.Measured``, read for its plan), the budget (``_budget.Spend``) and the notes
 (``_notes``); each step is an object given those (``_ask.Ask``): the first measurements (``_first``: stages 1-2),
-the candidates and trial 0 again (``_candidates``: 3-4), cuDNN (``_cudnn``: 5), what limits the bound (``_limits``:
-6-8), refine (``_refine``: 9).
+the candidates and trial 0 again (``_candidates``: 3-4), cuDNN (``_cudnn``: 5), the project's pipeline on a script's
+folder (``_folder``: 6), what limits the bound (``_limits``: 7-9), refine (``_refine``: 10).
 """
 
 from autotune.search.stages._ask import BLOCKED, REACH, shown_settings

@@ -8,7 +8,7 @@ from typing import Any
 
 from autotune.search.bounds import Measured
 from autotune.search.stages._notes import Notes
-from autotune.study.view import TrialView
+from autotune.study.view import MEASUREMENT_STAGES, TrialView
 
 PARTS_SHARE = 0.5
 """Measurements of parts spend at most this share of a search's trials and time; the rest is end to end."""
@@ -74,7 +74,7 @@ class Spend:
         made a 170 s search skip every stage)."""
         for kind in (part, not part):
             walls = [float(v.attrs["wall_s"]) for v in vs if v.attrs.get("wall_s") is not None
-                     and v.stage != "baseline" and (v.stage in ("ceiling", "supply")) == kind]
+                     and v.stage != "baseline" and (v.stage in MEASUREMENT_STAGES) == kind]
             if walls:
                 return statistics.median(walls)
         return None

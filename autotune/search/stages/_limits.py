@@ -1,4 +1,4 @@
-"""Stages 6 to 8, what limits the bound: the next pipeline's supply while the pipelines bound every run below the
+"""Stages 7 to 9, what limits the bound: the next pipeline's supply while the pipelines bound every run below the
 ceiling, else the ceiling's grid one dimension at a time from the fastest pair; the fastest pair's smaller (on CPU
 ranks also larger) batches; an end-to-end trial of a pipeline only an unsettled supply kept out."""
 

@@ -14,6 +14,7 @@ from autotune.search.stages._budget import PARTS_SHARE, Budget, Spend
 from autotune.search.stages._candidates import Candidates
 from autotune.search.stages._cudnn import Cudnn
 from autotune.search.stages._first import First
+from autotune.search.stages._folder import Folder
 from autotune.search.stages._limits import Limits
 from autotune.search.stages._notes import Notes
 from autotune.search.stages._refine import Refine
@@ -39,6 +40,7 @@ class StagePlanner:
     candidates: Candidates = field(init=False)
     cudnn: Cudnn = field(init=False)
     limits: Limits = field(init=False)
+    folder: Folder = field(init=False)
     refine: Refine = field(init=False)
 
     def __post_init__(self):
@@ -50,6 +52,7 @@ class StagePlanner:
         self.candidates = Candidates(ask)
         self.cudnn = Cudnn(ask)
         self.limits = Limits(ask, self.first, self.candidates, self.cudnn)
+        self.folder = Folder(ask, self.first)
         self.refine = Refine(ask)
 
     @property
@@ -119,7 +122,8 @@ class StagePlanner:
                                      f"({self.spend.core_words()}, one end-to-end trial); the sampler alone")
             return self.refine.hold_once()
         for step in (self.first.ceiling, self.first.supply, self.candidates.candidates,
-                     self.candidates.baseline_again, self.cudnn.evidence, self.limits.limiting, self.limits.batches,
+                     self.candidates.baseline_again, self.cudnn.evidence, self.folder.image_loader,
+                     self.limits.limiting, self.limits.batches,
                      self.limits.uncertain, self.refine.refine):
             name = step(vs)
             if name == BLOCKED:

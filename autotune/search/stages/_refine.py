@@ -1,4 +1,4 @@
-"""Stage 9, refine: the sampler draws the other knobs with the identity of the best end-to-end trials held,
+"""Stage 10, refine: the sampler draws the other knobs with the identity of the best end-to-end trials held,
 round-robin over those within ``REACH`` of the best; and what a draw the stages leave to the sampler holds (a
 dimension with a one-off cost, at the baseline's value)."""
 

@@ -71,14 +71,16 @@ class CpuRanks(Machine):
 
 
 def cpu_ranks(**changes) -> CpuRanks:
-    return CpuRanks(ceilings={("fp32", False): 300.0, ("fp32", True): 200.0, ("bf16", False): 150.0,
-                              ("bf16", True): 120.0},
-                    supplies={"pil": 3000.0}, plateau=64, small_batch=1.4, max_workers=1, **changes)
+    return CpuRanks(**{"ceilings": {("fp32", False): 300.0, ("fp32", True): 200.0, ("bf16", False): 150.0,
+                                    ("bf16", True): 120.0},
+                       "supplies": {"pil": 3000.0}, "plateau": 64, "small_batch": 1.4, "max_workers": 1, **changes})
 
 
-def script_plan(trials: int, *, root: Path | None = None, spec_file: Path | None = None) -> Plan:
+def script_plan(trials: int, *, root: Path | None = None, spec_file: Path | None = None,
+                image_folder: dict | None = None) -> Plan:
     """The plan ``autotune search --script segment.py [--spec spec_file]`` makes on 2 CPU ranks of a 2-core machine
-    once its trial 0 has said what it applies (``autotune.search.script.apply``)."""
+    once its trial 0 has said what it applies (``autotune.search.script.apply``); ``image_folder``: what its settings
+    record would say of a Dataset that is an image folder (segment.py's is not)."""
     spec = script.script_spec(str(SEGMENT), [], gpu=False, spec=str(spec_file) if spec_file else None)
     base = spec.base_config()
     plan = Plan(options=SearchOptions(script=str(SEGMENT)), spec=spec, name=spec.name, objective=Objective(),
@@ -86,7 +88,8 @@ def script_plan(trials: int, *, root: Path | None = None, spec_file: Path | None
                 space=resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2), base=base, probe=base,
                 baseline={}, starts=[], data=None, storage_url=f"sqlite:///{root or Path('studies')}/autotune.db",
                 trials=trials, timeout_s=None, trial_timeout_s=300.0)
-    found = script.Probe(applies=dict(APPLIES), unit="images", loader=True, samples_per_rank=SAMPLES_PER_RANK)
+    found = script.Probe(applies=dict(APPLIES), unit="images", loader=True, samples_per_rank=SAMPLES_PER_RANK,
+                         image_folder=image_folder)
     script.apply(plan, found)
     return plan
 
@@ -104,8 +107,9 @@ class Sim:
     """A search of the script on a simulated machine: its lines (what ``autotune search`` prints), the study, the
     configs the pool was asked to run."""
 
-    def __init__(self, tmp: Path, machine: Machine, trials: int, *, enqueue=(), cancels: bool = True):
-        self.plan = plan = script_plan(trials, root=tmp)
+    def __init__(self, tmp: Path, machine: Machine, trials: int, *, enqueue=(), cancels: bool = True,
+                 image_folder: dict | None = None):
+        self.plan = plan = script_plan(trials, root=tmp, image_folder=image_folder)
         self.pool = FakePool(machine, tmp, cancels=cancels)
         # Trial 0 ran before the study existed (the probe), in a fresh process: the baseline trial records it.
         job = TrialJob(config=plan.base.with_overrides({"output_dir": str(tmp / "trial-0")}),
@@ -115,7 +119,7 @@ class Sim:
         storage = optuna.storages.InMemoryStorage()
         self.study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
                                     nproc=2, baseline=plan.baseline, starts=plan.starts,
-                                    attrs={script.PROBE_KEY: {"applies": APPLIES, "unit": "images", "loader": True},
+                                    attrs={script.PROBE_KEY: plan.script.record(),
                                            "unit": "images", "fingerprint": {"gpu_count": 0, "cpu_count": 2}})
         for params in enqueue:
             self.study.enqueue_trial(params, user_attrs={"stage": "search"}, skip_if_exists=False)

@@ -229,3 +229,15 @@ def test_the_epoch_starts_of_a_scripts_loader_are_kept_out_of_its_windows(tmp_pa
     # falls in must leave it out of its seconds (as validation is, ``paused_s``), or the windows rank restarts.
     inside = [(i, round(t, 3)) for t in starts for i, w in used.items() if w["t0"] < t < w["t1"] and not w["paused_s"]]
     assert not inside, f"epoch starts inside the windows the figure stands on: {inside}; spread {summary['spread']}"
+
+
+def test_the_epoch_turns_of_a_loader_restarted_every_epoch_fall_on_the_same_steps_on_every_rank(tmp_path):
+    # 64 images, batch 4, 2 ranks: 8 batches an epoch from 2 workers started anew each epoch, in rounds of 2.
+    code, records, out = torchrun_request(tmp_path, "short", Request(mode="measure", measure=MEASURE,
+                                                                     settings={"batch_size": 4, "num_workers": 2}))
+    assert code == 0, out[-3000:]  # no rank waited on a collective another rank never made
+    summary = next(r for r in records if r["kind"] == "summary")
+    windows = [r for r in records if r["kind"] == "window"]
+    # Each epoch's turn kept out of windows of whole rounds, and charged to the figure net of its steps.
+    assert summary.get("epoch_turns_s") and summary["epoch_starts"] == len(summary["epoch_turns_s"]), summary
+    assert all(w["steps"] % 2 == 0 for w in windows) and summary["imgs_per_s"] < summary["imgs_per_s_steady"]
