@@ -235,7 +235,7 @@ class Knob:
 DALI_INSTALL = "pip install 'ddp-autotune[dali]'"
 """What installs NVIDIA DALI (``data.decode: dali``)."""
 
-_DECODE_ON_GPU = (GpuChoice(value="nvjpeg-gpu"), GpuChoice(value="nvjpeg-hw"),
+_DECODE_ON_GPU = (GpuChoice(value="nvjpeg-gpu"),
                   GpuChoice(value="hybrid", why="both of its shares would decode on the CPU"),
                   GpuChoice(value="dali", why="DALI decodes on the mixed device", module="nvidia.dali",
                             install=DALI_INSTALL))
@@ -307,11 +307,6 @@ _KNOBS = (
          space=Range(choices=(0.25, 0.5, 0.75), when="data.decode == hybrid"), shown=2,
          runtime="hybrid_cpu_fraction", runtime_default=0.5, applied_by="image_loader",
          doc="hybrid decode: the share of each batch the loader workers decode"),
-    # The hardware engines' share of a hybrid batch: nvjpeg-hw needs nvImageCodec, which is opt-in, so a spec adds it.
-    Knob(path="data.hybrid_hw_fraction", label="hw_share", scope="pipeline",
-         space=Range(choices=(0.0, 0.25, 0.5), when="data.decode == hybrid"), default_space=False,
-         runtime="hybrid_hw_fraction",
-         doc="hybrid decode: the share of each batch the GPU's hardware JPEG engines decode"),
     # DALI's settings, searched only under its pipeline. hw_decoder_load: the share of each batch the hardware JPEG
     # engines decode, the rest on CUDA; DALI's own default is 0.65 (its H100 tuning); the range spans the trade.
     Knob(path="data.dali_hw_decoder_load", label="hw_load", scope="pipeline",
@@ -325,9 +320,6 @@ _KNOBS = (
     Knob(path="data.dali_prefetch", label="dali_q", scope="pipeline",
          space=Range(low=1, high=4, when="data.decode == dali"), runtime="dali_prefetch", runtime_default=2,
          applied_by="image_loader", doc="DALI: batches its pipeline prepares ahead (queue depth)"),
-    Knob(path="data.hw_roi_decode", label="roi", scope="pipeline",
-         space=Range(choices=(False, True), when="data.decode == nvjpeg-hw"), default_space=False,
-         runtime="hw_roi_decode", doc="nvjpeg-hw: decode only the crop box of each image"),
     Knob(path="ddp.bucket_cap_mb", label="bkt", scope="model", space=Range(low=5.0, high=200.0, log=True),
          graph=True, runtime="bucket_cap_mb", runtime_default=25.0, applied_by="model",
          doc="DDP gradient bucket size"),
