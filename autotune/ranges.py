@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import ConfigError, TrainConfig, removed_problem
 from trainer.knobs import AUTO, Range, knob, table
 
 DEFAULT_CHOICE = "default"
@@ -168,7 +168,9 @@ def _range_problems(spec: Declares, path: str, r: Range) -> list[str]:
     where = f"space.{path}"
     tp = field_type(path)
     if tp is None:
-        return [f"{where}: no such TrainConfig setting (use a dotted path like training.batch_size)"]
+        gone = removed_problem(path)
+        return [f"space.{gone}" if gone else f"{where}: no such TrainConfig setting (use a dotted path like "
+                "training.batch_size)"]
     p = []
     if knob(path).batch == "accum" and spec.fixed_global_batch:
         p.append(f"{where}: derived in fixed_global_batch mode; remove it")

@@ -33,8 +33,8 @@ from autotune.study import view
 from autotune.study.view import finite
 
 PRECISION_COLORS = {"fp32": "#1f77b4", "bf16": "#d62728", "fp16": "#2ca02c"}
-DECODE_SYMBOLS = {"pil": "circle", "torchvision-cpu": "square", "nvjpeg-gpu": "diamond", "nvjpeg-hw": "star",
-                  "hybrid": "triangle-up", "dali": "hexagon"}
+DECODE_SYMBOLS = {"pil": "circle", "torchvision-cpu": "square", "nvjpeg-gpu": "diamond", "hybrid": "triangle-up",
+                  "dali": "hexagon"}
 FAILURE_COLORS = {"infeasible": "#ff7f0e", "fail": "#d62728", "pruned": "#7f7f7f"}
 
 UTIL_CAPTION = (

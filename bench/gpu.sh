@@ -51,7 +51,7 @@
 #                  ddp-base (the best known end-to-end config). ~90 s
 #   profile        bench/profile_step.py: ResNet-50's step, eager vs compiled vs CUDA graphs, top kernels
 #                  (profile.json; PROFILE_MODES, default eager,compile,cudagraphs; ~4 min cold, not measured)
-#   pipeline       bench/pipeline_gpu.py --hw on: where the nvjpeg-hw path's time goes (pipeline.json, ~2 min)
+#   pipeline       bench/pipeline_gpu.py: where the nvjpeg-gpu and hybrid paths' time goes (pipeline.json, ~2 min)
 #   dali           issue #26's rows: DALI's supply alone (hw_decoder_load 0.65, 0.5, 0.95) and end to end (eager,
 #                  compiled) beside nvJPEG's and the hybrid's, each with its loss, in dali.json (DALI_ROWS; ~35 s a
 #                  row, ~80 s more for the compile; no row starts after the call's deadline minus 60 s). Needs
@@ -215,7 +215,7 @@ PY
         prof=(--modes "${PROFILE_MODES:-eager,compile,cudagraphs}"); fi
       python3 bench/profile_step.py --out "$out/profile.json" "${prof[@]}" 2>&1 | quiet ;;
     pipeline)
-      if [ -n "${DRY:-}" ]; then pipe=(--cpu-smoke); else pipe=(--hw on --hybrid 0.5 --workers 6 --train); fi
+      if [ -n "${DRY:-}" ]; then pipe=(--cpu-smoke); else pipe=(--hybrid 0.5 --workers 6 --train); fi
       python3 bench/pipeline_gpu.py "$data/train" --out "$out/pipeline.json" --batch 512 "${pipe[@]}" 2>&1 | quiet ;;
     dali)
       if ! python3 -c "import nvidia.dali" 2>/dev/null; then

@@ -1,4 +1,4 @@
-"""Where the time of the nvjpeg-gpu, nvjpeg-hw and hybrid input pipelines goes, on one GPU.
+"""Where the time of the nvjpeg-gpu and hybrid input pipelines goes, on one GPU.
 
     python3 bench/pipeline_gpu.py DATA --out pipeline.json [--batch 256] [--workers 6] [--hybrid 0.25,0.5] [--train]
     python3 bench/pipeline_gpu.py DATA --out smoke.json --cpu-smoke      # quick CPU check of every stage
@@ -11,20 +11,12 @@ Stages, each in imgs/s of one GPU, with wall ms per batch and, from CUDA events 
   crop fp16|fp32    ``batched_resized_crop`` on one pre-decoded batch (the augmentation kernels alone)
   decode+crop fp16  decode, box sampling, batched crop/flip/normalize: the pipeline's per-batch work, in one thread
   decode+loop       (``--loop``) decode, then a per-image RandomResizedCrop loop: what the batched crop replaces
-  decode hw         (``--hw``, automatic when nvImageCodec imports) ``decode_batch_hw`` on the hardware JPEG
-                    engines, on a side stream as in the pipeline; ``decode hw+crop fp16`` adds the batched crop;
-                    ``hw checks``: how many of a batch the engines take (the rest fall back to nvJPEG's CUDA decoder),
-                    and their pixels against libjpeg-turbo's on the CPU (max/mean abs; hardware IDCT and chroma
-                    upsampling may differ by a few levels), odd files included; ``hw diag``: where the path's
-                    time goes (``hw_diagnostics``: host time per stage of the call, whether it holds the GIL or
-                    waits for the training stream, per-image vs batched calls, ROI decode of the crop box)
   pipeline wN       ``GpuDecodePipeline`` with N loader workers: files -> workers -> side-stream thread -> consumer
   hybridP wN        ``HybridDecodePipeline`` with P % of each batch decoded by the N workers
-  pipeline-hw wN    (``--hw``) ``GpuDecodePipeline`` with ``data.decode: nvjpeg-hw``, N = the last ``--workers``
   train ...         (``--train``) a ResNet-50 training loop (``--precision``, channels_last, no DDP) fed by
                     synthetic data, by the pipeline (side stream at high priority, and at priority 0, as before),
-                    by the hybrid pipeline and (``--hw``) the nvjpeg-hw pipeline: what training on one GPU loses to
-                    each, with the GIL shared as in the job
+                    and by the hybrid pipeline: what training on one GPU loses to each, with the GIL shared as in the
+                    job
 
 GPU columns: ``gpu ms`` is the span between events recorded before and after each call on the stage's stream
 (includes waits for the host); ``busy ms`` is the same with the stream held by a sleep kernel until the host has
@@ -49,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 from trainer.data.cpu import DeviceNormalize
 from trainer.data.gpu.crop import batched_resized_crop, normalize_into, sample_crop_boxes
 from trainer.data.gpu.datasets import pack_bytes, unpack_bytes
-from trainer.data.gpu.decode import decode_batch, decode_batch_hw, hw_decode_params, import_nvimgcodec, make_hw_decoder
+from trainer.data.gpu.decode import decode_batch
 from trainer.data.gpu.pipeline import BatchedDecodePipeline, GpuDecodePipeline, HybridDecodePipeline
 
 
@@ -72,9 +64,6 @@ def parse_args(argv=None):
     p.add_argument("--no-channels-last", action="store_true")
     p.add_argument("--loop", action="store_true", help="also time the per-image RandomResizedCrop loop")
     p.add_argument("--train", action="store_true", help="also time a training loop fed by each pipeline")
-    p.add_argument("--hw", choices=["auto", "on", "off"], default="auto",
-                   help="nvjpeg-hw stages (hardware JPEG engines via nvImageCodec): auto runs them when nvImageCodec "
-                        "imports and a GPU is used, on requires them, off skips them")
     p.add_argument("--model", default="resnet50", help="torchvision model of the train stages")
     p.add_argument("--precision", default="fp16", choices=["fp32", "bf16", "fp16"], help="train stages' autocast")
     p.add_argument("--make", type=int, default=0, metavar="N", help="create DATA with N images first if missing")
@@ -261,248 +250,6 @@ def correctness(samples, device, size) -> dict:
     return r
 
 
-def hw_skip_reason(args, device) -> str | None:
-    """Why the nvjpeg-hw stages do not run (None: they do); ``--hw on`` turns a reason into an exit."""
-    if args.hw == "off":
-        return "--hw off"
-    reason = None
-    if device.type != "cuda":
-        reason = "no CUDA device"
-    else:
-        try:
-            import_nvimgcodec()
-        except ConfigError as e:
-            reason = e.problems[0]
-    if reason and args.hw == "on":
-        raise SystemExit(f"--hw on: {reason}")
-    return reason
-
-
-def hw_checks(blobs, device, count: int = 16) -> dict:
-    """What the engines take and what comes out: of one batch, how many images the hardware decoder alone accepts;
-    for ``count`` of them, ``decode_batch_hw`` (engines, then the CUDA fallback) against torchvision's libjpeg-turbo
-    decode on the CPU (max and mean abs difference: reported, not asserted); odd files (grayscale, CMYK, a PNG named
-    .jpg) through the same call."""
-    import io
-
-    from PIL import Image
-    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
-
-    nvimgcodec = import_nvimgcodec()
-    r = {"stage": "hw checks", "imgs_per_s": 0.0, "ms_per_batch": 0.0, "cpu_load": None}
-    engines_only = nvimgcodec.Decoder(device_id=device.index, backends=[
-        nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
-    decoded = engines_only.decode([nvimgcodec.CodeStream(b.numpy()) for b in blobs], params=hw_decode_params(),
-                                  cuda_stream=torch.cuda.current_stream(device).cuda_stream)
-    r["engines_accept"] = f"{sum(img is not None for img in decoded)}/{len(blobs)}"
-    sync(device)
-    del decoded, engines_only
-
-    decoder = make_hw_decoder(device)
-    ours = decode_batch_hw(blobs[:count], device, decoder)
-    diffs, shapes_ok = [], True
-    for img, blob in zip(ours, blobs[:count], strict=True):
-        ref = decode_jpeg(blob, mode=ImageReadMode.RGB)
-        if tuple(img.shape) != tuple(ref.shape):
-            shapes_ok = False
-            continue
-        diffs.append((img.cpu().int() - ref.int()).abs().flatten())
-    r["shapes_ok"] = shapes_ok
-    if diffs:
-        diff = torch.cat(diffs)
-        r["vs_cpu_max_abs"] = int(diff.max())
-        r["vs_cpu_mean_abs"] = round(float(diff.float().mean()), 3)
-        r["vs_cpu_share_over_8"] = round(float((diff > 8).float().mean()), 5)
-
-    photo = Image.open(io.BytesIO(bytes(blobs[0].numpy()))).convert("RGB")
-    odd = []
-    for mode, fmt in (("L", "JPEG"), ("CMYK", "JPEG"), ("RGB", "PNG")):
-        buf = io.BytesIO()
-        photo.convert(mode).save(buf, fmt, quality=90)
-        odd.append(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8))
-    for name, img, blob in zip(("gray", "cmyk", "png"), decode_batch_hw(odd, device, decoder), odd, strict=True):
-        ref = decode_image(blob, mode=ImageReadMode.RGB)
-        ok = tuple(img.shape) == tuple(ref.shape)
-        r[f"{name}_shape_ok"] = ok
-        r[f"{name}_mean_abs"] = round(float((img.cpu().float() - ref.float()).abs().mean()), 3) if ok else None
-    return r
-
-
-def _spin_rate(fn) -> tuple[float, float]:
-    """(seconds ``fn`` took, how fast a pure-Python thread ran meanwhile in loops/s): a call that holds the GIL
-    stops the thread; one that releases it leaves it running (the training loop's thread is such a thread)."""
-    import threading
-
-    stop, count = threading.Event(), [0]
-
-    def spin():
-        while not stop.is_set():
-            count[0] += 1
-
-    t = threading.Thread(target=spin, daemon=True)
-    t.start()
-    time.sleep(0.01)
-    start, t0 = count[0], time.perf_counter()
-    fn()
-    dt = time.perf_counter() - t0
-    loops = count[0] - start
-    stop.set()
-    t.join()
-    return dt, loops / max(dt, 1e-9)
-
-
-def _probe(r: dict, name: str, fn) -> None:
-    """Run one probe into ``r``; a probe that fails records why instead of ending the call."""
-    try:
-        r.update(fn())
-    except Exception as e:  # a diagnostic must not cost the rest of the GPU call
-        r[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
-
-
-def hw_diagnostics(blobs, device, size: int, channels_last: bool) -> dict:
-    """Why the nvjpeg-hw path may lose to nvjpeg-gpu end to end although its loader alone is faster; one batch
-    ``blobs`` (CPU byte tensors), everything on a side stream as in the pipeline:
-
-    - host ms per stage of ``decode_batch_hw``: CodeStream creation (header parse), the decode call until it returns,
-      the rest of the decode until the stream is done (0: the call blocks the host until the engines finish), the
-      wrap into tensors; and the same call's total for nvJPEG's CUDA decoder (torchvision)
-    - ``gil_*``: a Python thread's pace during each decode call, as a share of its pace during a sleep (1: the call
-      releases the GIL; near 0: it holds it, and the training loop's thread stalls with it)
-    - ``*_waits_for_training_stream``: with the consumer's stream busy for 200 ms (a sleep kernel), does the decode
-      call on the side stream return only after it (a device-wide or legacy-default-stream sync)?
-    - GPU ms (events on the side stream) of the batched crop on the engines' interleaved output, and of the
-      per-image CHW copies the crop made before it gathered interleaved pixels
-    - per-image decode calls against one batched call, and ROI decode (only the RandomResizedCrop box, from the
-      header's size: DALI's fused decode-and-crop) against full decode: host and stream ms, and how many images the
-      engines (not the CUDA fallback) took with a region
-    """
-    nvimgcodec = import_nvimgcodec()
-    r: dict = {"stage": "hw diag", "imgs_per_s": 0.0, "ms_per_batch": 0.0, "cpu_load": None, "batch": len(blobs)}
-    main = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device, priority=-1)
-    decoder = make_hw_decoder(device)
-    params = hw_decode_params(nvimgcodec)
-    g = torch.Generator().manual_seed(0)
-    _, idle = _spin_rate(lambda: time.sleep(0.2))
-    r["gil_idle_loops_per_s"] = round(idle)
-
-    def stages():
-        out = {}
-        with torch.cuda.stream(side):
-            for _ in range(2):  # warm: the decoder's buffers, the engines' state
-                decode_batch_hw(blobs, device, decoder)
-            side.synchronize()
-            t0 = time.perf_counter()
-            streams = [nvimgcodec.CodeStream(b.numpy()) for b in blobs]
-            t1 = time.perf_counter()
-            decoded = decoder.decode(streams, params=params, cuda_stream=side.cuda_stream)
-            t2 = time.perf_counter()
-            side.synchronize()
-            t3 = time.perf_counter()
-            tensors = [torch.as_tensor(im, device=device).permute(2, 0, 1) for im in decoded if im is not None]
-            t4 = time.perf_counter()
-        out.update(codestream_ms=1000 * (t1 - t0), decode_call_ms=1000 * (t2 - t1), decode_after_return_ms=1000 *
-                   (t3 - t2), wrap_ms=1000 * (t4 - t3), engines_or_fallback_decoded=len(tensors))
-        with torch.cuda.stream(side):
-            dt, rate = _spin_rate(lambda: (decode_batch_hw(blobs, device, decoder), side.synchronize()))
-            out.update(hw_decode_total_ms=1000 * dt, gil_during_hw_decode=round(rate / idle, 3))
-            dt, rate = _spin_rate(lambda: (decode_batch(blobs, device), side.synchronize()))
-            out.update(cuda_decode_total_ms=1000 * dt, gil_during_cuda_decode=round(rate / idle, 3))
-            hs = torch.tensor([t.shape[-2] for t in tensors])
-            ws = torch.tensor([t.shape[-1] for t in tensors])
-            boxes = sample_crop_boxes(hs, ws, generator=g)
-            for label, fn in (
-                    ("crop_interleaved_gpu_ms", lambda: batched_resized_crop(tensors, boxes, size,
-                                                                           channels_last=channels_last)),
-                    ("chw_copies_gpu_ms", lambda: [t.contiguous() for t in tensors])):
-                fn()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(side)
-                fn()
-                end.record(side)
-                end.synchronize()
-                out[label] = start.elapsed_time(end)
-        return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
-
-    def waits_for_training_stream():
-        out = {}
-        sleep = getattr(torch.cuda, "_sleep", None)
-        if sleep is None:
-            return {"waits_probe": "torch.cuda._sleep missing"}
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(main)
-        sleep(10_000_000)
-        end.record(main)
-        end.synchronize()
-        cycles_per_ms = 10_000_000 / max(start.elapsed_time(end), 1e-3)
-        for label, fn in (("hw", lambda: decode_batch_hw(blobs, device, decoder)),
-                          ("cuda", lambda: decode_batch(blobs, device))):
-            torch.cuda.synchronize(device)
-            sleep(int(cycles_per_ms * 200))  # the consumer's stream is busy for 200 ms
-            with torch.cuda.stream(side):
-                t0 = time.perf_counter()
-                fn()
-                call_ms = 1000 * (time.perf_counter() - t0)
-            out[f"{label}_call_ms_with_training_stream_busy"] = round(call_ms, 2)
-            out[f"{label}_waits_for_training_stream"] = bool(call_ms > 150 and main.query())
-            torch.cuda.synchronize(device)
-        return out
-
-    def batched_vs_single_and_roi():
-        out = {}
-        few = blobs[:32]
-        with torch.cuda.stream(side):
-            decode_batch_hw(few, device, decoder)
-            side.synchronize()
-            t0 = time.perf_counter()
-            for b in few:
-                decoder.decode(nvimgcodec.CodeStream(b.numpy()), params=params, cuda_stream=side.cuda_stream)
-            side.synchronize()
-            out["single_calls_ms_per_image"] = 1000 * (time.perf_counter() - t0) / len(few)
-            t0 = time.perf_counter()
-            decode_batch_hw(few, device, decoder)
-            side.synchronize()
-            out["batched_call_ms_per_image"] = 1000 * (time.perf_counter() - t0) / len(few)
-            streams = [nvimgcodec.CodeStream(b.numpy()) for b in blobs]
-            hs = torch.tensor([cs.height for cs in streams])
-            ws = torch.tensor([cs.width for cs in streams])
-            boxes = sample_crop_boxes(hs, ws, generator=g).tolist()
-            regions = [cs.get_sub_code_stream(region=nvimgcodec.Region(t, left, t + h, left + w))
-                       for cs, (t, left, h, w) in zip(streams, boxes, strict=True)]
-            engines = nvimgcodec.Decoder(device_id=device.index, backends=[
-                nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
-            taken = engines.decode(regions, params=params, cuda_stream=side.cuda_stream)
-            side.synchronize()
-            out["engines_accept_regions"] = f"{sum(x is not None for x in taken)}/{len(regions)}"
-            for label, srcs in (("full", streams), ("roi", regions)):
-                decoder.decode(srcs, params=params, cuda_stream=side.cuda_stream)
-                side.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                start.record(side)
-                got = decoder.decode(srcs, params=params, cuda_stream=side.cuda_stream)
-                end.record(side)
-                end.synchronize()
-                out[f"{label}_decode_host_ms"] = 1000 * (time.perf_counter() - t0)
-                out[f"{label}_decode_stream_ms"] = start.elapsed_time(end)
-                out[f"{label}_decoded"] = sum(x is not None for x in got)
-            if taken and taken[0] is not None:  # the region holds the box's pixels
-                full0 = torch.as_tensor(decoder.decode(streams[0], params=params, cuda_stream=side.cuda_stream),
-                                        device=device)
-                t, left, h, w = boxes[0]
-                roi0 = torch.as_tensor(taken[0], device=device)
-                side.synchronize()
-                out["roi_matches_full_crop_max_abs"] = int((full0[t:t + h, left:left + w].int() - roi0.int())
-                                                           .abs().max()) if roi0.shape == (h, w, 3) else "shape"
-        return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
-
-    _probe(r, "stages", stages)
-    _probe(r, "sync", waits_for_training_stream)
-    _probe(r, "roi", batched_vs_single_and_roi)
-    torch.cuda.synchronize(device)
-    return r
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.cpu_smoke and not torch.cuda.is_available():
@@ -523,11 +270,9 @@ def main(argv=None) -> int:
     _, class_to_idx = find_classes(str(train_root))
     samples = make_dataset(str(train_root), class_to_idx, extensions=(".jpg", ".jpeg", ".png"))
     channels_last = not args.no_channels_last
-    hw_skipped = hw_skip_reason(args, device)  # before any stage: --hw on without nvImageCodec fails at once
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
            "cpus": os.cpu_count(), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "images": len(samples), "batch": args.batch, "size": args.size, "channels_last": channels_last,
-           "hw_stages": hw_skipped or "run"}
+           "images": len(samples), "batch": args.batch, "size": args.size, "channels_last": channels_last}
     import torchvision
 
     env["torchvision"] = torchvision.__version__
@@ -591,36 +336,12 @@ def main(argv=None) -> int:
                      images_per_call=args.batch, seconds=args.seconds / 2, device=device, warmup=1))
     del decoded
 
-    if hw_skipped is None:
-        # As in the pipeline: decode and crop on a high-priority side stream (nvImageCodec allocates its outputs and
-        # runs the engines on the stream it is given).
-        side = torch.cuda.Stream(device, priority=-1)
-        with torch.cuda.stream(side):
-            record(hw_checks(batches[0], device))
-            hw_decoder = make_hw_decoder(device)
-            record(timed("decode hw", lambda: decode_batch_hw(next_batch(), device, hw_decoder),
-                         images_per_call=args.batch, seconds=args.seconds, device=device))
-
-            def hw_decode_and_crop():
-                side.synchronize()  # as the pipeline's thread does before each decode
-                images = decode_batch_hw(next_batch(), device, hw_decoder)
-                hs = torch.tensor([im.shape[-2] for im in images])
-                ws = torch.tensor([im.shape[-1] for im in images])
-                boxes = sample_crop_boxes(hs, ws, generator=g)
-                flip = torch.rand(len(images), generator=g) < 0.5
-                return batched_resized_crop(images, boxes, args.size, flip=flip, channels_last=channels_last)
-
-            record(timed("decode hw+crop fp16", hw_decode_and_crop, images_per_call=args.batch,
-                         seconds=args.seconds, device=device))
-            del hw_decoder
-        record(hw_diagnostics(batches[0], device, args.size, channels_last))
-
     fractions = [float(f) for f in args.hybrid.split(",") if f.strip()]
     workers = [int(w) for w in args.workers.split(",") if w.strip()]
 
     def pipeline(kind, n_workers, fraction=None, priority=-1):
         overrides = {"data.kind": "imagefolder", "data.path": str(root), "data.image_size": args.size,
-                     "data.decode": {"hybrid": "hybrid", "hw": "nvjpeg-hw"}.get(kind, "nvjpeg-gpu"),
+                     "data.decode": "hybrid" if kind == "hybrid" else "nvjpeg-gpu",
                      "training.batch_size": args.batch, "training.channels_last": channels_last,
                      "loader.num_workers": n_workers, "loader.pin_memory": True,
                      "loader.persistent_workers": n_workers > 0,
@@ -634,8 +355,6 @@ def main(argv=None) -> int:
 
     runs = [("pipeline", n, None, f"pipeline w{n}") for n in workers]
     runs += [("hybrid", args.hybrid_workers, f, f"hybrid{round(100 * f)} w{args.hybrid_workers}") for f in fractions]
-    if hw_skipped is None:
-        runs.append(("hw", workers[-1], None, f"pipeline-hw w{workers[-1]}"))
     for kind, n, fraction, name in runs:
         pipe = pipeline(kind, n, fraction)
         if device.type == "cuda":
@@ -655,14 +374,10 @@ def main(argv=None) -> int:
             pipe = pipeline("hybrid", args.hybrid_workers, f)
             record(trainer.measure(f"train+hybrid{round(100 * f)} w{args.hybrid_workers}", epochs(pipe)))
             pipe.close()
-        if hw_skipped is None:
-            pipe = pipeline("hw", w)
-            record(trainer.measure(f"train+pipeline-hw w{w}", epochs(pipe)))
-            pipe.close()
 
     table = [f"{'stage':<26}{'imgs/s':>9}{'ms/batch':>10}{'gpu ms':>8}{'busy ms':>9}{'cpu load':>10}"]
     for r in results:
-        if r["stage"] in ("checks", "hw checks", "hw diag"):
+        if r["stage"] == "checks":
             continue
         load = "" if r.get("cpu_load") is None else f"{100 * r['cpu_load']:.0f} %"
         gpu = "" if r.get("gpu_ms") is None else f"{r['gpu_ms']:.1f}"
@@ -673,11 +388,9 @@ def main(argv=None) -> int:
     print(f"\n{env['device']}, torch {env['torch']}, batch {args.batch}, {env['mean_kb']} KB/JPEG, "
           f"{env['cpus']} CPUs")
     print("\n".join(table))
-    for checks in (r for r in results if r["stage"] in ("checks", "hw checks", "hw diag")):
+    for checks in (r for r in results if r["stage"] == "checks"):
         print(f"{checks['stage']}: " + ", ".join(f"{k}={v}" for k, v in checks.items()
                                                  if k not in ("stage", "imgs_per_s", "ms_per_batch", "cpu_load")))
-    if env["hw_stages"] != "run":
-        print(f"nvjpeg-hw stages skipped: {env['hw_stages']}")
     return 0
 
 

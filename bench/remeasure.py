@@ -29,7 +29,7 @@ from autotune.study import view
 from autotune.study.storage import load, log_root
 from trainer.knobs import knob
 
-GPU_DECODE = knob("data.decode").gpu_values  # nvJPEG's, the hardware engines', the hybrid, DALI
+GPU_DECODE = knob("data.decode").gpu_values  # nvJPEG's, the hybrid, DALI
 CPU_DECODE = ("pil", "torchvision-cpu")
 
 

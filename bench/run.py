@@ -45,16 +45,11 @@ CEILINGS: dict[str, tuple[str, dict]] = {
 SUPPLIES: dict[str, tuple[str, dict]] = {  # the loader alone, batch 512, ~30 s each
     "supply-nvjpeg": ("strong", {**LOADER, "data.decode": "nvjpeg-gpu", "loader.num_workers": 6,
                                  "training.batch_size": 512}),
-    "supply-nvjpeg-hw": ("strong", {**LOADER, "data.decode": "nvjpeg-hw", "loader.num_workers": 6,
-                                    "training.batch_size": 512}),
-    "supply-nvjpeg-hw-roi": ("strong", {**LOADER, "data.decode": "nvjpeg-hw", "data.hw_roi_decode": True,
-                                        "loader.num_workers": 6, "training.batch_size": 512}),
     "supply-tvcpu": ("strong", {**LOADER, "data.decode": "torchvision-cpu", "loader.num_workers": 15,
                                 "training.batch_size": 512}),
-    **{f"supply-split-{c}-{h}": ("strong", {**LOADER, "data.decode": "hybrid", "data.hybrid_cpu_fraction": c / 100,
-                                           "data.hybrid_hw_fraction": h / 100, "loader.num_workers": 12,
-                                           "training.batch_size": 512})
-       for c, h in ((50, 0), (25, 25), (0, 50), (33, 33))},
+    # hybrid 50 % alone (bench/gpu.sh's dali stage names it)
+    "supply-split-50-0": ("strong", {**LOADER, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5,
+                                     "loader.num_workers": 12, "training.batch_size": 512}),
     # DALI (pip install '.[dali]'): its own reader threads, no DataLoader; hw_decoder_load at DALI's 0.65 and around.
     "supply-dali": ("strong", {**LOADER, "data.decode": "dali", "data.dali_threads": 8, "training.batch_size": 512}),
     **{f"supply-dali-hw-{h}": ("strong", {**LOADER, "data.decode": "dali", "data.dali_threads": 8,
@@ -73,15 +68,6 @@ END_TO_END: dict[str, tuple[str, dict]] = {  # the JPEGs, fp16, CL, batch 512: ~
     "e2e-nvjpeg": ("strong", {**E2E, "data.decode": "nvjpeg-gpu", "loader.num_workers": 6}),
     "e2e-dali": ("strong", {**E2E, "data.decode": "dali", "data.dali_threads": 8}),
     "e2e-dali-compile": ("strong", {**E2E, **COMPILED, "data.decode": "dali", "data.dali_threads": 8}),
-    "e2e-nvjpeg-hw": ("strong", {**E2E, "data.decode": "nvjpeg-hw", "loader.num_workers": 6}),
-    "e2e-nvjpeg-hw-roi": ("strong", {**E2E, "data.decode": "nvjpeg-hw", "data.hw_roi_decode": True,
-                                     "loader.num_workers": 6}),
-    **{f"e2e-split-{c}-{h}": ("strong", {**E2E, "data.decode": "hybrid", "data.hybrid_cpu_fraction": c / 100,
-                                        "data.hybrid_hw_fraction": h / 100, "loader.num_workers": 12})
-       for c, h in ((25, 25), (33, 33))},
-    "e2e-split-25-25-compile": ("strong", {**E2E, **COMPILED, "data.decode": "hybrid",
-                                           "data.hybrid_cpu_fraction": 0.25, "data.hybrid_hw_fraction": 0.25,
-                                           "loader.num_workers": 12}),
 }
 # ---- issue #21: the DDP and NCCL knobs, each alone against DDP_BASE, on the best end-to-end config known
 # (e2e-hybrid-50: hybrid 50 %, fp16, channels_last, bs 512 per GPU, 12 workers per rank). Two changes that do not
@@ -129,11 +115,6 @@ PLAN: dict[str, tuple[str, dict]] = {
     "loader-pil": ("strong", {**LOADER, "data.decode": "pil"}),
     "loader-tvcpu": ("strong", {**LOADER, "data.decode": "torchvision-cpu"}),
     "loader-nvjpeg": ("strong", {**LOADER, "data.decode": "nvjpeg-gpu", "loader.num_workers": 6}),
-    # nvjpeg-hw: the same pipeline with the decode on the hardware JPEG engines (pip install '.[nvjpeg-hw]').
-    "loader-nvjpeg-hw": ("strong", {**LOADER, "data.decode": "nvjpeg-hw", "loader.num_workers": 6}),
-    "strong-nvjpeg-hw-bf16": ("strong", {"data.decode": "nvjpeg-hw", "loader.num_workers": 6}),
-    "strong-nvjpeg-hw-fp16": ("strong", {"data.decode": "nvjpeg-hw", "loader.num_workers": 6,
-                                         "training.precision": "fp16"}),
     # hybrid: a share of every batch decoded by the workers (torchvision-cpu), the rest by nvJPEG.
     **{f"strong-hybrid-fp16-{pct}": ("strong", {"data.decode": "hybrid", "data.hybrid_cpu_fraction": pct / 100,
                                                 "loader.num_workers": 12, "training.precision": "fp16"})
@@ -235,17 +216,13 @@ def run_bare(nproc: int, out_dir: Path) -> dict:
 
 def dry_run(overrides: dict) -> dict:
     """``DRY=1`` on a machine without GPUs (``bench/gpu.sh``'s smoke run): a GPU-decode row runs the same pipeline's
-    CPU stand-in (``hybrid`` decodes its device shares with libjpeg-turbo on a CPU device; a hardware share goes
-    through the same code path as on the GPU; ``dali`` runs its graph on DALI's CPU operators): the plumbing is
-    checked, never a figure."""
+    CPU stand-in (``hybrid`` decodes its device share with libjpeg-turbo on a CPU device; ``dali`` runs its graph on
+    DALI's CPU operators): the plumbing is checked, never a figure."""
     if not os.environ.get("DRY") or nvml_gpu.Nvml().count():
         return overrides
     decode = overrides.get("data.decode")
     if decode == "nvjpeg-gpu":
         return {**overrides, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.0}
-    if decode == "nvjpeg-hw":
-        return {**{k: v for k, v in overrides.items() if k != "data.hw_roi_decode"}, "data.decode": "hybrid",
-                "data.hybrid_cpu_fraction": 0.0, "data.hybrid_hw_fraction": 1.0}
     if decode == "dali":  # DALI's CPU operators: one thread of the smoke run's cores
         overrides = {**overrides, "data.dali_threads": 1}
     if overrides.get("training.precision") == "fp16":  # CPU autocast is bf16

@@ -67,23 +67,16 @@ class DataConfig:
     num_classes: int | None = None
     """Classes of the model head; ``None`` means: the ImageFolder's class count (1000 for synthetic data)."""
 
-    decode: Literal["pil", "torchvision-cpu", "nvjpeg-gpu", "nvjpeg-hw", "hybrid", "dali"] = "pil"
+    decode: Literal["pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid", "dali"] = "pil"
     """Input pipeline: PIL in loader workers (the classic), ``torchvision.io`` libjpeg-turbo in workers (uint8 out,
-    normalized on the device), nvJPEG on the GPU with batched GPU augmentation (workers only read bytes),
-    ``nvjpeg-hw``: the same with the decode on the GPU's hardware JPEG engines (NVJPG, A100/H100/H200) through
-    nvImageCodec, to leave the SMs to training (``pip install 'ddp-autotune[nvjpeg-hw]'``), or ``hybrid``:
-    ``hybrid_cpu_fraction`` of each batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu``, or ``dali``: an NVIDIA
-    DALI pipeline (``pip install 'ddp-autotune[dali]'``) that reads the files itself and decodes each image's random
-    crop on the GPU's hardware JPEG engines and CUDA (the DataLoader's settings do not apply)."""
+    normalized on the device), nvJPEG on the GPU with batched GPU augmentation (workers only read bytes), or
+    ``hybrid``: ``hybrid_cpu_fraction`` of each batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu``, or
+    ``dali``: an NVIDIA DALI pipeline (``pip install 'ddp-autotune[dali]'``) that reads the files itself and decodes
+    each image's random crop on the GPU's hardware JPEG engines and CUDA (the DataLoader's settings do not apply)."""
 
     hybrid_cpu_fraction: float = 0.5
     """``decode: hybrid`` only: the share of every batch decoded and augmented by the loader workers (0: all on the
     GPU, 1: all on the CPU); it balances CPU cores against device time taken from training."""
-
-    hybrid_hw_fraction: float = 0.0
-    """``decode: hybrid`` only: the share of every batch the GPU's hardware JPEG engines decode (as ``nvjpeg-hw``;
-    needs nvImageCodec); the rest after the CPU and hardware shares goes to nvJPEG's CUDA decoder. A three-way split
-    feeds the model from the CPU cores, the engines and the SMs at once, taking from the SMs only the CUDA share."""
 
     dali_hw_decoder_load: float = 0.65
     """``decode: dali`` only: the share of each batch DALI's hardware JPEG decoder takes; the rest is decoded with
@@ -94,12 +87,6 @@ class DataConfig:
 
     dali_prefetch: int = 2
     """``decode: dali`` only: batches DALI's pipeline prepares ahead of the one training takes (its queue depth)."""
-
-    hw_roi_decode: bool = False
-    """``decode: nvjpeg-hw`` only: decode only each image's RandomResizedCrop box (nvImageCodec's region decode, as
-    DALI fuses decode and crop), the box drawn from the file's header; the augmentation stays the full decode's.
-    Off until measured: whether the engines decode less for a region is not known here (``bench/pipeline_gpu.py``'s
-    ``hw diag`` asks them)."""
 
     crop_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as in torchvision."""
@@ -118,12 +105,11 @@ class DataConfig:
             p.append(f"data.image_size={self.image_size}: must be >= 8")
         if self.num_classes is not None and self.num_classes < 1:
             p.append(f"data.num_classes={self.num_classes}: must be >= 1")
-        for name in ("hybrid_cpu_fraction", "hybrid_hw_fraction"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                p.append(f"data.{name}={getattr(self, name)}: must be in [0, 1]")
-        if self.hybrid_cpu_fraction + self.hybrid_hw_fraction > 1.0 + 1e-9:
-            p.append(f"data.hybrid_cpu_fraction={self.hybrid_cpu_fraction} + data.hybrid_hw_fraction="
-                     f"{self.hybrid_hw_fraction}: the shares of one batch add up to more than 1; lower one of them")
+        if self.decode not in DECODES:  # built in code (a script's run.image_loader), not type-checked by loading
+            p.append(removed_problem("data.decode", self.decode)
+                     or f"data.decode={self.decode!r}: expected one of {', '.join(DECODES)}")
+        if not 0.0 <= self.hybrid_cpu_fraction <= 1.0:
+            p.append(f"data.hybrid_cpu_fraction={self.hybrid_cpu_fraction}: must be in [0, 1]")
         if not 0.0 <= self.dali_hw_decoder_load <= 1.0:
             p.append(f"data.dali_hw_decoder_load={self.dali_hw_decoder_load}: must be in [0, 1]")
         for name in ("dali_threads", "dali_prefetch"):
@@ -137,6 +123,10 @@ class DataConfig:
         if self.crop_scale[1] > 1.0:
             p.append(f"data.crop_scale high={self.crop_scale[1]}: must be <= 1")
         return p
+
+
+DECODES: tuple[str, ...] = typing.get_args(typing.get_type_hints(DataConfig)["decode"])
+"""The input pipelines ``data.decode`` names."""
 
 
 @dataclass(kw_only=True)
@@ -440,7 +430,7 @@ class TrainConfig:
         problems: list[str] = []
         # `autotune export` adds an `autotune:` section (torchrun args, env, fingerprint, figures): not the job's.
         data = {k: v for k, v in (data or {}).items() if k != "autotune"}
-        data = _drop_retired(data)
+        data = _drop_removed(_drop_retired(data), problems)
         cfg = build_dataclass(cls, data, "", problems)
         # Every problem at once: a badly typed setting was left at its default, so the cross-field checks can run
         # too; only their lines about a setting already reported are dropped (they would judge the default).
@@ -475,7 +465,7 @@ class TrainConfig:
                     break
                 node = node[part]
             else:
-                if leaf not in node:
+                if leaf not in node and dotted not in REMOVED_SETTINGS:  # those: from_dict names the fix
                     problems.append(f"{dotted}: no such setting{did_you_mean(leaf, node)}")
                 else:
                     node[leaf] = value
@@ -576,6 +566,44 @@ def _drop_retired(data: dict[str, Any]) -> dict[str, Any]:
             data = {**data, section: {k: v for k, v in sub.items() if k not in old}}
             warnings.warn(f"ignoring {', '.join(f'{section}.{k}' for k in old)}: retired (settling is now judged on "
                           "the measurement windows)", FutureWarning, stacklevel=3)
+    return data
+
+
+_USE_DALI = "for the GPU's hardware JPEG decoder use data.decode: dali (pip install 'ddp-autotune[dali]')"
+
+REMOVED_SETTINGS: dict[str, Any] = {"data.hybrid_hw_fraction": 0.0, "data.hw_roi_decode": False}
+"""Settings of the retired ``nvjpeg-hw`` pipeline (nvImageCodec on the hardware JPEG engines; DALI's hardware path
+measured faster end to end), by the value at which they changed nothing. Every exported config and stored trial
+holds them at that value, and loads as it ran; any other value asked for the engines and is refused with the fix."""
+
+REMOVED_VALUES: dict[str, tuple[Any, ...]] = {"data.decode": ("nvjpeg-hw",)}
+"""Values of a setting that named the retired pipeline."""
+
+
+def removed_problem(path: str, value: Any = None) -> str | None:
+    """The line naming the fix for a removed setting (at ``value``; any value when None) or a removed value of a
+    setting; None when it is neither."""
+    at = "" if value is None else f"={value}"
+    if path in REMOVED_SETTINGS:
+        return f"{path}{at}: removed with data.decode=nvjpeg-hw; {_USE_DALI}"
+    if value is not None and value in REMOVED_VALUES.get(path, ()):
+        return f"{path}{at}: removed; {_USE_DALI}"
+    return None
+
+
+def _drop_removed(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``data`` without the removed settings and values: a removed setting at its inert value dropped quietly,
+    anything else removed reported (one line naming the fix) and dropped, so it is not reported twice."""
+    for path in (*REMOVED_SETTINGS, *REMOVED_VALUES):
+        section, key = path.split(".")
+        sub = data.get(section)
+        if not isinstance(sub, dict) or key not in sub:
+            continue
+        inert = path in REMOVED_SETTINGS and sub[key] == REMOVED_SETTINGS[path]
+        problem = None if inert else removed_problem(path, sub[key])
+        if inert or problem:
+            problems.extend([problem] if problem else [])
+            data = {**data, section: {k: v for k, v in sub.items() if k != key}}
     return data
 
 

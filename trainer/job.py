@@ -25,7 +25,7 @@ import torch.distributed as dist
 from trainer import checkpoint as ckpt
 from trainer.apply import autocast, cudnn_benchmark, grad_scaler, prepare_model
 from trainer.compiled import PROCESS as COMPILED
-from trainer.compiled import compile_record, graph_key
+from trainer.compiled import compile_record, graph_key, record_paid
 from trainer.config import CUDA_GRAPH_MODES, TrainConfig
 from trainer.data import build_pipeline, num_classes, prefetched_batches
 from trainer.loop import evaluate, train_step
@@ -50,7 +50,8 @@ class Job:
         """Steps this process ran in this job (a resumed run starts its count afresh)."""
 
         self.compile_reused: bool | None = None
-        self.compile_before = (0.0, 0)
+        self.graph: str | None = None
+        self.compile_before = (0.0, 0, 0, 0)
         self.cuda_graphs = False
 
         self.loss = torch.zeros((), device=env.device)
@@ -88,7 +89,8 @@ class Job:
                                                split="val")
         classes = num_classes(cfg)
         # A live worker keeps the graphs a trial before it compiled while they are this trial's (trainer.compiled).
-        self.compile_reused = COMPILED.prepare(cfg, graph_key(cfg, classes, env.world_size)) if t.compile else None
+        self.graph = graph_key(cfg, classes, env.world_size) if t.compile else None
+        self.compile_reused = COMPILED.prepare(cfg, self.graph) if t.compile else None
         self.compile_before = COMPILED.clock.read()
         self.model, self.raw_model = prepare_model(build_model(cfg, classes), cfg, env.device)
         self.cuda_graphs = t.compile and t.compile_mode in CUDA_GRAPH_MODES
@@ -144,6 +146,8 @@ class Job:
         # A compiled model compiles in its first forward and backward: compile_s is that part of first_compute_s.
         compiled = ({**compile_record(self.compile_before), "compile_reused": self.compile_reused}
                     if self.cfg.training.compile else {})
+        if compiled and self.env.rank == 0:  # what this graph cost here, for the next process to price it by
+            record_paid(self.cfg, self.graph, compiled)
         self.writer.write({"kind": Kind.FIRST_STEP, "t": time.time(), "first_batch_s": round(got_batch - t0, 4),
                            "first_compute_s": round(done - got_batch, 4),
                            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)

@@ -240,13 +240,14 @@ class SummaryRecord(TypedDict, total=False):
     versions: dict[str, Any]
     compile_s: float
     """torch.compile runs only (``COMPILED_ONLY``): seconds spent compiling in the run, its compile count, whether
-    its graph was reused."""
+    its graph was reused, whether the on-disk caches served every graph it compiled."""
 
     compiles: int
     compile_reused: bool
+    compile_from_caches: bool
 
 
-COMPILED_ONLY = frozenset({"compile_s", "compiles", "compile_reused"})
+COMPILED_ONLY = frozenset({"compile_s", "compiles", "compile_reused", "compile_from_caches"})
 """Summary fields only a run with ``training.compile`` writes."""
 
 

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
+from autotune.search.compile_cache import paid_here
 from autotune.space import get_path
 from autotune.study.view import IMAGE_LOADER, OWN_LOADER, TrialView, feasible, own_loader, stage
 from autotune.verdict import NOT_ITS_FAULT
+from trainer.compile_costs import Paid
+from trainer.config import ConfigError
 from trainer.knobs import Knob, table
 from trainer.protocol import Failure
 
@@ -105,6 +108,18 @@ class Measured:
         """``plain(pair)`` where that point is measured; else ``pair``."""
         plain = self.plain(pair)
         return plain if self.pair_ceiling(vs, plain) is not None else pair
+
+    def paid_here(self, dim: Knob, overrides: dict[str, Any]) -> list[Paid]:
+        """What this machine paid before for the one-off cost of a measurement with ``overrides`` at a value of
+        ``dim`` (a compile of its graph: ``autotune.search.compile_cache``); nothing for a dimension without one."""
+        if dim.once_cached_share is None or self.plan.base is None:
+            return []
+        classes = self.plan.data.classes if self.plan.data else None
+        try:
+            cfg = self.plan.base.with_overrides(overrides)
+        except ConfigError:  # the measurement itself will say so
+            return []
+        return paid_here(cfg, classes, self.plan.world)
 
     def pipe_name(self, decode: str) -> str:
         """How a pipeline reads in lines: its decode path, or a script's own loader (``view.own_loader``)."""

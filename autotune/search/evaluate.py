@@ -21,6 +21,7 @@ from autotune.hw.nvml import Sampler, summarize
 from autotune.objective import measured_attrs
 from autotune.runner.pool import WorkerPool
 from autotune.runner.trial import TrialJob, TrialRun
+from autotune.search.compile_cache import compile_cache
 from autotune.search.progress import Progress
 from autotune.space import predicted_oom
 from autotune.study.liveness import Heartbeat, owner
@@ -84,10 +85,11 @@ class Evaluator:
             name = f"{self.plan.name}-{'part' if part else 'trial'}-{trial.number}"
             ev.config = self.plan.base.with_overrides({**overrides, "name": name, "output_dir": str(trial_dir)})
             if ev.config.training.compile and ev.config.training.compile_cache_dir is None:
-                # One compile cache per study, beside its trials: a fresh worker reuses what an earlier one compiled,
-                # and no other job on the machine shares torch's default folder.
+                # The machine's compile cache (``compile_cache``): a fresh worker, the next search, the export's
+                # re-measure and a train run load what an earlier process compiled, and no other job on the machine
+                # shares torch's default folder.
                 ev.config = ev.config.with_overrides(
-                    {"training.compile_cache_dir": str((self.logs / "compile-cache").resolve())})
+                    {"training.compile_cache_dir": str(compile_cache(ev.config).resolve())})
             cudnn = self.stages.cudnn_for(ev.config.to_dict()) if self.stages is not None else None
             if cudnn is not None and "training.cudnn_benchmark" not in overrides:
                 ev.config = ev.config.with_overrides({"training.cudnn_benchmark": cudnn})

@@ -98,6 +98,9 @@ CASES = {
     "dali-not-installed": ({"base.data.decode": "dali"}, [],
                            "data.decode=dali needs nvidia.dali, which is not installed: "
                            "pip install 'ddp-autotune[dali]'"),
+    "nvjpeg-hw-removed": ({"space.data.hybrid_hw_fraction": {"choices": [0.0, 0.25]}}, [],
+                          "space.data.hybrid_hw_fraction: removed with data.decode=nvjpeg-hw; for the GPU's hardware "
+                          "JPEG decoder use data.decode: dali (pip install 'ddp-autotune[dali]')"),
 }
 
 

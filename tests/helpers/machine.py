@@ -8,6 +8,11 @@ or error), computed by ``Machine`` from the trial's config. The windows follow t
 figure is the median of the latest ``windows`` when they did, else of the latest half. A cancel (the Watch returning
 True) ends the run at its next window with a summary, as a live worker does.
 
+A compiled run compiles where its worker has not compiled its graph (``trainer.compiled.graph_key``), from the
+machine's on-disk caches where an earlier run of the machine compiled it, and records what it paid in its compile
+cache folder as the job does (``trainer.compile_costs``). With a ``SimClock``, each run advances the search's clock
+by the seconds it would take, so time budgets are spent as on a machine.
+
 The figures a machine is built with are inputs of a test, not measurements of anything.
 """
 
@@ -26,6 +31,10 @@ from autotune.runner.trial import TrialRun
 from autotune.search.prepare import DataSummary, Plan, SearchOptions
 from autotune.space import resolve
 from autotune.spec import StudySpec
+from trainer.compile_costs import Paid, graph_key, record
+
+FOLDER_CLASSES = 10
+"""Classes of the constructed plans' data folder (which need not exist)."""
 
 
 @dataclass(kw_only=True)
@@ -73,6 +82,19 @@ class Machine:
     compile_s: float = 0.0
     """Seconds a compile takes: a compiled run's first step in a worker that has not compiled its graph."""
 
+    cached_compile_s: float | None = None
+    """Seconds that compile takes where the on-disk caches hold its graph (``on_disk``); None: ``compile_s``."""
+
+    on_disk: set[str] = field(default_factory=set)
+    """The graphs (``graph_key``) the machine's on-disk compile caches hold: every graph a run of it compiled."""
+
+    run_s: float = 0.0
+    """Seconds a run takes besides its windows and its compile on a live worker (set-up, first step, warm-up): what
+    it advances a ``SimClock`` by."""
+
+    fresh_s: float = 0.0
+    """Seconds more a run in a fresh worker takes (torchrun, import torch, the CUDA context)."""
+
     def compute(self, cfg, searched: bool) -> float:
         t = cfg.training
         ips = self.ceilings[(t.precision, t.channels_last)] * (self.compile_gain if t.compile else 1.0)
@@ -113,8 +135,8 @@ class FakeWorker:
     def __init__(self, name: str):
         self.name, self.plans = name, {}
         """cuDNN's plan cache of this worker: shape -> whether its search found them (keyed without the flag)."""
-        self.graphs: set[tuple] = set()
-        """The graphs this worker compiled (``trainer.compiled.graph_key``'s parts that vary here)."""
+        self.graphs: set[str] = set()
+        """The graphs this worker compiled (``trainer.compiled.graph_key``)."""
 
     def alive(self) -> bool:
         return True
@@ -123,8 +145,8 @@ class FakeWorker:
 class FakePool:
     """``WorkerPool``'s interface over a ``Machine``: a worker lives on until a failure or a fresh request."""
 
-    def __init__(self, machine: Machine, root: Path, *, cancels: bool = True):
-        self.machine, self.root = machine, Path(root)
+    def __init__(self, machine: Machine, root: Path, *, cancels: bool = True, clock: SimClock | None = None):
+        self.machine, self.root, self.clock = machine, Path(root), clock
         self.cancels = cancels
         """A stop asked for (the Watch returning True) ends the run at its next window with a summary, as a live
         worker does; False: at once, without one, as a user's script in a torchrun of its own is killed
@@ -138,7 +160,8 @@ class FakePool:
 
     def run(self, job, *, fresh: bool = False, on_record=None, on_poll=None) -> TrialRun:
         m, cfg = self.machine, job.config
-        if fresh or self.worker is None:
+        started = fresh or self.worker is None
+        if started:
             self.launched += 1
             self.worker = FakeWorker(f"worker-{self.launched}")
         w = self.worker
@@ -164,11 +187,7 @@ class FakePool:
             return self._end(run)
         emit({"kind": "ready", "t": t + 1.0})
         compiled = cfg.training.compile and m.kind(cfg) != "loader"
-        graph = (*shape, cfg.training.accum_steps, cfg.ddp.bucket_cap_mb)
-        compile_s = m.compile_s if compiled and graph not in w.graphs else 0.0
-        if compiled:
-            w.graphs.add(graph)
-            self.compiles += compile_s > 0
+        compile_s, from_caches = self.compile(cfg, job.nproc_per_node) if compiled else (0.0, False)
         emit({"kind": "first_step", "t": t + 2.0 + (3.0 if searched else 0.0) + compile_s, "first_batch_s": 0.1})
         emit({"kind": "warmup_done", "t": t + 6.0})
         if m.kind(cfg) in m.interrupt:
@@ -192,6 +211,8 @@ class FakePool:
                 break
             if stop_at is None and (settled(rates, mc) or len(rates) >= mc.max_windows):
                 break
+        if self.clock is not None:
+            self.clock.advance((m.fresh_s if started else 0.0) + m.run_s + compile_s + len(rates) * mc.window_s)
         used = rates[-mc.windows:] if settled(rates, mc) else rates[-max(mc.windows, len(rates) // 2):]
         med = statistics.median(used)
         finite = not (m.kind(cfg) == "e2e" and cfg.training.precision in m.diverges)
@@ -199,8 +220,29 @@ class FakePool:
               "spread": (max(used) - min(used)) / med, "loss_finite": finite, "loss_start": 2.0,
               "loss_end": 1.9 if finite else float("nan"), "loss_nonfinite_in_windows": 0 if finite else 3,
               "cancelled": stop, **({"compile_s": compile_s, "compiles": int(compile_s > 0),
-                                     "compile_reused": compile_s == 0} if compiled else {})})
+                                     "compile_reused": compile_s == 0, "compile_from_caches": from_caches}
+                                    if compiled else {})})
         return self._end(run)
+
+    def compile(self, cfg, world: int) -> tuple[float, bool]:
+        """(seconds, from the on-disk caches) of a compiled run's compile in the current worker; recorded as the job
+        records it."""
+        m, w = self.machine, self.worker
+        classes = cfg.data.num_classes or (1000 if cfg.data.kind == "synthetic" else FOLDER_CLASSES)
+        key = graph_key(cfg, classes, world)
+        if key in w.graphs:
+            return 0.0, False
+        from_caches = key in m.on_disk
+        seconds = m.cached_compile_s if from_caches and m.cached_compile_s is not None else m.compile_s
+        w.graphs.add(key)
+        m.on_disk.add(key)
+        self.compiles += seconds > 0
+        if seconds > 0 and cfg.training.compile_cache_dir:
+            import torch
+
+            record(cfg.training.compile_cache_dir, key, Paid(seconds=seconds, from_caches=from_caches,
+                                                             torch=torch.__version__, t=time.time()))
+        return seconds, from_caches
 
     def _end(self, run: TrialRun) -> TrialRun:
         run.t_end = time.time()
@@ -209,6 +251,20 @@ class FakePool:
     def close(self) -> list[int]:
         self.worker = None
         return []
+
+
+class SimClock:
+    """The search's clock (``autotune.search.engine``'s ``time.monotonic``) in a simulation: it moves only as the
+    runs it is given to (``FakePool(clock=...)``) take their simulated seconds."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def settled(rates: list[float], mc) -> bool:
@@ -248,6 +304,6 @@ def constructed_plan(spec: dict[str, Any] = SPEC, *, gpu: bool = True, trials: i
                 torchrun=Torchrun.parse([]), entries=["0", "1"] if gpu else None, gpus=[],
                 nvml=Nvml(), util_reason="no GPU", space=space, base=base, probe=base,
                 baseline=space.baseline_params(s, base.to_dict()), starts=[],
-                data=DataSummary(path="/sim", train=10000, val=0, classes=10),
+                data=DataSummary(path="/sim", train=10000, val=0, classes=FOLDER_CLASSES),
                 storage_url="sqlite:///studies/sim.db", trials=trials, timeout_s=timeout_s,
                 trial_timeout_s=trial_timeout_s)

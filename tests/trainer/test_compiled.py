@@ -15,6 +15,7 @@ from autotune.runner.pool import WorkerPool
 from autotune.runner.trial import TrialJob, run_trial
 from autotune.verdict import ending
 from tests.jobutil import tiny_config
+from trainer import compile_costs
 from trainer.compiled import PROCESS, CompileClock, compile_model, graph_key
 from trainer.config import ConfigError, TrainConfig
 
@@ -57,6 +58,16 @@ def test_a_worker_compiles_a_graph_once_and_the_next_trial_with_its_shapes_reuse
     assert other["compiles"] >= 1 and other["compile_reused"] is False  # another batch: another graph
     assert runs[1].summary["compiles"] == 0  # and no recompile later in the trial either
     fresh = run_trial(job(compiled, tmp_path / "fresh"))
+    # A fresh process compiles the graph worker-1 compiled into the cache folder from it, and records what that cost
+    # there, beside the worker's own compile (the next search prices a compile of the graph by them).
+    loaded = first_step(fresh)
+    assert loaded["compile_reused"] is False and loaded["compile_from_caches"] is True
+    key = graph_key(compiled, 4, 2)
+    paid = compile_costs.read(compiled.training.compile_cache_dir, key)
+    assert [p.seconds for p in paid[-2:]] == [first["compile_s"], loaded["compile_s"]]
+    assert paid[-1].from_caches and paid[-1].torch == torch.__version__
+    assert compile_costs.read(compiled.training.compile_cache_dir, graph_key(  # the other batch's graph: its own
+        compiled.with_overrides({"training.batch_size": 8}), 4, 2))
     eager = run_trial(job(compiled.with_overrides({"training.compile": False}), tmp_path / "eager"))
     losses = [r.summary["loss"] for r in (runs[0], runs[1], fresh)]
     assert losses[0] == losses[1] == losses[2] and math.isfinite(losses[0])  # reused: what a fresh process gives
@@ -105,13 +116,13 @@ def test_the_clock_counts_a_compile_once_and_a_reused_graph_not_at_all_and_holds
         return model, out.item()
 
     model, first = step(0)
-    seconds, count = clock.read()
+    seconds, count, _, _ = clock.read()
     assert count >= 1 and seconds > 0
     ref = weakref.ref(model)
     del model
     gc.collect()
     assert ref() is None
     _, again = step(0)
-    assert clock.read() == (seconds, count) and again == first
+    assert clock.read()[:2] == (seconds, count) and again == first
     torch._dynamo.reset()  # the process-wide cache, as a worker's next trial of another graph does
     assert PROCESS.key is None or isinstance(PROCESS.key, str)

@@ -61,43 +61,70 @@ def test_each_bad_field_gets_its_message(overrides, message):
     assert any(message in p for p in e.value.problems), e.value.problems
 
 
-@pytest.mark.parametrize("overrides", [
-    {"data.kind": "imagefolder", "data.path": "/data"},
-    {"data.kind": "imagefolder", "data.path": "/data", "training.mode": "loader", "loader.num_workers": 6},
-    {"data.kind": "imagefolder"},
-    {"data.kind": "synthetic", "training.mode": "loader"},
-])
-def test_nvjpeg_hw_is_validated_exactly_like_nvjpeg_gpu(overrides):
-    # The config cannot know the machine: both GPU decode paths are valid anywhere, and the pipeline refuses them
-    # without CUDA (tests/data/test_gpu_pipeline.py).
-    def problems(decode):
-        try:
-            cfg = TrainConfig().with_overrides({**overrides, "data.decode": decode})
-        except ConfigError as e:
-            return e.problems
-        assert cfg.data.decode == decode and TrainConfig.from_dict(cfg.to_dict()) == cfg
-        return []
-
-    assert problems("nvjpeg-hw") == problems("nvjpeg-gpu")
-
-
-def test_an_unknown_decode_path_lists_nvjpeg_hw_and_dali():
-    with pytest.raises(ConfigError, match="expected one of pil, torchvision-cpu, nvjpeg-gpu, nvjpeg-hw, hybrid, dali"):
+def test_an_unknown_decode_path_lists_the_pipelines():
+    with pytest.raises(ConfigError, match="expected one of pil, torchvision-cpu, nvjpeg-gpu, hybrid, dali$"):
         TrainConfig().with_overrides({"data.decode": "bogus"})
 
 
-def test_the_cpu_only_space_drops_nvjpeg_hw_like_nvjpeg_gpu():
+USE_DALI = "for the GPU's hardware JPEG decoder use data.decode: dali (pip install 'ddp-autotune[dali]')"
+
+
+def test_a_config_asking_for_the_removed_nvjpeg_hw_pipeline_gets_one_line_each_naming_dali(tmp_path):
+    data = TrainConfig().to_dict()
+    data["data"].update(decode="nvjpeg-hw", hybrid_hw_fraction=0.25, hw_roi_decode=True)
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict(data)
+    assert e.value.problems == [
+        f"data.hybrid_hw_fraction=0.25: removed with data.decode=nvjpeg-hw; {USE_DALI}",
+        f"data.hw_roi_decode=True: removed with data.decode=nvjpeg-hw; {USE_DALI}",
+        f"data.decode=nvjpeg-hw: removed; {USE_DALI}"]
+    with pytest.raises(ConfigError) as e:  # the same through overrides (the tuner's and `python -m trainer --set`)
+        TrainConfig().with_overrides({"data.decode": "nvjpeg-hw"})
+    assert e.value.problems == [f"data.decode=nvjpeg-hw: removed; {USE_DALI}"]
+    with pytest.raises(ConfigError, match=r"^data\.hybrid_hw_fraction=0\.5: removed with"):
+        TrainConfig().with_overrides({"data.hybrid_hw_fraction": 0.5})
+    # A config built in code (a script's run.image_loader(decode=...)) is checked by problems().
+    from trainer.config import DataConfig
+
+    assert DataConfig(decode="nvjpeg-hw").problems() == [f"data.decode=nvjpeg-hw: removed; {USE_DALI}"]
+    assert DataConfig(decode="jpeg").problems() == [
+        "data.decode='jpeg': expected one of pil, torchvision-cpu, nvjpeg-gpu, hybrid, dali"]
+
+
+def test_an_export_from_before_nvjpeg_hw_was_removed_still_loads():
+    # Every exported config and stored trial wrote the removed fields, at the values that left the engines unused.
+    data = TrainConfig().with_overrides({"data.decode": "hybrid"}).to_dict()
+    data["data"].update(hybrid_hw_fraction=0.0, hw_roi_decode=False)
+    assert TrainConfig.from_dict(data) == TrainConfig().with_overrides({"data.decode": "hybrid"})
+
+
+def test_a_spec_naming_nvjpeg_hw_or_its_settings_gets_the_fix():
+    from autotune.exceptions import SpecError
+    from autotune.spec import StudySpec
+
+    with pytest.raises(SpecError) as e:
+        StudySpec.from_dict({"name": "t", "base": {"data": {"decode": "nvjpeg-hw"}}, "space": {
+            "data.decode": ["nvjpeg-gpu", "nvjpeg-hw"], "data.hybrid_hw_fraction": [0.0, 0.25],
+            "data.hw_roi_decode": [False, True]}})
+    assert e.value.problems == [
+        f"base.data.decode=nvjpeg-hw: removed; {USE_DALI}",
+        f"space.data.decode: choice 'nvjpeg-hw': data.decode=nvjpeg-hw: removed; {USE_DALI}",
+        f"space.data.hybrid_hw_fraction: removed with data.decode=nvjpeg-hw; {USE_DALI}",
+        f"space.data.hw_roi_decode: removed with data.decode=nvjpeg-hw; {USE_DALI}"]
+
+
+def test_the_cpu_only_space_drops_nvjpeg_gpu():
     from autotune.space import resolve
     from autotune.spec import StudySpec
 
     spec = StudySpec.from_dict({"name": "t", "base": {"model": {"name": "resnet18"}}, "default_space": False,
-                                "space": {"data.decode": {"choices": ["torchvision-cpu", "nvjpeg-gpu", "nvjpeg-hw"]}}})
+                                "space": {"data.decode": {"choices": ["torchvision-cpu", "nvjpeg-gpu"]}}})
     cpu = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2).by_path()["data.decode"]
     gpu = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=False, cores=32).by_path()["data.decode"]
     assert cpu.choices == ("torchvision-cpu",)
-    assert gpu.choices == ("torchvision-cpu", "nvjpeg-gpu", "nvjpeg-hw")
+    assert gpu.choices == ("torchvision-cpu", "nvjpeg-gpu")
     notes = resolve(spec, world_size=2, nproc_per_node=2, cpu_only=True, cores=2).notes
-    assert "data.decode: nvjpeg-hw dropped (no GPU)" in notes and "data.decode: nvjpeg-gpu dropped (no GPU)" in notes
+    assert "data.decode: nvjpeg-gpu dropped (no GPU)" in notes
 
 
 def test_all_problems_are_reported_at_once():

@@ -10,7 +10,6 @@ config asks), labels int64 — so the loop never knows which path produced them 
 - ``torchvision-cpu`` (``cpu.py``): ``torchvision.io.decode_jpeg`` (libjpeg-turbo) and transforms.v2 on uint8
   tensors in the workers; uint8 crosses the queue and the bus (4x fewer bytes) and normalization runs on the device.
 - ``nvjpeg-gpu`` (``gpu/``): workers only read bytes; the GPU decodes and augments.
-- ``nvjpeg-hw`` (``gpu/``): as ``nvjpeg-gpu``, decoded by the GPU's hardware JPEG engines through nvImageCodec.
 - ``hybrid`` (``gpu/``): a fixed share of every batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu``.
 - ``dali`` (``dali.py``): an NVIDIA DALI pipeline reads the files and decodes each image's random crop on the GPU's
   hardware JPEG engines and CUDA; no DataLoader. Validation through it too, without augmentation.
@@ -105,7 +104,7 @@ def build_pipeline(cfg: TrainConfig, *, rank: int, world_size: int, device: torc
 
 def prefetched_batches(cfg: TrainConfig) -> int:
     """Batches ready before the first step whose work is already done: decoded by the loader workers, or decoded
-    one ahead on the device. The workers of ``nvjpeg-gpu``/``nvjpeg-hw`` only read bytes: a buffer of bytes still
+    one ahead on the device. The workers of ``nvjpeg-gpu`` only read bytes: a buffer of bytes still
     has its decode ahead of it, so it does not make a step faster and is not discarded (draining a deep one cost a
     trial 10 s). DALI's queue holds batches decoded and augmented: its depth."""
     if cfg.data.kind == "synthetic":
@@ -115,6 +114,6 @@ def prefetched_batches(cfg: TrainConfig) -> int:
     if cfg.loader.num_workers == 0:
         return 0
     ahead = 1 if cfg.data.decode in GPU_DECODE_PATHS else 0
-    if cfg.data.decode in ("nvjpeg-gpu", "nvjpeg-hw"):
+    if cfg.data.decode == "nvjpeg-gpu":
         return ahead
     return cfg.loader.num_workers * (cfg.loader.prefetch_factor or 2) + ahead

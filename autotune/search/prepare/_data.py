@@ -3,12 +3,12 @@ the data cache, what a folder holds, and how many images each rank can see."""
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 from pathlib import Path
 
 from autotune.exceptions import DataError
+from autotune.search.compile_cache import cache_root
 from autotune.search.prepare._data_check import DataCheck
 from autotune.search.prepare._images import check_images
 from autotune.search.prepare._plan import DataSummary
@@ -21,10 +21,7 @@ from trainer.datagen import make_image_folder
 def data_cache_root(spec: StudySpec) -> Path:
     if spec.data.cache_dir:
         return Path(spec.data.cache_dir).expanduser()
-    if os.environ.get("AUTOTUNE_CACHE"):
-        return Path(os.environ["AUTOTUNE_CACHE"]) / "data"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "ddp-autotune" / "data"
+    return cache_root() / "data"
 
 
 def given_data(spec: StudySpec, data_arg: str | None) -> tuple[TrainConfig | None, DataCheck | None]:

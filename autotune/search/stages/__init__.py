@@ -30,8 +30,10 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    supply; otherwise the ceiling's grid, one dimension at a time from the fastest pair, along the dimension's order
    until a step is clearly slower (the rest of that direction is then taken as dominated: the order is the prior, the
    measurement confirms it), a dimension with a one-off cost (torch.compile: a compile per graph) last and only
-   where the budget left pays for that cost and end-to-end trials after it (``affords_once``); then the pipelines
-   not measured yet (they can only tie, and ties are run end to end).
+   where the budget left pays for that cost and end-to-end trials after it (``affords_once``), the cost priced by
+   what this machine paid for the same graph (``_budget.once_price``: a compile from the on-disk caches costs
+   seconds), and said when it runs slower; then the pipelines not measured yet (they can only tie, and ties are run
+   end to end).
    A supply stops early, in-band, once its latest full windows are all above the ceiling or all clearly out of reach
    (``stop_when``).
 8. **smaller batches** of the fastest pair, halving, while they keep ``PLATEAU`` of its pace: the smallest on the

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.search.bounds import Measured
 from autotune.search.stages._notes import Notes
 from autotune.study.view import MEASUREMENT_STAGES, TrialView
+from trainer.compile_costs import Paid
 
 PARTS_SHARE = 0.5
 """Measurements of parts spend at most this share of a search's trials and time; the rest is end to end."""
@@ -99,32 +101,60 @@ class Spend:
                                       f"search's budget ({used}); end to end from here")
         return ok
 
-    def affords_once(self, vs: list[TrialView], dim, order: list[Any], k: int) -> bool:
-        """Whether the budget pays for measuring ``order[k]`` of a dimension with a one-off cost: the measurement
-        with its cost inside the trial timeout, within the parts' share of the time, and two end-to-end trials
-        after it in the time left (the candidate it makes, and one more). Said when not."""
-        once = once_cost(vs, dim)
-        part = self.cost(vs, part=True) or 0.0
+    def affords_once(self, vs: list[TrialView], dim, order: list[Any], k: int, here: Sequence[Paid] = ()) -> bool:
+        """Whether the budget pays for measuring ``order[k]`` of a dimension with a one-off cost (priced by
+        ``once_price``; ``here``: what this machine paid for the measurement's graph before): the measurement with
+        its cost inside the trial timeout, within the parts' share of the time, and two end-to-end trials after it in
+        the time left (the candidate it makes, and one more). Said when not, and when the machine's records made
+        it affordable."""
+        price = once_price(vs, dim, here)
+        once, part = price.seconds, self.cost(vs, part=True) or 0.0
         e2e = self.cost(vs, part=False) or part
         timeout, b = self.measured.plan.trial_timeout_s, self.budget
+        costs = f"its first run costs about {once:.0f} s more ({price.why})"
         why = None
         if timeout and once + part > 0.8 * timeout:  # a run killed at the timeout is a hang: a margin for noise
-            why = "timeout", (f"a run with it would take about {once + part:.0f} s, too near the trial timeout "
-                              f"({timeout:.0f} s; --trial-timeout raises it)")
+            why = "timeout", (f"a run with it would take about {once + part:.0f} s ({price.why}), too near the trial "
+                              f"timeout ({timeout:.0f} s; --trial-timeout raises it)")
         elif b is not None and b.left_s is not None and b.left_s < once + part + 2 * e2e:
-            why = "left", (f"its first run costs about {once:.0f} s more, and the {b.left_s:.0f} s left cannot pay for "
-                           "it and two end-to-end trials after it")
+            why = "left", f"{costs}, and the {b.left_s:.0f} s left cannot pay for it and two end-to-end trials after it"
         elif b is not None and b.seconds is not None and b.parts_s + part + once > PARTS_SHARE * b.seconds:
-            why = "share", (f"its first run costs about {once:.0f} s more, over the measurements' share of this "
-                            f"search's time ({b.parts_s:.0f} of {b.seconds:.0f} s spent)")
+            why = "share", (f"{costs}, over the measurements' share of this search's time ({b.parts_s:.0f} of "
+                            f"{b.seconds:.0f} s spent)")
         if why:
             self.notes.note(f"once:{dim.path}:{why[0]}", f"stages: {dim.word(order[k])} not measured: {why[1]}; "
                                                          f"{dim.word(order[0])} stays")
+        elif price.here:
+            self.notes.note(f"once:{dim.path}:here", f"stages: {dim.word(order[k])} measured: {costs}")
         return why is None
 
 
-def once_cost(vs: list[TrialView], dim) -> float:
-    """Seconds the first run at a costly value of ``dim`` pays once (a compile): the most any run recorded
-    (``dim.once_attr``), else the dimension's prior."""
+@dataclass(frozen=True)
+class Price:
+    """What the first run at a costly value is expected to pay once, and why."""
+
+    seconds: float
+    why: str
+    here: bool
+    """Priced by what this machine paid for the same graph."""
+
+
+def once_price(vs: list[TrialView], dim, here: Sequence[Paid] = ()) -> Price:
+    """Seconds the first run at a costly value of ``dim`` pays once (a compile), cheapest evidence first: what loading
+    the measurement's graph from this machine's caches cost (``here``: the job's records, ``trainer.compile_costs``);
+    where only a cold compile of it is recorded, the caches hold it: that compile's ``once_cached_share``; else the
+    most any run of this search recorded (``dim.once_attr``); else the dimension's prior."""
+    cached = [p.seconds for p in here if p.from_caches]
+    if cached and dim.once_cached_share is not None:
+        return Price(max(cached), "its graph loads from this machine's compile caches: at most "
+                                  f"{max(cached):.0f} s when it did", True)
+    if here and dim.once_cached_share is not None:
+        cold = max(p.seconds for p in here)
+        return Price(cold * dim.once_cached_share, f"its graph is in this machine's compile caches, compiled in "
+                     f"{cold:.0f} s; loading it is priced at {dim.once_cached_share:.0%} of that until a run says",
+                     True)
     paid = [float(v.attrs[dim.once_attr]) for v in vs if v.attrs.get(dim.once_attr) is not None]
-    return max(paid) if paid else float(dim.once_s)
+    if paid:
+        return Price(max(paid), "as it cost in this search", False)
+    return Price(float(dim.once_s), "a prior: no compile of its graph is recorded on this machine"
+                 if dim.once_cached_share is not None else "a prior", False)

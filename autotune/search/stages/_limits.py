@@ -62,13 +62,19 @@ class Limits:
                     if state == "pending":
                         return BLOCKED
                     if state in (None, "retry"):
-                        if dim.once_s is not None and k > 0 and not self.ask.spend.affords_once(vs, dim, order, k):
+                        request = request or ceiling_overrides(m, q, m.ceiling_batch(), True if m.on_gpu else None)
+                        if dim.once_s is not None and k > 0 and not self.ask.spend.affords_once(
+                                vs, dim, order, k, m.paid_here(dim, request)):
                             break
-                        return self.ask.part(vs, "ceiling", request or ceiling_overrides(
-                            m, q, m.ceiling_batch(), True if m.on_gpu else None))
+                        return self.ask.part(vs, "ceiling", request)
                     ips = m.pair_ceiling(vs, q)
                     if ips is not None and ips < top_ips * (1 - m.measure.spread_target):
                         rest = order[k + 1:] if step > 0 else order[:k][::-1]
+                        if dim.once_s is not None:  # what its one-off cost bought, measured: nothing
+                            self.ask.notes.note(f"slower:{dim.path}:{q}", f"stages: {dim.word(order[k])} ran slower "
+                                                f"than {dim.word(frm[i])} at {pair_label(frm)}'s other settings "
+                                                f"({ips:,.0f} against {top_ips:,.0f} imgs/s): {dim.word(frm[i])} "
+                                                "stays")
                         if rest:
                             words = ", ".join(dim.word(x) for x in rest)
                             self.ask.notes.note(f"dominated:{dim.path}:{q}", f"stages: {words} not measured: "

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import io
 from types import SimpleNamespace
+from unittest import mock
 
 import optuna
 import pytest
@@ -27,7 +28,7 @@ from autotune.search.stages import REACH, Budget
 from autotune.study import view
 from autotune.study.liveness import owner
 from autotune.study.setup import create_or_load, parts_study
-from tests.helpers.machine import SPEC, FakePool, Machine, constructed_plan
+from tests.helpers.machine import SPEC, FakePool, Machine, SimClock, constructed_plan
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -39,13 +40,19 @@ FEEDS = {"pil": 1500.0, "torchvision-cpu": 5000.0, "nvjpeg-gpu": 11000.0}
 
 
 @pytest.fixture(autouse=True)
-def _cwd(in_tmp):
+def _cwd(in_tmp, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(in_tmp / "cache"))  # the machine's compile records: this test's own
     return in_tmp
 
 
 def search(machine: Machine, *, gpu: bool = True, trials: int = 30, timeout: float | None = None, spec=SPEC,
-           storage=None, pool: FakePool | None = None, trial_timeout: float = 60.0):
-    """Run a search of ``spec`` on the simulated machine; returns what a test looks at."""
+           storage=None, pool: FakePool | None = None, trial_timeout: float = 60.0, clock: SimClock | None = None):
+    """Run a search of ``spec`` on the simulated machine; returns what a test looks at. With ``clock``, the search's
+    time is the runs' simulated seconds (``Machine.run_s``, ...), so a time budget is spent as on a machine."""
+    if clock is not None:
+        with mock.patch("autotune.search.engine.time", SimpleNamespace(monotonic=clock.monotonic)):
+            return search(machine, gpu=gpu, trials=trials, timeout=timeout, spec=spec, storage=storage,
+                          pool=pool or FakePool(machine, "pool", clock=clock), trial_timeout=trial_timeout)
     plan = constructed_plan(spec, gpu=gpu, trials=trials, timeout_s=timeout, trial_timeout_s=trial_timeout)
     storage = storage or optuna.storages.InMemoryStorage()
     study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
@@ -399,8 +406,9 @@ def test_a_compile_that_is_slower_is_measured_once_and_eager_is_kept():
 def test_a_compile_the_trial_timeout_or_the_time_left_cannot_pay_for_is_not_measured_and_said():
     r = search(Machine(ceilings=GPU, supplies=FEEDS, compile_gain=1.2, compile_s=40.0), spec=COMPILING, trials=16)
     assert not any(compiled(v) for v in r.views)
-    assert ("stages: compiled not measured: a run with it would take about 60 s, too near the trial timeout (60 s; "
-            "--trial-timeout raises it); eager stays") in r.out
+    assert ("stages: compiled not measured: a run with it would take about 60 s (a prior: no compile of its graph is "
+            "recorded on this machine), too near the trial timeout (60 s; --trial-timeout raises it); eager stays"
+            ) in r.out
     planner = r.engine.stages
     planner.plan.trial_timeout_s = 300.0
     planner.spend.cost = lambda vs, part: 10.0
@@ -410,8 +418,52 @@ def test_a_compile_the_trial_timeout_or_the_time_left_cannot_pay_for_is_not_meas
     assert planner.spend.affords_once(vs, dim, order, 1)  # 60 s of compile, 10 s of measurement, 2 x 10 s after it
     planner.spend.budget = Budget(trials=30, left=20, seconds=400.0, left_s=80.0, parts_run=3, parts_s=30.0)
     assert not planner.spend.affords_once(vs, dim, order, 1)
-    assert any("its first run costs about 60 s more, and the 80 s left cannot pay for it" in n
-               for n in planner.take_notes())
+    assert any("its first run costs about 60 s more (a prior: no compile of its graph is recorded on this machine), "
+               "and the 80 s left cannot pay for it" in n for n in planner.take_notes())
+
+
+def h200ish(**kw) -> Machine:
+    """A machine whose seconds are of the order 1xH200 showed for ResNet-50 (inputs of the simulation): a cold
+    compile 55 s, the same graph from the on-disk caches 6 s, a run on a live worker about 10 s, a fresh worker 15 s
+    more."""
+    return Machine(**{"ceilings": GPU, "supplies": FEEDS, "compile_gain": 1.15, "compile_s": 55.0,
+                      "cached_compile_s": 6.0, "run_s": 6.0, "fresh_s": 15.0, **kw})
+
+
+def test_a_240_s_search_weighs_compile_where_this_machine_compiled_its_graph_and_a_cold_one_says_why_not():
+    machine = h200ish()
+    cold = search(machine, spec=COMPILING, trials=24, timeout=240.0, trial_timeout=150.0, clock=SimClock())
+    assert not any(compiled(v) for v in cold.views)
+    assert ("stages: compiled not measured: its first run costs about 60 s more (a prior: no compile of its graph is "
+            "recorded on this machine)") in cold.out and "eager stays" in cold.out
+    # A search with time to spare on the same machine compiles the graph, cold, into the machine's caches ...
+    long = search(machine, spec=COMPILING, trials=24, trial_timeout=150.0, clock=SimClock())
+    (first,) = [v for v in parts(long, "ceiling") if compiled(v)]
+    assert first.attrs["compile_s"] == 55.0 and first.attrs["compile_from_caches"] is False
+    # ... so the next 240 s search prices loading it at a share of that, measures it, and keeps what it measured.
+    again = search(machine, spec=COMPILING, trials=24, timeout=240.0, trial_timeout=150.0, clock=SimClock())
+    (loaded,) = [v for v in parts(again, "ceiling") if compiled(v)]
+    assert loaded.attrs["compile_s"] == 6.0 and loaded.attrs["compile_from_caches"] is True
+    assert ("stages: compiled measured: its first run costs about 8 s more (its graph is in this machine's compile "
+            "caches, compiled in 55 s; loading it is priced at 15% of that until a run says)") in again.out
+    assert compiled(view.fastest(again.views)) and view.fastest(again.views).end_to_end
+    # The compiled candidate after it ran the ceiling's graph on the same live worker: no second compile.
+    follows = [v for v in e2e(again) if compiled(v)][0]
+    assert follows.attrs["compile_reused"] is True and follows.attrs["compile_s"] == 0.0
+    # Once a run from the caches said what it cost, that is the price.
+    third = search(machine, spec=COMPILING, trials=24, timeout=240.0, trial_timeout=150.0, clock=SimClock())
+    assert ("compiled measured: its first run costs about 6 s more (its graph loads from this machine's compile "
+            "caches: at most 6 s when it did)") in third.out
+
+
+def test_a_compile_loaded_from_the_caches_that_runs_slower_is_said_and_eager_stays():
+    machine = h200ish(compile_gain=0.9)
+    search(machine, spec=COMPILING, trials=24, trial_timeout=150.0, clock=SimClock())  # compiles it, cold
+    r = search(machine, spec=COMPILING, trials=24, timeout=240.0, trial_timeout=150.0, clock=SimClock())
+    assert len([v for v in parts(r, "ceiling") if compiled(v)]) == 1
+    assert not any(compiled(v) for v in e2e(r)) and not compiled(view.fastest(r.views))
+    assert ("stages: compiled ran slower than eager at fp16 channels_last's other settings (5,400 against 6,000 "
+            "imgs/s): eager stays") in r.out
 
 
 def test_draws_the_stages_do_not_make_hold_compile_at_the_baseline():

@@ -6,8 +6,6 @@ from torchvision.datasets.folder import find_classes, make_dataset
 
 from trainer.config import TrainConfig
 
-HW_INSTALL = "pip install 'ddp-autotune[nvjpeg-hw]'"
-
 
 def samples_of(root):
     _, class_to_idx = find_classes(str(root))

@@ -3,8 +3,6 @@ decoded."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from torchvision.io import decode_jpeg, read_file
 
@@ -22,9 +20,3 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="package")
 def decoded(folder):
     return [decode_jpeg(read_file(path)) for path, _ in samples_of(folder)[:24]]
-
-
-@pytest.fixture
-def no_nvimgcodec(monkeypatch):
-    # A None entry makes the import fail as if the package were not installed, whatever this machine has.
-    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)

@@ -168,11 +168,11 @@ def test_inside_the_ranges_and_the_fallback_rule():
 
 @pytest.mark.parametrize("max_cells", [2**40, 60_000])
 def test_interleaved_images_crop_exactly_as_planar_ones_without_a_copy_each(decoded, max_cells):
-    """The hardware engines decode to H x W x 3 and hand over CHW views of it: the crop gathers their rows as pixels
-    and gives bit for bit what it gives the same images stored plane by plane (in one group or several)."""
+    """libjpeg-turbo decodes to H x W x 3 and hands over CHW views of it: the crop gathers their rows as pixels and
+    gives bit for bit what it gives the same images stored plane by plane (in one group or several)."""
     from trainer.data.gpu.crop import _is_hwc_view
 
-    images = [im.contiguous() for im in decoded[:12]]  # (libjpeg-turbo's own output is interleaved too)
+    images = [im.contiguous() for im in decoded[:12]]
     interleaved = [im.permute(1, 2, 0).contiguous().permute(2, 0, 1) for im in images]
     assert all(_is_hwc_view(im) for im in interleaved) and not any(_is_hwc_view(im) for im in images)
     heights = torch.tensor([im.shape[1] for im in images])
@@ -183,5 +183,5 @@ def test_interleaved_images_crop_exactly_as_planar_ones_without_a_copy_each(deco
     hwc = batched_resized_crop(interleaved, boxes, 40, flip=flip, channels_last=True, max_cells=max_cells)
     assert torch.equal(hwc, planar)
     mixed = batched_resized_crop(interleaved[:6] + images[6:], boxes, 40, flip=flip, channels_last=True,
-                                 max_cells=max_cells)  # a mixed batch (the CUDA fallback's images) copies as before
+                                 max_cells=max_cells)  # a mixed batch copies each image into CHW order
     assert torch.equal(mixed, planar)

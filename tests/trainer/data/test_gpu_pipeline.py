@@ -1,6 +1,6 @@
 """The GPU-decode pipelines on a CPU device (decoding with libjpeg-turbo): one batch ahead in a thread, epochs,
 labels, determinism, clean stops, the hybrid CPU/GPU split, and the hybrid path through the real 2-rank gloo job.
-Of nvjpeg-gpu and nvjpeg-hw, what a CPU machine can check: their config errors and their validation split."""
+Of nvjpeg-gpu, what a CPU machine can check: its config error and its validation split."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from tests.trainer.data.common import HW_INSTALL, config, samples_of
+from tests.trainer.data.common import config, samples_of
 from tests.jobutil import kinds, run_job, tiny_config
 from trainer.config import ConfigError
 from trainer.data import build_pipeline
@@ -25,22 +25,10 @@ def test_gpu_pipeline_refuses_a_cpu_device(folder):
     assert e.value.problems == ["data.decode=nvjpeg-gpu needs a CUDA GPU: use torchvision-cpu or pil on this machine"]
 
 
-def test_hw_pipeline_refuses_a_cpu_device_and_names_every_fix(folder, no_nvimgcodec):
-    # The same CUDA check as nvjpeg-gpu, plus the missing package, reported together before any worker starts.
-    with pytest.raises(ConfigError) as e:
-        GpuDecodePipeline(config(**{"data.decode": "nvjpeg-hw"}), samples_of(folder), rank=0, world_size=1,
-                          device="cpu")
-    assert e.value.problems == [
-        "data.decode=nvjpeg-hw needs a CUDA GPU: use torchvision-cpu or pil on this machine",
-        f"data.decode=nvjpeg-hw needs NVIDIA nvImageCodec, which is not installed: {HW_INSTALL}"]
-    assert multiprocessing.active_children() == []
-
-
-@pytest.mark.parametrize("decode", ["nvjpeg-gpu", "nvjpeg-hw"])
-def test_gpu_decode_paths_train_on_the_gpu_and_validate_with_torchvision_cpu(folder, decode):
-    cfg = config(**{"data.decode": decode, "data.path": str(folder), "data.val_fraction": 0.25,
+def test_nvjpeg_gpu_trains_on_the_gpu_and_validates_with_torchvision_cpu(folder):
+    cfg = config(**{"data.decode": "nvjpeg-gpu", "data.path": str(folder), "data.val_fraction": 0.25,
                     "loader.num_workers": 0})
-    with pytest.raises(ConfigError, match=f"data.decode={decode} needs a CUDA GPU"):
+    with pytest.raises(ConfigError, match="data.decode=nvjpeg-gpu needs a CUDA GPU"):
         build_pipeline(cfg, rank=0, world_size=1, device=torch.device("cpu"))
     val = build_pipeline(cfg, rank=0, world_size=1, device=torch.device("cpu"), split="val")
     assert isinstance(val, LoaderPipeline) and isinstance(val.loader.dataset, TensorJPEGDataset)
@@ -148,47 +136,3 @@ def test_hybrid_runs_in_the_real_job(tiny_jpegs, tmp_path):
     windows, (summary,) = kinds(records, "window"), kinds(records, "summary")
     assert len(windows) >= 3 and all(w["images"] == w["steps"] * 4 * 2 for w in windows)
     assert summary["loss_finite"] and summary["imgs_per_s"] > 0
-
-
-# ---- three-way split: CPU workers, hardware engines, CUDA decode ---------------------------------------------------
-
-
-@pytest.mark.parametrize("cpu, hw, shares", [(0.25, 0.25, (2, 2, 4)), (0.0, 0.5, (0, 4, 4)), (0.5, 0.5, (4, 4, 0)),
-                                             (0.0, 1.0, (0, 8, 0)), (0.25, 0.0, (2, 0, 6))])
-def test_a_three_way_split_decodes_every_image_once_in_order_with_the_shares_asked(folder, cpu, hw, shares):
-    from trainer.data.gpu.datasets import split_shares
-
-    samples = samples_of(folder)
-    assert split_shares(8, cpu, hw) == shares
-    cfg = config(**{"data.decode": "hybrid", "data.hybrid_cpu_fraction": cpu, "data.hybrid_hw_fraction": hw,
-                    "loader.num_workers": 0})
-    pipe = HybridDecodePipeline(cfg, samples, rank=0, world_size=2, device="cpu")
-    pipe.set_epoch(1)
-    batches = list(pipe)
-    pipe.close()
-    n = len(batches)
-    assert n == 4 and pipe.counts == {"cpu": n * shares[0], "hw": n * shares[1], "cuda": n * shares[2]}
-    order = list(pipe.sampler)[:8 * n]  # labels in the sampler's order: CPU share, hardware share, CUDA share
-    assert torch.cat([lb for _, lb in batches]).tolist() == [samples[i][1] for i in order]
-    assert all(x.shape == (8, 3, 48, 48) and torch.isfinite(x).all() for x, _ in batches)
-    # The device shares are the pipeline's own decode and crop of those files, in that order.
-    images, _ = batches[0]
-    k = shares[0]
-    if k < 8:
-        buf, lengths, _ = collate_bytes([JpegBytesDataset(samples)[i] for i in order[k:8]])
-        generator = torch.Generator().manual_seed((cfg.training.seed * 100_003 + 1) * 4_099 + 0)
-        torch.testing.assert_close(images[k:], pipe.decode_and_crop(buf, lengths, generator), atol=1e-5, rtol=1e-5)
-
-
-def test_the_shares_of_a_batch_cannot_add_up_to_more_than_one():
-    with pytest.raises(ConfigError, match="add up to more than 1"):
-        config(**{"data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.75, "data.hybrid_hw_fraction": 0.5})
-
-
-def test_a_hardware_share_on_a_gpu_without_nvimgcodec_is_a_config_error_before_any_worker(folder, no_nvimgcodec,
-                                                                                        monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    cfg = config(**{"data.decode": "hybrid", "data.hybrid_hw_fraction": 0.25})
-    with pytest.raises(ConfigError, match="nvImageCodec"):
-        HybridDecodePipeline(cfg, samples_of(folder), rank=0, world_size=1, device="cuda")
-    assert multiprocessing.active_children() == []

@@ -1,4 +1,4 @@
-"""The ``nvjpeg-gpu``, ``nvjpeg-hw`` and ``hybrid`` input pipelines: loader workers read bytes; the rank's GPU
+"""The ``nvjpeg-gpu`` and ``hybrid`` input pipelines: loader workers read bytes; the rank's GPU
 decodes and augments.
 
 On the H200 machines one CPU core decodes + crops ~350 JPEGs/s while one GPU trains ResNet-50 at ~4,500-6,000
@@ -9,7 +9,7 @@ choices (``bench/pipeline_gpu.py`` times every stage):
 
 - ``datasets``: the worker side: one batch crosses the worker queue as a few tensors; ``hybrid``'s share is decoded
   in the workers.
-- ``decode``: nvJPEG's CUDA decoder through torchvision; the hardware JPEG engines through nvImageCodec.
+- ``decode``: nvJPEG's CUDA decoder through torchvision.
 - ``crop``: RandomResizedCrop, flip and normalization of a whole batch in a few batched kernels.
 - ``pipeline``: the pipelines, which decode and augment one batch ahead in a thread, on a side CUDA stream.
 """

@@ -182,8 +182,8 @@ def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, si
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {(n, 3, size, size)}")
     box_list = boxes.cpu().tolist()
     flips = flip.cpu().tolist() if flip is not None else [False] * n
-    # Decoders that write interleaved pixels (the hardware engines: HWC) hand over CHW views of them: gathered as
-    # pixels, their crop rows need no per-image copy into CHW order first (256 copy kernels a batch).
+    # Decoders that write interleaved pixels (libjpeg-turbo: HWC) hand over CHW views of them: gathered as pixels,
+    # their crop rows need no per-image copy into CHW order first (one copy kernel per image).
     hwc = all(_is_hwc_view(im) for im in images)
     meta, spans, offset = _crop_metadata(images, box_list, flips, _groups_by_crop_size(box_list, max_cells), hwc=hwc)
     meta_d = _to_device(torch.tensor(meta, dtype=torch.int64), device)
@@ -269,7 +269,7 @@ def _crop_metadata(images: Sequence[torch.Tensor], boxes: list[list[int]], flips
 
 
 def _is_hwc_view(im: torch.Tensor) -> bool:
-    """A 3 x H x W view of a contiguous H x W x 3 buffer (what ``decode_batch_hw`` returns)."""
+    """A 3 x H x W view of a contiguous H x W x 3 buffer (what ``decode_batch`` returns on a CPU device)."""
     return im.dim() == 3 and im.shape[0] == 3 and im.stride() == (1, 3 * im.shape[2], 3)
 
 

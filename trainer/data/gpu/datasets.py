@@ -1,4 +1,4 @@
-"""The worker side of the GPU-decode paths: loader workers read file bytes (``nvjpeg-gpu``, ``nvjpeg-hw``) or, for
+"""The worker side of the GPU-decode paths: loader workers read file bytes (``nvjpeg-gpu``) or, for
 ``hybrid``, decode a fixed share of every batch and read the rest as bytes.
 
 - Workers return one batch as ONE uint8 tensor of concatenated file bytes + lengths + labels: every tensor that
@@ -64,14 +64,6 @@ def cpu_share(batch_size: int, fraction: float) -> int:
     """How many images of a batch the ``hybrid`` path decodes in the loader workers: ``fraction`` of the batch,
     rounded half up, so every batch splits the same way."""
     return min(batch_size, max(0, math.floor(fraction * batch_size + 0.5)))
-
-
-def split_shares(batch_size: int, cpu_fraction: float, hw_fraction: float) -> tuple[int, int, int]:
-    """(CPU, hardware-engine, CUDA) images of a ``hybrid`` batch, in that order in the batch: the CPU share as
-    ``cpu_share``, the hardware share rounded half up and capped by what the CPU share leaves, the rest CUDA."""
-    cpu = cpu_share(batch_size, cpu_fraction)
-    hw = min(batch_size - cpu, cpu_share(batch_size, hw_fraction))
-    return cpu, hw, batch_size - cpu - hw
 
 
 class HybridDataset(Dataset):

@@ -18,21 +18,8 @@ from trainer.apply import data_loader
 from trainer.config import ConfigError, TrainConfig
 from trainer.data.cpu import cpu_transforms
 from trainer.data.gpu.crop import batched_resized_crop, normalize_into, sample_crop_boxes
-from trainer.data.gpu.datasets import (
-    HybridCollate,
-    HybridDataset,
-    JpegBytesDataset,
-    collate_bytes,
-    split_shares,
-    unpack_bytes,
-)
-from trainer.data.gpu.decode import (
-    decode_batch,
-    decode_batch_hw,
-    decode_crops_hw,
-    import_nvimgcodec,
-    make_hw_decoder,
-)
+from trainer.data.gpu.datasets import HybridCollate, HybridDataset, JpegBytesDataset, collate_bytes, unpack_bytes
+from trainer.data.gpu.decode import decode_batch
 from trainer.data.sampling import seed_worker, train_sampler
 
 
@@ -65,7 +52,6 @@ class BatchedDecodePipeline:
         self.stream = (torch.cuda.Stream(self.device, priority=stream_priority) if self.device.type == "cuda"
                        else None)
         self._producer: _Producer | None = None
-        self._hw_decoder = None  # nvjpeg-hw: made on first use, in the producer thread (``_decode``)
 
     def _dataset(self, samples):
         return JpegBytesDataset(samples), collate_bytes
@@ -119,76 +105,40 @@ class BatchedDecodePipeline:
                         out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode the packed JPEGs on the device and RandomResizedCrop + flip + normalize them (into ``out``)."""
         d = self.cfg.data
-        if d.decode == "nvjpeg-hw" and d.hw_roi_decode:
-            if self._hw_decoder is None:
-                self._hw_decoder = make_hw_decoder(self.device)
-            images, boxes = decode_crops_hw(unpack_bytes(buf, lengths), self.device, self._hw_decoder,
-                                            scale=d.crop_scale, ratio=d.crop_ratio, generator=generator)
-        else:
-            images = self._decode(unpack_bytes(buf, lengths))
-            heights = torch.tensor([im.shape[-2] for im in images])
-            widths = torch.tensor([im.shape[-1] for im in images])
-            boxes = sample_crop_boxes(heights, widths, scale=d.crop_scale, ratio=d.crop_ratio, generator=generator)
+        images = decode_batch(unpack_bytes(buf, lengths), self.device)
+        heights = torch.tensor([im.shape[-2] for im in images])
+        widths = torch.tensor([im.shape[-1] for im in images])
+        boxes = sample_crop_boxes(heights, widths, scale=d.crop_scale, ratio=d.crop_ratio, generator=generator)
         flip = torch.rand(len(images), generator=generator) < 0.5 if d.hflip else None
         return batched_resized_crop(images, boxes, d.image_size, flip=flip,
                                     channels_last=self.cfg.training.channels_last, out=out)
-
-    def _decode(self, blobs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The decode step ``data.decode`` names: nvImageCodec on the hardware engines for ``nvjpeg-hw``,
-        ``decode_batch`` (torchvision's nvJPEG, libjpeg-turbo on a CPU device) for the others."""
-        if self.cfg.data.decode != "nvjpeg-hw":
-            return decode_batch(blobs, self.device)
-        if self._hw_decoder is None:  # one per pipeline, created by the thread that decodes, on the rank's device
-            self._hw_decoder = make_hw_decoder(self.device)
-        return decode_batch_hw(blobs, self.device, self._hw_decoder)
 
     def close(self) -> None:
         if self._producer is not None:
             self._producer.stop()
             self._producer = None
-        self._hw_decoder = None  # frees the engines' state and pinned buffers now, not at interpreter exit
         iterator = getattr(self.loader, "_iterator", None)  # persistent workers live here between epochs
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
 
 
 class GpuDecodePipeline(BatchedDecodePipeline):
-    """``data.decode: nvjpeg-gpu`` or ``nvjpeg-hw`` — needs a CUDA device (and, for ``nvjpeg-hw``, nvImageCodec:
-    checked here, before the workers start, so a missing package is a config error and not a crash mid-run)."""
+    """``data.decode: nvjpeg-gpu`` — needs a CUDA device (checked here, before the workers start, so a machine
+    without one gets a config error and not a crash mid-run)."""
 
     def __init__(self, cfg: TrainConfig, samples: Sequence[tuple[str, int]], *, rank: int, world_size: int,
                  device: torch.device | str, ahead: int = 1, stream_priority: int = -1):
-        # Anything but nvjpeg-hw decodes as nvjpeg-gpu here (``_decode``), and is named so.
-        decode, problems = ("nvjpeg-hw" if cfg.data.decode == "nvjpeg-hw" else "nvjpeg-gpu"), []
         if torch.device(device).type != "cuda" or not torch.cuda.is_available():
-            problems.append(f"data.decode={decode} needs a CUDA GPU: use torchvision-cpu or pil on this machine")
-        if decode == "nvjpeg-hw":
-            try:
-                import_nvimgcodec()
-            except ConfigError as e:
-                problems.extend(e.problems)
-        if problems:
-            raise ConfigError(problems)
+            raise ConfigError(["data.decode=nvjpeg-gpu needs a CUDA GPU: use torchvision-cpu or pil on this machine"])
         super().__init__(cfg, samples, rank=rank, world_size=world_size, device=device, ahead=ahead,
                          stream_priority=stream_priority)
 
 
 class HybridDecodePipeline(BatchedDecodePipeline):
     """``data.decode: hybrid`` — ``data.hybrid_cpu_fraction`` of every batch is decoded and augmented by the loader
-    workers (``HybridDataset``), ``data.hybrid_hw_fraction`` by the GPU's hardware JPEG engines (as ``nvjpeg-hw``),
-    the rest by nvJPEG's CUDA decoder (as ``nvjpeg-gpu``); both device shares are cropped in one batched call. The
-    output is the CPU share (normalized on the device), then the hardware share, then the CUDA share, labels alike.
-    The fractions trade CPU cores and the engines for SM time, which is what the tuner balances. Works on a CPU
-    device too: every share then decodes with libjpeg-turbo, the hardware share through ``decode_batch`` as its
-    stand-in. ``counts`` holds the images each path decoded (host numbers, for tests and benchmarks)."""
-
-    def __init__(self, cfg: TrainConfig, samples: Sequence[tuple[str, int]], *, rank: int, world_size: int,
-                 device: torch.device | str, ahead: int = 1, stream_priority: int = -1):
-        if cfg.data.hybrid_hw_fraction > 0 and torch.device(device).type == "cuda":
-            import_nvimgcodec()  # a ConfigError naming the install, before any worker starts
-        super().__init__(cfg, samples, rank=rank, world_size=world_size, device=device, ahead=ahead,
-                         stream_priority=stream_priority)
-        self.counts = {"cpu": 0, "hw": 0, "cuda": 0}
+    workers (``HybridDataset``), the rest by nvJPEG's CUDA decoder (as ``nvjpeg-gpu``). The output is the CPU share
+    (normalized on the device), then the CUDA share, labels alike. The fraction trades CPU cores for SM time, which
+    is what the tuner balances. Works on a CPU device too: both shares then decode with libjpeg-turbo."""
 
     def _dataset(self, samples):
         transform = cpu_transforms(self.cfg, train=True, decode="torchvision-cpu")
@@ -210,28 +160,7 @@ class HybridDecodePipeline(BatchedDecodePipeline):
             normalize_into(out[:k], cpu_images.to(self.device, non_blocking=True))
         if lengths.numel():
             self.decode_and_crop(buf, lengths, generator, out=out[k:])
-        self.counts["cpu"] += k
         return out, labels.to(self.device, non_blocking=True)
-
-    def _decode(self, blobs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The device shares: the first ``hw`` of them on the hardware engines, the rest on nvJPEG's CUDA decoder.
-        The engines' call is queued first: their work then overlaps the CUDA decoder's on the SMs."""
-        d = self.cfg.data
-        _, hw, _ = split_shares(self.cfg.training.batch_size, d.hybrid_cpu_fraction, d.hybrid_hw_fraction)
-        hw = min(hw, len(blobs))
-        images = []
-        if hw:
-            if self.device.type == "cuda":
-                if self._hw_decoder is None:
-                    self._hw_decoder = make_hw_decoder(self.device)
-                images += decode_batch_hw(blobs[:hw], self.device, self._hw_decoder)
-            else:
-                images += decode_batch(blobs[:hw], self.device)  # the engines' stand-in on a CPU device
-        if hw < len(blobs):
-            images += decode_batch(blobs[hw:], self.device)
-        self.counts["hw"] += hw
-        self.counts["cuda"] += len(blobs) - hw
-        return images
 
 
 class _Producer:
