@@ -20,12 +20,20 @@ pytest.importorskip("accelerate")
 LIGHTNING_ARGS = ["--model", "resnet18", "--image-size", "32"]
 
 
+def parts_of(cwd, study: str) -> list:
+    """The measurements of parts (ceiling, supply) a search ran beside its end-to-end trials."""
+    try:
+        return study_of(cwd, f"{study}.parts").get_trials()
+    except KeyError:
+        return []
+
+
 def searched_exported_and_trained(tmp_path, script: str, study: str, args: list[str], trials: int):
     r = autotune("search", "--script", script, "--trials", str(trials), "--", *args, cwd=tmp_path, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     found = study_of(tmp_path, study)
     trials_run = found.get_trials()
-    assert len(trials_run) == trials
+    assert len(trials_run) + len(parts_of(tmp_path, study)) == trials
     measured = [t for t in trials_run if t.value is not None]
     assert measured and all(t.value > 0 and trial_attrs(t).get("loss_finite") is not False for t in measured)
     applies = set(found.user_attrs["script"]["applies"])
@@ -41,14 +49,28 @@ def searched_exported_and_trained(tmp_path, script: str, study: str, args: list[
     return found, applies
 
 
-def test_the_lightning_example_is_searched_exported_and_trained(tmp_path):
-    found, applies = searched_exported_and_trained(tmp_path, str(EXAMPLES / "lightning_ddp.py"),
-                                                   "script-lightning_ddp", LIGHTNING_ARGS, trials=2)
-    # What reaches the Trainer, the DataModule's loader and the module is what the search may change.
+def test_the_lightning_example_is_searched_on_a_live_worker_with_stages_exported_and_trained(tmp_path):
+    found, applies = searched_exported_and_trained(tmp_path, f"{EXAMPLES / 'lightning_ddp.py'}:main",
+                                                   "script-lightning_ddp-main", LIGHTNING_ARGS, trials=4)
+    # What reaches the Trainer, the DataModule's loader (the run's image pipeline) and the module is what the
+    # search may change.
     assert {"precision", "accum_steps", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "batch_size",
-            "num_workers", "channels_last"} <= applies
-    assert found.user_attrs["script"]["applies"]["precision"] == "fp32"  # the script's own 32-true on the CPU
-    assert found.user_attrs["unit"] == "images"
+            "num_workers", "channels_last", "decode"} <= applies
+    script = found.user_attrs["script"]
+    assert script["applies"]["precision"] == "fp32"  # the script's own 32-true on the CPU
+    assert script["applies"]["decode"] == "pil" and script["applies"]["batch_size"] == 64  # its DataLoader's own
+    assert found.user_attrs["unit"] == "images" and script["loader"] is True
+    # Its train loader alone and its first batch replayed, each through the Trainer's fit, then end to end: every
+    # Lightning fit after trial 0 on one live worker, which none of them left anything behind in.
+    parts = parts_of(tmp_path, "script-lightning_ddp-main")
+    assert {t.user_attrs["stage"] for t in parts} == {"ceiling", "supply"}
+    runs = [t for t in [*found.get_trials()[1:], *parts] if trial_attrs(t).get("launch_s") is not None]
+    assert len(runs) >= 3 and all(t.value > 0 for t in runs), [(t.number, t.user_attrs) for t in runs]
+    assert {trial_attrs(t).get("worker") for t in runs} == {"worker-1"}
+    # What Lightning writes stays in each trial's folder: its default logs, and no checkpoint.
+    logs = tmp_path / "studies" / "script-lightning_ddp-main"
+    assert not (tmp_path / "lightning_logs").exists() and (logs / "trial-1" / "lightning_logs").is_dir()
+    assert not list(logs.rglob("*.ckpt"))
 
 
 def test_the_accelerate_example_is_searched_on_a_live_worker_exported_and_trained(tmp_path):
