@@ -673,8 +673,12 @@ class Batches:
         return self._stream or self._run.request.mode == "ceiling"
 
     def close(self) -> None:
-        """Its DataLoader's workers joined (persistent ones otherwise live as long as the loader, which a
-        framework's objects may keep past the run)."""
+        """Its loader closed (an image pipeline's ``close``), or its DataLoader's workers joined (persistent ones
+        otherwise live as long as the loader, which a framework's objects may keep past the run)."""
+        own = getattr(self._loader, "close", None)
+        if callable(own):
+            own()
+            return
         iterator = getattr(self._loader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()

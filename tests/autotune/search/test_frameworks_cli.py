@@ -28,7 +28,8 @@ def parts_of(cwd, study: str) -> list:
         return []
 
 
-def searched_exported_and_trained(tmp_path, script: str, study: str, args: list[str], trials: int):
+def searched_exported_and_trained(tmp_path, script: str, study: str, args: list[str], trials: int, searched=None):
+    """Search, export, train; ``searched(tmp_path)`` checks what the search alone left."""
     r = autotune("search", "--script", script, "--trials", str(trials), "--", *args, cwd=tmp_path, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     found = study_of(tmp_path, study)
@@ -37,6 +38,8 @@ def searched_exported_and_trained(tmp_path, script: str, study: str, args: list[
     measured = [t for t in trials_run if t.value is not None]
     assert measured and all(t.value > 0 and trial_attrs(t).get("loss_finite") is not False for t in measured)
     applies = set(found.user_attrs["script"]["applies"])
+    if searched is not None:
+        searched(tmp_path)
     r = autotune("export", "best.yaml", "--study", study, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data = yaml.safe_load((tmp_path / "best.yaml").read_text())
@@ -49,9 +52,17 @@ def searched_exported_and_trained(tmp_path, script: str, study: str, args: list[
     return found, applies
 
 
+def nothing_outside_the_trials(cwd) -> None:
+    """What Lightning writes in a search stays in each trial's folder: its default logs, and no checkpoint."""
+    trials = cwd / "studies" / "script-lightning_ddp-main"
+    assert not (cwd / "lightning_logs").exists() and (trials / "trial-1" / "lightning_logs").is_dir()
+    assert not list(cwd.rglob("*.ckpt"))
+
+
 def test_the_lightning_example_is_searched_on_a_live_worker_with_stages_exported_and_trained(tmp_path):
     found, applies = searched_exported_and_trained(tmp_path, f"{EXAMPLES / 'lightning_ddp.py'}:main",
-                                                   "script-lightning_ddp-main", LIGHTNING_ARGS, trials=4)
+                                                   "script-lightning_ddp-main", LIGHTNING_ARGS, trials=4,
+                                                   searched=nothing_outside_the_trials)
     # What reaches the Trainer, the DataModule's loader (the run's image pipeline) and the module is what the
     # search may change.
     assert {"precision", "accum_steps", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "batch_size",
@@ -67,10 +78,8 @@ def test_the_lightning_example_is_searched_on_a_live_worker_with_stages_exported
     runs = [t for t in [*found.get_trials()[1:], *parts] if trial_attrs(t).get("launch_s") is not None]
     assert len(runs) >= 3 and all(t.value > 0 for t in runs), [(t.number, t.user_attrs) for t in runs]
     assert {trial_attrs(t).get("worker") for t in runs} == {"worker-1"}
-    # What Lightning writes stays in each trial's folder: its default logs, and no checkpoint.
-    logs = tmp_path / "studies" / "script-lightning_ddp-main"
-    assert not (tmp_path / "lightning_logs").exists() and (logs / "trial-1" / "lightning_logs").is_dir()
-    assert not list(logs.rglob("*.ckpt"))
+    # The trained run is the script's own: its checkpoints where Lightning puts them.
+    assert list((tmp_path / "lightning_logs").rglob("*.ckpt"))
 
 
 def test_the_accelerate_example_is_searched_on_a_live_worker_exported_and_trained(tmp_path):
