@@ -1,17 +1,20 @@
 """A Lightning and an Accelerate script through the real command line (2 gloo ranks on the CPU): each example
-searched with its trials measured end to end, exported and trained, one cheap run per framework; and a script whose
-framework is not installed: one line naming the install, exit 2, no study."""
+searched as a function on a live worker with its trials measured end to end (the Lightning one with its stages),
+exported and trained, one cheap run per framework; the Lightning example unchanged under plain torchrun; and a script
+whose framework is not installed: one line naming the install, exit 2, no study."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import yaml
 
 from autotune.study.storage import trial_attrs
 from tests.autotune.search.test_script_cli import EXAMPLES, LM_ARGS, studies_in, study_of
-from tests.helpers.cli import autotune
+from tests.helpers.cli import autotune, cli_env
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("lightning")
@@ -101,3 +104,16 @@ def test_a_script_whose_framework_is_not_installed_gets_one_line_naming_the_inst
     lines = [x for x in r.stderr.splitlines() if x.startswith("autotune search: error:")]
     assert len(lines) == 1 and "pip install 'ddp-autotune[lightning]'" in lines[0], r.stderr[-2000:]
     assert "Traceback" not in r.stderr and studies_in(tmp_path) == []
+
+
+def test_the_lightning_example_runs_unchanged_under_plain_torchrun(tmp_path):
+    """Outside a search the runtime is a pass-through: the script's Trainer, its epochs, its checkpoint; its images
+    through run.image_loader's default pipeline (PIL), sharded by the run."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(EXAMPLES / "lightning_ddp.py"), *LIGHTNING_ARGS, "--epochs", "2"],
+                          env={**cli_env(tmp_path), "OMP_NUM_THREADS": "1"}, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "`Trainer.fit` stopped: `max_epochs=2` reached." in proc.stdout + proc.stderr
+    # 320 images over 2 ranks at the DataModule's batch of 64: 2 steps an epoch, 2 epochs.
+    assert [p.name for p in (tmp_path / "lightning_logs").rglob("*.ckpt")] == ["epoch=1-step=4.ckpt"]
