@@ -109,7 +109,7 @@ class AccelerateRun(FrameworkRun):
         train loader is the first DataLoader prepared (Accelerate's convention: ``prepare(model, optimizer,
         train_loader, eval_loader)``); any later one (evaluation's) stays the script's."""
         train = next((o for o in objects if isinstance(o, DataLoader)), None) if self.run._loader is None else None
-        before = [self.loader(o) if o is train else
+        before = [self.loader(o) if train is not None and o is train else
                   self.layout(o)[0] if isinstance(o, torch.nn.Module) else o for o in objects]
         out = prepare(*before, **kwargs)
         many = out if isinstance(out, tuple) else (out,)
@@ -119,7 +119,7 @@ class AccelerateRun(FrameworkRun):
                 made = self.compiled(made)
             elif isinstance(given, torch.optim.Optimizer):
                 prepare_optimizer(getattr(made, "optimizer", made))
-            elif given is train:
+            elif train is not None and given is train:
                 made = self.batches(made, samples)
             after.append(made)
         return tuple(after) if isinstance(out, tuple) else after[0]
