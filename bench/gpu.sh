@@ -26,9 +26,10 @@
 #                  folder=N[@S]: examples/folder_ddp.py:main, a script with its own ImageFolder and DataLoader handed
 #                  to run.loader (study folder-fn; where its own loader bounds it, the project's fastest pipeline is
 #                  measured once on the same folder, and its show says both figures); lightning=N[@S]:
-#                  examples/lightning_ddp.py, the same ResNet-50 as a Lightning DataModule, LightningModule and
-#                  Trainer tuned through trainer.runtime.lightning (a fresh torchrun per trial; study
-#                  lightning-script); against search=N@S in the same call for the ratio
+#                  examples/lightning_ddp.py:main, the same ResNet-50 as a Lightning DataModule (its train images
+#                  through run.image_loader), LightningModule and Trainer tuned through trainer.runtime.lightning,
+#                  trial after trial on a live worker, with stages (study lightning-fn; final=lightning-fn re-measures
+#                  and trains its best); against search=N@S in the same call for the ratio
 #   model=NAME[@S] a fresh 16-trial search of a torchvision classifier by name (--model NAME) on the same JPEGs
 #   hand=ROWS      bench/run.py rows into hand.json; hand-NAME=ROWS: the same rows with --set model.name=NAME (and
 #                  the model family's optimizer: AdamW 1e-3 for convnext/vit/swin/maxvit)
@@ -180,7 +181,7 @@ PY
         script) name=seed-script; what=(--script examples/seed_ddp.py) ;;
         script-fn) name=seed-fn; what=(--script examples/seed_ddp.py:main) ;;
         folder) name=folder-fn; what=(--script examples/folder_ddp.py:main) ;;
-        lightning) name=lightning-script; what=(--script examples/lightning_ddp.py) ;;
+        lightning) name=lightning-fn; what=(--script examples/lightning_ddp.py:main) ;;
         model) name="held-$n"; what=(--spec resnet50 --model "$n" --data "$data" "${search_set[@]}"); n=16 ;;
       esac
       extra=()

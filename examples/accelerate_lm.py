@@ -70,7 +70,7 @@ def main():
     args = parse_args()
     cuda = torch.cuda.is_available()
     run = tuned.setup(unit="tokens")
-    accelerator = run.accelerator(mixed_precision="bf16" if cuda else "no")
+    accelerator = run.accelerator(mixed_precision="bf16" if cuda else "no", samples=lambda t: t[:, 1:].numel())
     loader = DataLoader(BigramTokens(args.sequences, args.seq_len, args.vocab), batch_size=32, shuffle=True,
                         num_workers=1, persistent_workers=True, drop_last=True)
     model = TinyLM(args.vocab, args.seq_len, args.dim or (512 if cuda else 128), args.layers or (8 if cuda else 2))

@@ -1,10 +1,12 @@
 """The seed tutorial's ResNet-50 as a Lightning script — a LightningDataModule reading an ImageFolder with
 transforms.v2, a LightningModule, a Trainer with DDP under torchrun — tuned through ddp-autotune's Lightning adapter
 (``lightning_ddp_plain.py`` is the script without it; the README shows the diff). The search tunes the Trainer's
-precision, accumulation and DDP buckets, the train loader's batch and workers, the module's layout and compile.
+precision, accumulation and DDP buckets, the train loader's batch and workers and its input pipeline (the
+DataModule's training images come through ``run.image_loader``: the same crop, flip and normalization, decoded by
+PIL, libjpeg-turbo, nvJPEG, a split of each batch or DALI), the module's layout and compile.
 
     torchrun --nproc-per-node 4 examples/lightning_ddp.py --data /path/to/imagefolder       # runs as it always did
-    autotune search --script examples/lightning_ddp.py -- --data /path/to/imagefolder
+    autotune search --script examples/lightning_ddp.py:main -- --data /path/to/imagefolder  # trials on a live worker
 
 Without ``--data`` it trains on a small generated ImageFolder; without a GPU it defaults to ResNet-18 on 64-px crops.
 """
@@ -74,7 +76,8 @@ def main():
     cuda = torch.cuda.is_available()
     run = tuned.setup(unit="images")
     size = args.image_size or (224 if cuda else 64)
-    data = run.datamodule(ImageData(args.data or image_folder(), size))
+    folder = args.data or image_folder()
+    data = run.datamodule(ImageData(folder, size), image_folder=folder, image_size=size)
     model = run.module(Classifier(args.model or ("resnet50" if cuda else "resnet18"), len(data.classes), args.lr))
     trainer = run.trainer(max_epochs=args.epochs, precision="16-mixed" if cuda else "32-true", strategy="ddp",
                           devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))

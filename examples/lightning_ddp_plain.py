@@ -69,7 +69,8 @@ def main():
     args = parse_args()
     cuda = torch.cuda.is_available()
     size = args.image_size or (224 if cuda else 64)
-    data = ImageData(args.data or image_folder(), size)
+    folder = args.data or image_folder()
+    data = ImageData(folder, size)
     model = Classifier(args.model or ("resnet50" if cuda else "resnet18"), len(data.classes), args.lr)
     trainer = pl.Trainer(max_epochs=args.epochs, precision="16-mixed" if cuda else "32-true", strategy="ddp",
                          devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))

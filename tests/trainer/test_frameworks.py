@@ -2,7 +2,9 @@
 framework's own object — the Trainer's precision plugin, accumulation and DDPStrategy, the Accelerator's mixed
 precision, accumulation and DDP kwargs, the train loader's batch and workers — outside a search the script's own
 arguments stand, every training batch is reported into the run's meter and the fit stops once the trial is
-measured, and a missing framework is one line naming its install."""
+measured; the train loader the framework iterates is the run's (its supply and ceiling measured through the fit or
+the loop, an image pipeline for a Lightning DataModule, channels_last inputs); a trial leaves no checkpoint and no
+log folder outside its own; and a missing framework is one line naming its install."""
 
 from __future__ import annotations
 
@@ -16,11 +18,15 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, TensorDataset
+from torchvision import datasets
+from torchvision.transforms import v2
 
 from trainer.config import MeasureConfig
 from trainer.protocol import ResultWriter
 from trainer.records import Dist
+from trainer.runtime._batches import samples_per_rank
+from trainer.runtime._run import ScriptError, TrialDone
 from trainer.runtime.request import Active, Request, activate
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -52,7 +58,9 @@ def world_of_one():
 
 
 def started(module, tmp_path, mode="measure", settings=None, unit="samples"):
-    """The adapter's run as a live worker's trial would start it: the request, the record stream, the group."""
+    """The adapter's run as a live worker's trial would start it: the request, the record stream (in the trial's
+    folder, ``tmp_path``), the group."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     request = Request(mode=mode, settings=dict(TRIAL if settings is None else settings), measure=MEASURE,
                       result=str(tmp_path / "result.jsonl"))
     writer = ResultWriter(request.result, 0)
@@ -85,17 +93,21 @@ class Data(pl.LightningDataModule):
 
 
 class Net(pl.LightningModule):
-    def __init__(self):
+    def __init__(self, classes: int = 2, size: int = 8):
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
-        self.seen_channels_last = []
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * (size - 2) ** 2, classes))
+        self.seen_channels_last, self.seen, self.validated = [], [], []
 
     def training_step(self, batch, batch_idx):
         x, y = batch
         self.seen_channels_last.append(x.is_contiguous(memory_format=torch.channels_last))
+        self.seen.append(x)
         loss = nn.functional.cross_entropy(self.net(x), y)
         self.log("train_loss", loss)
         return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.validated.append(batch[0].shape)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -150,8 +162,97 @@ def test_a_lightning_fit_reports_every_batch_and_stops_once_the_trial_is_measure
     assert run.steps == trainer.global_step
     windows = [r for r in got if r["kind"] == "window"]
     assert windows and all(w["steps"] * 4 <= w["images"] <= w["steps"] * 3 * 4 for w in windows)
-    applied = next(r for r in got if r["kind"] == "settings")["applied"]
-    assert {"precision", "accum_steps", "batch_size", "num_workers", "bucket_cap_mb", "channels_last"} <= set(applied)
+    settings = next(r for r in got if r["kind"] == "settings")
+    assert {"precision", "accum_steps", "batch_size", "num_workers", "bucket_cap_mb", "channels_last"} <= \
+        set(settings["applied"])
+    # Its train loader is the run's: a search may measure it alone and replay its first batch (stages).
+    assert settings["loader"] is True and settings["samples_per_rank"] == 64
+
+
+def test_a_lightning_supply_measures_the_train_loader_alone_inside_the_fit(tmp_path, ended):
+    run = started(tuned_lightning, tmp_path, mode="supply", settings={"batch_size": 4, "num_workers": 1},
+                  unit="images")
+    ended(run)
+    trainer = run.trainer(max_epochs=1)
+    module = run.module(Net())
+    with pytest.raises(TrialDone):  # the trial ends inside the fit's first fetch
+        trainer.fit(module, datamodule=run.datamodule(Data()))
+    assert module.seen == []  # not one training step: the model unused
+    got = records(tmp_path)
+    summary = next(r for r in got if r["kind"] == "summary")
+    assert summary["mode"] == "loader" and summary["imgs_per_s"] > 0
+    windows = [r for r in got if r["kind"] == "window"]
+    assert windows and all(w["images"] == 4 * w["steps"] for w in windows)
+
+
+def test_a_lightning_ceiling_replays_the_first_batch_through_the_fit(tmp_path, ended):
+    run = started(tuned_lightning, tmp_path, mode="ceiling", settings={"batch_size": 16}, unit="images")
+    ended(run)
+    trainer = run.trainer(max_epochs=1)
+    module = run.module(Net())
+    trainer.fit(module, datamodule=run.datamodule(Data()))
+    assert run.done and trainer.should_stop
+    # One batch, on the device, stepped on in one endless epoch: no loader, no epoch boundary in the windows.
+    assert len(module.seen) > 4 and all(x is module.seen[0] for x in module.seen)
+    assert trainer.current_epoch == 1  # the one epoch, ended by the trial: longer than the loader's 4 batches
+    summary = next(r for r in records(tmp_path) if r["kind"] == "summary")
+    assert summary["mode"] == "measure" and summary["imgs_per_s"] > 0 and summary["loss_finite"] is True
+
+
+def test_a_lightning_trial_saves_no_checkpoint_and_keeps_its_logs_in_its_folder(tmp_path, ended, monkeypatch):
+    cwd, trial = tmp_path / "cwd", tmp_path / "trial-3"
+    cwd.mkdir(), trial.mkdir()
+    monkeypatch.chdir(cwd)
+    run = started(tuned_lightning, trial, settings={"batch_size": 4}, unit="images")
+    ended(run)
+    trainer = run.trainer(max_epochs=1, callbacks=[pl.callbacks.ModelCheckpoint(dirpath=cwd / "checkpoints")])
+    trainer.fit(run.module(Net()), datamodule=run.datamodule(Data()))
+    assert run.done
+    assert list(cwd.iterdir()) == [] and (trial / "lightning_logs").is_dir() and not list(trial.rglob("*.ckpt"))
+
+
+class Images(pl.LightningDataModule):
+    """An ImageFolder with the ImageNet recipe for training, and a validation loader of its own."""
+
+    def __init__(self, root, size: int = 16):
+        super().__init__()
+        self.root, self.size = root, size
+
+    def setup(self, stage: str):
+        self.train = datasets.ImageFolder(self.root, transform=v2.Compose([
+            v2.RandomResizedCrop(self.size), v2.RandomHorizontalFlip(), v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]))
+        self.val = datasets.ImageFolder(self.root, transform=v2.Compose([
+            v2.Resize((10, 10)), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]))
+
+    def train_dataloader(self):
+        return DataLoader(self.train, batch_size=6, shuffle=True, num_workers=0, drop_last=True)
+
+    def val_dataloader(self):
+        return DataLoader(self.val, batch_size=5)
+
+
+@pytest.mark.parametrize("mode", ["plain", "measure"])
+def test_an_image_folder_datamodule_trains_on_the_runs_image_pipeline(tmp_path, ended, tiny_jpegs, mode):
+    settings = {"batch_size": 4, "decode": "torchvision-cpu", "channels_last": True} if mode == "measure" else {}
+    run = started(tuned_lightning, tmp_path, mode=mode, settings=settings, unit="images")
+    ended(run)
+    data = run.datamodule(Images(tiny_jpegs), image_folder=tiny_jpegs, image_size=16)
+    module = run.module(Net(classes=3, size=16))
+    trainer = run.trainer(max_epochs=1, default_root_dir=tmp_path / "own", limit_val_batches=2,
+                          num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=data)
+    assert module.seen and all(x.shape[1:] == (3, 16, 16) for x in module.seen)
+    if mode == "plain":
+        # The script's DataLoader's batch of 6 is the default; its one epoch of 36 images; its validation its own.
+        assert [len(x) for x in module.seen] == [6] * 6 and run.settings()["decode"] == "pil"
+        assert module.validated == [(5, 3, 10, 10)] * 2
+    else:
+        assert run.done and {len(x) for x in module.seen} == {4} and all(module.seen_channels_last)
+        assert module.validated == []  # a trial times training alone
+        assert next(r for r in records(tmp_path) if r["kind"] == "settings")["applied"]["decode"] == \
+            "torchvision-cpu"
 
 
 def test_each_trial_setting_reaches_the_accelerator_and_its_prepared_loader(tmp_path, ended):
@@ -204,3 +305,81 @@ def test_a_missing_framework_is_one_line_naming_its_install(monkeypatch, framewo
     monkeypatch.delitem(sys.modules, f"trainer.runtime.{framework}", raising=False)
     with pytest.raises(ScriptError, match=rf"pip install 'ddp-autotune\[{framework}\]'"):
         importlib.import_module(f"trainer.runtime.{framework}")
+
+
+def accelerate_loop(run, accelerator, model, loader, seen: list) -> None:
+    """The example's loop: ``accumulate``, ``backward``, a step, a report of the batch's tokens."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for _ in run.epochs(1):
+        for tokens in loader:
+            seen.append(tokens)
+            with accelerator.accumulate(model):
+                loss = model(tokens[:, :-1].float()).pow(2).mean()
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            if run.report(tokens[:, 1:].numel(), loss):
+                break
+
+
+def test_an_accelerate_supply_and_ceiling_measure_the_prepared_loader_in_the_loops_unit(tmp_path, ended):
+    tokens = torch.randint(0, 9, (128, 9))
+    count = lambda batch: batch[:, 1:].numel()  # the loop's tokens, not its sequences
+    run = started(tuned_accelerate, tmp_path / "supply", mode="supply", settings={"batch_size": 8})
+    ended(run)
+    accelerator = run.accelerator(samples=count)
+    loader = accelerator.prepare(DataLoader(tokens, batch_size=16, shuffle=True))
+    seen = []
+    with pytest.raises(TrialDone):  # the trial ends inside the loop's first fetch
+        accelerate_loop(run, accelerator, nn.Linear(8, 1), loader, seen)
+    assert seen == []
+    windows = [r for r in records(tmp_path / "supply") if r["kind"] == "window"]
+    assert windows and all(w["images"] == 8 * 8 * w["steps"] for w in windows)  # tokens, as the loop reports
+    run.close()
+
+    run = started(tuned_accelerate, tmp_path / "ceiling", mode="ceiling", settings={"batch_size": 8})
+    ended(run)
+    accelerator = run.accelerator(samples=count)
+    loader = accelerator.prepare(DataLoader(tokens, batch_size=16, shuffle=True))
+    seen = []
+    accelerate_loop(run, accelerator, nn.Linear(8, 1), loader, seen)
+    assert run.done and len(seen) > len(loader) and all(t is seen[0] for t in seen)  # the first batch, replayed
+    assert next(r for r in records(tmp_path / "ceiling") if r["kind"] == "settings")["loader"] is True
+
+
+def test_a_loader_that_counts_other_samples_than_the_steps_report_is_refused_with_the_fix(tmp_path, ended):
+    run = started(tuned_accelerate, tmp_path, settings={"batch_size": 8})
+    ended(run)
+    accelerator = run.accelerator()  # no samples=: the loader counts sequences, the loop reports tokens
+    loader = accelerator.prepare(DataLoader(torch.randint(0, 9, (64, 9)), batch_size=8))
+    with pytest.raises(ScriptError, match=r"reported 64 samples, but the loader counts 8 .* samples=lambda batch"):
+        accelerate_loop(run, accelerator, nn.Linear(8, 1), loader, [])
+
+
+def test_accelerate_hands_an_image_model_its_batches_in_channels_last_and_leaves_the_eval_loader_alone(tmp_path,
+                                                                                                         ended):
+    run = started(tuned_accelerate, tmp_path, settings={"batch_size": 4, "channels_last": True}, unit="images")
+    ended(run)
+    accelerator = run.accelerator()
+    data = TensorDataset(torch.randn(32, 3, 8, 8), torch.randint(0, 2, (32,)))
+    model, train, val = accelerator.prepare(Net().net, DataLoader(data, batch_size=8), DataLoader(data, batch_size=5))
+    assert model.module[0].weight.is_contiguous(memory_format=torch.channels_last)
+    x, _ = next(iter(train))
+    assert x.is_contiguous(memory_format=torch.channels_last) and len(x) == 4  # the run's batch, in its layout
+    assert len(next(iter(val))[0]) == 5 and not isinstance(val, type(train))  # the script's own, as prepared
+
+
+def test_samples_per_rank_takes_a_distributed_samplers_length_and_else_the_dataset_over_the_ranks():
+    data = TensorDataset(torch.zeros(10, 1))
+    # A DistributedSampler's length is one rank's share; any other sampler's (Accelerate shards the batches of a
+    # loader whose sampler still spans the whole dataset) is not: the dataset over the ranks instead.
+    assert samples_per_rank(DataLoader(data, sampler=DistributedSampler(data, num_replicas=2, rank=0)), 2) == 5
+    assert samples_per_rank(DataLoader(data, sampler=RandomSampler(data)), 2) == 5
+    assert samples_per_rank(DataLoader(data, batch_size=2), 4) == 2
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield torch.zeros(1)
+
+    assert samples_per_rank(DataLoader(Stream()), 2) is None

@@ -1,5 +1,6 @@
 """What the runtime does with one batch of a script's loader, whatever its structure (a tensor, or tuples, lists,
-dicts and named tuples of them): move it to the run's device, count its samples, touch every tensor of it."""
+dicts and named tuples of them): move it to the run's device, count its samples, touch every tensor of it; and what
+it reads of the loader itself: how much of the data one rank holds, how many batches its workers prefetch."""
 
 from __future__ import annotations
 
@@ -41,3 +42,25 @@ def touch(batch: Any) -> torch.Tensor:
         return batch.reshape(-1)[:1].float().sum() if batch.numel() else torch.zeros((), device=batch.device)
     parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
     return sum((touch(b) for b in parts), torch.zeros(()))
+
+
+def samples_per_rank(loader: Any, world_size: int) -> int | None:
+    """How many samples of its data one rank sees per epoch (the largest batch it can fill), when the loader can
+    tell: a ``DistributedSampler``'s length (per rank), else its dataset's over the ranks. Any other sampler's
+    length is not taken: a framework's shard (Accelerate's) keeps the whole dataset's sampler and shards the
+    batches."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, DistributedSampler):
+        return len(sampler)
+    try:
+        return len(loader.dataset) // world_size
+    except (AttributeError, TypeError):  # no dataset, or an IterableDataset without a length
+        return None
+
+
+def prefetched(loader: Any) -> int:
+    """Batches a DataLoader's workers have ready before the first step (the meter discards at least these)."""
+    workers = getattr(loader, "num_workers", 0) or 0
+    return workers * (getattr(loader, "prefetch_factor", None) or 2) if workers else 0

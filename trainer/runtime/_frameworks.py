@@ -1,19 +1,23 @@
 """What the framework adapters (``trainer.runtime.lightning``, ``trainer.runtime.accelerate``) share: a run that
 a framework drives instead of the script's own loop. The settings are still applied by ``trainer.apply``'s helpers
 (the DataLoader's arguments, the DDP wrapper's, layout and compile, the optimizer's first step); this module only
-hands each helper the run's values, with the framework object's own as the script's defaults."""
+hands each helper the run's values, with the framework object's own as the script's defaults. The train loader the
+framework iterates is the run's ``Batches`` (``batches``), as ``run.loader``'s is: on the device, in channels_last
+when the run asks, and in a stage's modes the loader alone or its first batch replayed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.apply import compile_script_model, data_loader, ddp_args, loader_settings, place, takes_layout
 from trainer.config import DDPConfig
 from trainer.knobs import table
-from trainer.runtime._run import _UNSET, DDP_WRAPPER, LOADER, Run, ScriptError
+from trainer.runtime._batches import prefetched
+from trainer.runtime._run import _UNSET, DDP_WRAPPER, LOADER, Batches, Run, ScriptError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """The run's precision values, each with a name in every framework (``trainer.knobs``' precision choices)."""
@@ -59,8 +63,17 @@ class FrameworkRun:
             kept["sampler"] = loader.sampler
         rebuilt = data_loader(loader.dataset, loader_settings(**args), self.run.device, batch_size=batch_size, **kept)
         self.run._applied["prefetch_factor"] = rebuilt.prefetch_factor
-        self.run.feed = Feed(rebuilt, self.run.world_size)
         return rebuilt
+
+    def batches(self, loader: Any, samples: Callable[[Any], int] | None = None) -> Batches:
+        """The loader the framework iterates for training (after the framework sharded it over the ranks) as the
+        run's batches: what ``run.loader`` hands a script of its own loop. ``samples(batch)``: what a batch holds in
+        the run's unit (default: its first tensor's length)."""
+        if isinstance(loader, Batches):
+            return loader  # run.image_loader's: the run's already
+        batches = self.run._loader = Batches(self.run, loader, samples=samples, buffered=prefetched(loader))
+        self.run._closables.append(batches.close)
+        return batches
 
     def layout(self, module: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
         """The module on the run's device, in channels_last when the run asks (only a model with image-shaped
@@ -88,27 +101,8 @@ class FrameworkRun:
         ``accum_steps``): its samples and loss into the run's meter. True once the trial is measured. ``final``:
         whether the framework stepped the optimizer after it (both frameworks also step at an epoch's last batch,
         where a group of micro-batches is cut short); None: every ``accum_steps``-th."""
-        run = self.run
-        run._mark_ready()
-        accum = max(1, int(run._applied.get("accum_steps", 1)))
-        # The meter counts optimizer steps: report() counts a step when the micro-steps are a multiple of accum.
-        run._micro = (run._micro // accum + 1) * accum if final else run._micro + 1
+        self.run._mark_ready()
+        self.run.micro_step(stepped=final)
         if isinstance(loss, dict):
             loss = loss.get("loss")
-        return run.report(samples, loss)
-
-class Feed:
-    """A loader the framework shards over the ranks itself (Lightning's sampler, Accelerate's shards): what one
-    rank holds per epoch, and the batches its workers prefetch before the first step (the meter discards them)."""
-
-    def __init__(self, loader: DataLoader, world_size: int):
-        self.loader, self.world_size = loader, world_size
-        self.buffered = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
-
-    def samples_per_rank(self) -> int | None:
-        if isinstance(self.loader.sampler, DistributedSampler):
-            return len(self.loader.sampler)
-        try:
-            return len(self.loader.dataset) // self.world_size
-        except TypeError:  # an IterableDataset without a length
-            return None
+        return self.run.report(samples, loss)

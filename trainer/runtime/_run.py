@@ -46,7 +46,7 @@ from trainer.lifeline import die_with_parent, stacks_on_sigterm
 from trainer.meter import ThroughputMeter, allreduce, sync
 from trainer.protocol import Kind, ResultWriter, error_record
 from trainer.records import Dist, count_nonfinite, start_record, summary_record
-from trainer.runtime._batches import first_length, to_device, touch
+from trainer.runtime._batches import first_length, prefetched, samples_per_rank, to_device, touch
 from trainer.runtime._folder import image_folder
 from trainer.runtime.request import Request, active, current, last_run, set_run
 
@@ -130,9 +130,6 @@ class Run:
         self._loader: Batches | None = None
         self._image_folder: dict[str, Any] | None = None
         """The image folder the script's own Dataset reads (``_folder.image_folder``), for its settings record."""
-        self.feed: Any = None
-        """A loader a framework iterates (``trainer.runtime._frameworks.Feed``): its per-rank length and prefetch
-        buffer tell the search and the meter what ``_loader``'s would; the stage modes need ``_loader``."""
         self._iterated: weakref.WeakSet = weakref.WeakSet()
         self.meter: ThroughputMeter | None = None
         self.reports = self.steps = 0
@@ -219,9 +216,7 @@ class Run:
             loader = data_loader(data, loader_settings(**args), self.device, batch_size=batch_size, **kwargs)
             # What the loader really uses: DataLoader fills in its own prefetch depth when given none.
             self._applied["prefetch_factor"] = loader.prefetch_factor
-        workers = loader.num_workers
-        buffered = workers * (loader.prefetch_factor or 2) if workers else 0
-        self._loader = Batches(self, loader, samples=samples, buffered=buffered)
+        self._loader = Batches(self, loader, samples=samples, buffered=prefetched(loader))
         return self._loader
 
     def _check_loader(self, loader):
@@ -319,7 +314,7 @@ class Run:
         pipeline = build_pipeline(cfg, rank=self.rank, world_size=self.world_size, device=self.device,
                                   split="train" if train else "val")
         self._closables.append(pipeline.close)
-        batches = Batches(self, pipeline, buffered=prefetched_batches(cfg))
+        batches = Batches(self, pipeline, buffered=prefetched_batches(cfg), stream=self.in_search)
         batches.num_classes = classes_of(cfg)
         self._loader = batches
         return batches
@@ -374,7 +369,7 @@ class Run:
                 yield
         finally:
             self._stepping = False
-        self._micro += 1
+        self.micro_step(stepped=final)
         if final:
             if self._scaler is not None:
                 self._scaler.step(optimizer)
@@ -385,6 +380,15 @@ class Run:
             if scheduler is not None:
                 scheduler.step()
             self.stepped = True
+
+    def micro_step(self, *, stepped: bool | None = None) -> None:
+        """A micro-step (a forward and backward) has ended; ``stepped``: whether the optimizer stepped after it
+        (None: every ``accum_steps``-th micro-step does). ``run.step`` calls it; a framework's loop, which steps
+        on its own schedule (at an epoch's last batch too, cutting a group of micro-batches short), calls it before
+        ``report()``, which counts an optimizer step where one ended."""
+        accum = max(1, int(self._applied.get("accum_steps", 1)))
+        # report() counts a step when the micro-steps are a multiple of accum: a step taken early jumps to the next.
+        self._micro = (self._micro // accum + 1) * accum if stepped else self._micro + 1
 
     @property
     def final_micro_step(self) -> bool:
@@ -460,7 +464,7 @@ class Run:
             return True
         self.reports += 1
         if self.reports == 1:
-            self._first_report()
+            self._first_report(int(samples))
         if not self.request.measured:
             return False
         if loss is not None:
@@ -480,7 +484,7 @@ class Run:
             return True
         return False
 
-    def _first_report(self) -> None:
+    def _first_report(self, samples: int) -> None:
         unread = [n for n in self._declared if n not in self._read and n not in self._applied]
         if unread:
             raise ScriptError([f"runtime.setup() declares {', '.join(unread)} but the script never reads "
@@ -489,20 +493,26 @@ class Run:
         own = self._own_loaders()
         if own:
             raise ScriptError(own)
+        counted = getattr(self._loader, "first_samples", None)
+        if self.in_search and counted is not None and counted != samples:
+            # The loader alone (the supply) is measured in what the loader counts: it must be the report's unit.
+            raise ScriptError([f"the first step reported {samples} {self.unit}, but the loader counts {counted} in "
+                               "its first batch (its first tensor's length): give the loader samples=lambda batch: "
+                               f"<its {self.unit}> (run.loader, run.trainer or run.accelerator), so that it is "
+                               "measured in the unit the steps report"])
         self._mark_ready()
         sync(self.device)
         now = time.time()
         self.writer.write({"kind": Kind.SETTINGS, "t": now, "unit": self.unit, "applied": self.settings(),
                            "loader": self._loader is not None,
-                           "samples_per_rank": (self._loader or self.feed).samples_per_rank()
-                           if self._loader or self.feed else None,
+                           "samples_per_rank": self._loader.samples_per_rank() if self._loader else None,
                            **({"image_folder": self._image_folder} if self._image_folder else {})})
         self.writer.write({"kind": Kind.FIRST_STEP, "t": now, "first_batch_s": None,
                            "first_compute_s": round(time.perf_counter() - self._t_ready, 4),
                            "cudnn_benchmark": self._applied.get("cudnn_benchmark")})
         if self.request.measured:
-            feed = self._loader or self.feed
-            self.meter = self._meter(continuous=self.request.mode == "train", buffered=feed.buffered if feed else 0)
+            self.meter = self._meter(continuous=self.request.mode == "train",
+                                     buffered=self._loader.buffered if self._loader else 0)
             self._last_log = time.monotonic()
 
     def _mark_ready(self) -> None:
@@ -514,7 +524,7 @@ class Run:
         accum = max(1, int(self._applied.get("accum_steps", 1)))
         if workers is None:  # what the loader was built with (a script's own DataLoader is taken as it is)
             own = getattr(getattr(self._loader, "_loader", None), "num_workers", None)
-            applied = self._applied.get("num_workers", 0) if self._loader or self.feed else 0
+            applied = self._applied.get("num_workers", 0) if self._loader else 0
             workers = own if own is not None else applied
         cancel = self.request.cancel
         meter = ThroughputMeter(self.request.measure, images_per_step=0, device=self.device, emit=self.writer.write,
@@ -690,10 +700,32 @@ class Batches:
     model without the input pipeline (a batch that is already on the device costs nothing to fetch) — the two
     numbers the search's stages weigh for the built-in job too."""
 
-    def __init__(self, run: Run, loader, *, samples: Callable[[Any], int] | None = None, buffered: int = 0):
+    def __init__(self, run: Run, loader, *, samples: Callable[[Any], int] | None = None, buffered: int = 0,
+                 stream: bool = False):
         self._run, self._loader, self._samples = run, loader, samples or first_length
         self.buffered = buffered
         """Batches the loader's workers have ready before the first step: the meter discards at least these."""
+        self._stream = stream
+        self.first_samples: int | None = None
+        """What the first batch it handed out holds, as it counts (``samples``): the steps must report the same."""
+
+    @property
+    def endless(self) -> bool:
+        """Whether iterating it never ends an epoch: the ceiling's replayed batch, or a loader that streams epochs
+        without end (an image pipeline built for a search's measurement, as the built-in job's): ``len()`` is then
+        no epoch of these batches."""
+        return self._stream or self._run.request.mode == "ceiling"
+
+    def close(self) -> None:
+        """Its loader closed (an image pipeline's ``close``), or its DataLoader's workers joined (persistent ones
+        otherwise live as long as the loader, which a framework's objects may keep past the run)."""
+        own = getattr(self._loader, "close", None)
+        if callable(own):
+            own()
+            return
+        iterator = getattr(self._loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -702,14 +734,9 @@ class Batches:
         return getattr(self._loader, name)
 
     def samples_per_rank(self) -> int | None:
-        """How many samples of its data this rank sees per epoch (the largest batch it can fill), when the loader
-        can tell: its sampler's length (a DistributedSampler's is per rank), else its dataset's over the ranks."""
-        for get in (lambda: len(self._loader.sampler), lambda: len(self._loader.dataset) // self._run.world_size):
-            try:
-                return int(get())
-            except (AttributeError, TypeError):
-                continue
-        return None
+        """How many samples of its data this rank sees per epoch, when the loader can tell
+        (``trainer.runtime._batches.samples_per_rank``)."""
+        return samples_per_rank(self._loader, self._run.world_size)
 
     def set_epoch(self, epoch: int) -> None:
         target = getattr(self._loader, "set_epoch", None) or getattr(getattr(self._loader, "sampler", None),
@@ -725,11 +752,16 @@ class Batches:
         run._mark_ready()
         channels_last = bool(run._value("channels_last"))
         if mode == "ceiling":
-            first = to_device(next(iter(self._loader)), run.device, channels_last)
+            first = self._counted(to_device(next(iter(self._loader)), run.device, channels_last))
             while True:
                 yield first
         for batch in self._epoch():
-            yield to_device(batch, run.device, channels_last)
+            yield self._counted(to_device(batch, run.device, channels_last))
+
+    def _counted(self, batch: Any) -> Any:
+        if self.first_samples is None:
+            self.first_samples = self._samples(batch)
+        return batch
 
     def _epoch(self) -> Iterator[Any]:
         """One pass over the loader, its start (``iter`` and the first batch: workers spawned, batches prefetched)
@@ -742,7 +774,8 @@ class Batches:
             it = iter(self._loader)
             batch = next(it, _END)
         try:
-            length = len(self._loader)
+            # A stream of epochs without end crosses no boundary its consumer waits at.
+            length = None if self.endless else len(self._loader)
         except TypeError:
             length = None
         given = 0

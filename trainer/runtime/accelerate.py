@@ -20,14 +20,21 @@ The trial's settings reach the ``Accelerator`` (``mixed_precision``, ``gradient_
 ``DistributedDataParallelKwargs`` with the bucket size, gradient-as-bucket-view and static graph) and what its
 ``prepare`` is handed: a DataLoader is rebuilt with the run's batch size and loader settings before Accelerate
 shards it, a model goes channels_last and is compiled (after Accelerate's DDP wrapper, as ``Run.model``), an
-optimizer gets its first-step state. The script's own arguments are the defaults; outside a search the Accelerator
-is the one the script asked for. Accelerate joins the process group the run started (gloo on CPUs, where it is
-told ``cpu=True``).
+optimizer gets its first-step state. The loader ``prepare`` returns is the run's batches
+(``trainer.runtime._run.Batches``, as ``run.loader``'s; ``len()``, ``set_epoch`` and every other attribute are
+Accelerate's loader's): on the device, 4-D float inputs in channels_last when the run asks, and in a stage's
+measurement the loader alone (``supply``: the trial ends inside the loop's first fetch) or its first batch replayed
+(``ceiling``). ``run.accelerator(samples=...)`` says what a batch holds in the run's unit when it is not its first
+tensor's length (tokens: ``lambda batch: batch[:, 1:].numel()``), so that the loader alone is measured in the unit
+the loop reports. The script's own arguments are the defaults; outside a search the Accelerator is the one the
+script asked for. Accelerate joins the process group the run started (gloo on CPUs, where it is told
+``cpu=True``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,15 +64,17 @@ def setup(*, unit: str = "samples", **defaults: Any) -> AccelerateRun:
 class AccelerateRun(FrameworkRun):
     """The run's settings as an ``Accelerator`` and its ``prepare`` take them."""
 
-    def accelerator(self, **kwargs: Any) -> Accelerator:
+    def accelerator(self, *, samples: Callable[[Any], int] | None = None, **kwargs: Any) -> Accelerator:
         """``accelerate.Accelerator(**kwargs)`` with the run's settings (``accelerator_args``); its ``prepare``
-        applies the run's loader, layout, compile and optimizer settings to what it is handed."""
+        applies the run's loader, layout, compile and optimizer settings to what it is handed, and returns a
+        loader as the run's batches. ``samples(batch)``: what a batch holds in the run's unit (default: its first
+        tensor's length)."""
         # Accelerate keeps one state per process: a live worker's next trial may run another precision.
         AcceleratorState._reset_state()
         GradientState._reset_state()
         accelerator = self._accelerator = Accelerator(**self.accelerator_args(**kwargs))
         own = accelerator.prepare
-        accelerator.prepare = lambda *objects, **kw: self._prepared(own, objects, kw)
+        accelerator.prepare = lambda *objects, **kw: self._prepared(own, objects, kw, samples)
         return accelerator
 
     def accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
@@ -94,18 +103,23 @@ class AccelerateRun(FrameworkRun):
         accelerator = getattr(self, "_accelerator", None)
         return super().report(samples, loss, final=accelerator.sync_gradients if accelerator is not None else None)
 
-    def _prepared(self, prepare, objects: tuple, kwargs: dict[str, Any]):
-        """Accelerate's ``prepare`` of the objects as the run wants them: loaders rebuilt and models laid out
-        before, models compiled and optimizers readied after."""
-        before = [self.loader(o) if isinstance(o, DataLoader) else
+    def _prepared(self, prepare, objects: tuple, kwargs: dict[str, Any], samples: Callable[[Any], int] | None):
+        """Accelerate's ``prepare`` of the objects as the run wants them: the train loader rebuilt and models laid
+        out before; models compiled, optimizers readied and the train loader made the run's batches after. The
+        train loader is the first DataLoader prepared (Accelerate's convention: ``prepare(model, optimizer,
+        train_loader, eval_loader)``); any later one (evaluation's) stays the script's."""
+        train = next((o for o in objects if isinstance(o, DataLoader)), None) if self.run._loader is None else None
+        before = [self.loader(o) if train is not None and o is train else
                   self.layout(o)[0] if isinstance(o, torch.nn.Module) else o for o in objects]
         out = prepare(*before, **kwargs)
         many = out if isinstance(out, tuple) else (out,)
         after = []
-        for given, made in zip(before, many, strict=True):
+        for given, made in zip(objects, many, strict=True):
             if isinstance(given, torch.nn.Module):
                 made = self.compiled(made)
             elif isinstance(given, torch.optim.Optimizer):
                 prepare_optimizer(getattr(made, "optimizer", made))
+            elif train is not None and given is train:
+                made = self.batches(made, samples)
             after.append(made)
         return tuple(after) if isinstance(out, tuple) else after[0]

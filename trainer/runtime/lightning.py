@@ -4,36 +4,44 @@
 
     run = tuned.setup(unit="images")                    # as trainer.runtime.setup
     data = run.datamodule(MyDataModule())               # its train loader with the run's loader settings
-    model = run.module(MyModule())                      # channels_last (model and inputs), torch.compile
+    model = run.module(MyModule())                      # channels_last, torch.compile
     trainer = run.trainer(max_epochs=10, precision="16-mixed")   # L.Trainer(...) with the run's settings
     trainer.fit(model, datamodule=data)
 
 The trial's settings reach the ``Trainer`` (``precision``: ``32-true``/``bf16-mixed``/``16-mixed``;
 ``accumulate_grad_batches``; a ``DDPStrategy`` with the bucket size, gradient-as-bucket-view and static graph, on the
 process group the run started, gloo on the CPU), the train loader (batch size, workers, prefetch, pinned and
-persistent workers) and the module; the script's own values are the defaults, so outside a search the Trainer is
-the one the script asked for (DDP at every world size, as ``Run.model``). A callback reports every training batch
-into the run's meter and stops the fit once the trial is measured (``trainer.should_stop``; a fit that will not
-stop, under ``min_epochs``, ends at the next batch). Lightning's logging and checkpointing are the script's; a
-search's trial only skips validation (its windows time training) and runs epochs until it is measured.
+persistent workers; or, for an ImageFolder, the project's input pipelines: ``datamodule(dm, image_folder=...)``) and
+the module; the script's own values are the defaults, so outside a search the Trainer is the one the script asked
+for (DDP at every world size, as ``Run.model``). The train loader, once Lightning has sharded it, is the run's
+batches (``trainer.runtime._run.Batches``, as ``run.loader``'s): on the device, channels_last when the run asks, and
+in a stage's measurement the loader alone (``supply``: the trial ends inside the fit's first fetch, its model
+unused) or its first batch replayed through the fit (``ceiling``). A callback reports every training batch into the
+run's meter and stops the fit once the trial is measured (``trainer.should_stop``; a fit that will not stop, under
+``min_epochs``, ends at the next batch). In a search a trial skips validation (its windows time training), runs
+epochs until it is measured, saves no checkpoint and keeps Lightning's default log folder in the trial's own; outside
+a search, logging, checkpoints and validation are the script's.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from torch.utils.data import DataLoader
 
 from trainer.apply import prepare_optimizer
-from trainer.runtime._batches import first_length, to_device
+from trainer.runtime._batches import first_length
 from trainer.runtime._frameworks import PRECISIONS, FrameworkRun, missing
-from trainer.runtime._run import ScriptError
+from trainer.runtime._run import LOADER, Batches, ScriptError
 from trainer.runtime._run import setup as _setup
 
 try:
     import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.strategies import DDPStrategy
 except ImportError as e:  # the one line a search prints; trainer.runtime itself never needs Lightning
     raise missing("lightning", e) from None
@@ -56,28 +64,52 @@ def setup(*, unit: str = "samples", **defaults: Any) -> LightningRun:
 class LightningRun(FrameworkRun):
     """The run's settings as a Lightning ``Trainer``, DataModule and LightningModule take them."""
 
-    def datamodule(self, data):
+    def datamodule(self, data, *, image_folder: str | None = None, image_size: int = 224):
         """A LightningDataModule (or a LightningModule with its own ``train_dataloader``) whose train loader is
-        rebuilt with the run's loader settings; its other loaders stay the script's."""
+        rebuilt with the run's loader settings; its other loaders stay the script's.
+
+        ``image_folder``: its train loader is ``run.image_loader(image_folder, image_size=image_size)`` instead, with
+        its DataLoader's batch size, workers, prefetch and pinning as the defaults: the project's input pipelines
+        (PIL, libjpeg-turbo, nvJPEG, a split of each batch, DALI: the ``decode`` setting) with their random-resized
+        crop, flip and ImageNet normalization, sharded over the ranks by the run (Lightning shards only a
+        DataLoader, so it leaves these alone), on the device. For a DataModule whose training transform is that
+        recipe; its own dataset then goes unread for training."""
         own = data.train_dataloader
-        data.train_dataloader = lambda: self.loader(own())
+        if image_folder is None:
+            data.train_dataloader = lambda: self.loader(own())
+        else:
+            data.train_dataloader = lambda: self._images(own(), str(image_folder), image_size)
         return data
 
+    def _images(self, loader: Any, folder: str, image_size: int) -> Batches:
+        """``run.image_loader`` with the script's DataLoader's settings as its defaults."""
+        given = {name: getattr(loader, name, None) for name in LOADER} if isinstance(loader, DataLoader) else {}
+        return self.image_loader(folder, image_size=image_size, **{k: v for k, v in given.items() if v is not None})
+
     def module(self, module: pl.LightningModule):
-        """The LightningModule in channels_last (its 4-D float inputs too, after Lightning moved them) and under
-        torch.compile when the run asks; Lightning unwraps a compiled module and compiles it again inside its
-        strategy."""
-        module, channels_last = self.layout(module)
-        if channels_last:
-            own = module.on_after_batch_transfer
-            device = self.run.device
-            module.on_after_batch_transfer = lambda batch, i: to_device(own(batch, i), device, True)
-        return self.compiled(module)
+        """The LightningModule in channels_last when the run asks (its training batches are the run's, in the same
+        layout) and under torch.compile when the run asks; Lightning unwraps a compiled module and compiles it
+        again inside its strategy."""
+        return self.compiled(self.layout(module)[0])
 
     def trainer(self, *, samples: Callable[[Any], int] | None = None, **kwargs: Any) -> pl.Trainer:
-        """``lightning.pytorch.Trainer(**kwargs)`` with the run's settings (``trainer_args``). ``samples(batch)``:
-        what a batch holds in the run's unit (default: its first tensor's length)."""
-        return pl.Trainer(**self.trainer_args(samples=samples, **kwargs))
+        """``lightning.pytorch.Trainer(**kwargs)`` with the run's settings (``trainer_args``); the train loader it
+        iterates is the run's batches. ``samples(batch)``: what a batch holds in the run's unit (default: its first
+        tensor's length)."""
+        trainer = pl.Trainer(**self.trainer_args(samples=samples, **kwargs))
+        # The strategy's hook for what it makes of each loader, after Lightning sharded it (its DistributedSampler).
+        own = trainer.strategy.process_dataloader
+        trainer.strategy.process_dataloader = lambda loader: self._train_loader(trainer, own(loader), samples)
+        return trainer
+
+    def _train_loader(self, trainer: pl.Trainer, loader: Any, samples: Callable[[Any], int] | None) -> Any:
+        """The fit's train loader as the run's batches; validation's, test's and prediction's stay the script's.
+        Batches that never end an epoch (the ceiling's, a search's image pipeline) go without a length: Lightning
+        runs them as one epoch until the trial is measured."""
+        if not trainer.training:
+            return loader
+        batches = self.batches(loader, samples)
+        return _Endless(batches) if batches.endless else batches
 
     def trainer_args(self, *, samples: Callable[[Any], int] | None = None, **kwargs: Any) -> dict[str, Any]:
         """The Trainer's keyword arguments: the script's, with the run's precision, accumulation, DDP strategy and
@@ -97,11 +129,18 @@ class LightningRun(FrameworkRun):
         if cuda and "cudnn_benchmark" in self.run.request.settings:
             args["benchmark"] = self.run._applied["cudnn_benchmark"]
         callbacks = args.get("callbacks") or []
-        args["callbacks"] = [*(callbacks if isinstance(callbacks, list) else [callbacks]), Report(self, samples)]
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
         if self.run.in_search:
-            # A trial's windows time training alone, over as many epochs as it takes to settle (run.epochs' rule).
-            args.update(max_epochs=-1, max_steps=-1, max_time=None, limit_val_batches=0, num_sanity_val_steps=0)
+            # A trial's windows time training alone, over as many epochs as it takes to settle (run.epochs' rule);
+            # what it leaves is the trial's: no checkpoint, Lightning's default logs in the trial's folder.
+            args.update(max_epochs=-1, max_steps=-1, max_time=None, limit_val_batches=0, num_sanity_val_steps=0,
+                        enable_checkpointing=False)
+            callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+            if self.run.request.result:
+                args["default_root_dir"] = str(Path(self.run.request.result).resolve().parent)
             args.setdefault("enable_progress_bar", False)
+            args.setdefault("enable_model_summary", False)
+        args["callbacks"] = [*callbacks, Report(self, samples)]
         return args
 
     def _strategy(self, strategy):
@@ -114,6 +153,16 @@ class LightningRun(FrameworkRun):
         if type(strategy) is DDPStrategy:
             strategy._ddp_kwargs = self.ddp_kwargs(dict(strategy._ddp_kwargs))
         return strategy
+
+
+class _Endless:
+    """Batches that never end an epoch, as Lightning is handed them: iterable, without a length."""
+
+    def __init__(self, batches: Batches):
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.batches)
 
 
 class Report(pl.Callback):
@@ -130,6 +179,13 @@ class Report(pl.Callback):
             raise ScriptError([f"the train loader gave no batch (batch_size={self.run.run._applied.get('batch_size')} "
                                f"on {self.run.world_size} rank(s) is more than the data holds)"])
         self.run.run._mark_ready()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module) -> None:
+        # The epoch's shuffle and augmentation (an image pipeline's derive from it); Lightning sets a sampler's
+        # epoch itself, not a pipeline's. Each epoch after the first iterates after this.
+        batches = self.run.run._loader
+        if batches is not None and not batches.endless:
+            batches.set_epoch(trainer.current_epoch)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         # Lightning steps every accumulate_grad_batches and at an epoch's last batch.
