@@ -123,11 +123,24 @@ class ThroughputMeter:
     """Steps since the last round's end that the windows know of: the start, or the end of an epoch's turn."""
 
     @property
+    def in_rounds(self) -> bool:
+        """Whether the batches come in rounds of the loader's workers: windows of whole rounds (a script's own
+        loader restarted every epoch), or a buffer the workers filled (they make the batches: all started together,
+        they hand them over a round at a time, one burst per round)."""
+        return self.whole_rounds or self.prefetched_steps >= self.span_steps > 1
+
+    @property
+    def pace_steps(self) -> int:
+        """The steps whose pace sizes the first window: a whole round where batches come in rounds (inside one,
+        a burst makes single steps free or slow), else the last few."""
+        return max(1, self.span_steps) if self.in_rounds else STEP_TIME_STEPS
+
+    @property
     def min_steps(self) -> int:
         """Steps discarded at least: the warm-up minimum, and the prefetch buffer plus the steps whose pace sizes
         the first window. A loader serves buffered steps at once: a first window sized on them would be aimed at
         ten times the steps a loader-bound run makes in ``window_s``."""
-        buffered = self.prefetched_steps + STEP_TIME_STEPS if self.prefetched_steps else 0
+        buffered = self.prefetched_steps + max(STEP_TIME_STEPS, self.pace_steps) if self.prefetched_steps else 0
         return max(self.cfg.warmup_min_steps, buffered)
 
     @property
@@ -277,8 +290,8 @@ class ThroughputMeter:
         not_done, any_capped = allreduce([float(not done), float(capped)], dist.ReduceOp.MAX, self.device)
         if not_done and not any_capped:
             return
-        if self.whole_rounds:  # the last round's pace: inside a round, bursts make single steps free or slow
-            recent = self._step_times[-max(1, self.span_steps):]
+        if self.in_rounds:  # the last round's pace
+            recent = self._step_times[-self.pace_steps:]
             local = sum(recent) / len(recent)
         else:
             local = statistics.median(self._step_times[-STEP_TIME_STEPS:])
