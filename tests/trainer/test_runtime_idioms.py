@@ -133,3 +133,12 @@ def test_a_functions_own_init_process_group_is_accepted_on_the_workers_group(gro
     assert dist.init_process_group is apply.dist.init_process_group  # torch's own again
     with pytest.raises(ValueError, match="twice"):
         dist.init_process_group("gloo")
+
+
+def test_an_image_loader_with_workers_records_the_prefetch_depth_its_dataloader_uses(make_run, tiny_jpegs):
+    """A script that gives workers but no prefetch depth runs DataLoader's own (2): trial 0's settings record that,
+    not None (a search once noted "trial 0 ran the script's loader.prefetch_factor=None")."""
+    run = make_run()
+    loader = run.image_loader(str(tiny_jpegs), image_size=32, batch_size=4, num_workers=1)
+    next(iter(loader))
+    assert run.settings()["prefetch_factor"] == 2

@@ -303,6 +303,8 @@ class Run:
         # Without workers a loader has no prefetch depth to apply (loader_settings clears it either way).
         loader = loader_settings(num_workers=workers, prefetch_factor=given("prefetch_factor") if workers else None,
                                  pin_memory=given("pin_memory"), persistent_workers=given("persistent_workers"))
+        if workers:  # what the loader really uses (DataLoader's own depth when the script gave none)
+            self._applied["prefetch_factor"] = loader.prefetch_factor
         # A trial reads one endless stream of epochs (no epoch boundary inside its windows), as the built-in job's
         # measurements do; a plain or full run has the epochs of the script's loop.
         cfg = TrainConfig(data=data, loader=loader, training=TrainingConfig(
