@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# TEMPORARY diagnostic (not committed): where an end-to-end DALI step loses against the model alone.
+# The diagnostic of session 8 as it ran (bench/RESULTS.md): AUTOTUNE_DALI_READER and AUTOTUNE_DALI_FEED_THREADS were
+# switches of a diagnostic build of trainer/data/dali.py at 5613655, never committed; d85f998 keeps the reader.
 set -uo pipefail
 out=${OUT:-/tmp/diag}; mkdir -p "$out"
 exec > >(tee -a "$out/call.log") 2>&1
