@@ -162,11 +162,9 @@ DATALOADER_PREFETCH = 2
 def loader_settings(*, num_workers: int, prefetch_factor: int | None = None, pin_memory: bool = False,
                     persistent_workers: bool = False) -> LoaderConfig:
     """Loader settings a DataLoader accepts: without workers there is no prefetch depth and no worker to keep
-    alive (DataLoader refuses either), so both are cleared rather than refused; with workers and no depth given,
-    the depth DataLoader would use, so that what a run records is what its loader does."""
-    prefetch = (prefetch_factor or DATALOADER_PREFETCH) if num_workers else None
-    return LoaderConfig(num_workers=num_workers, prefetch_factor=prefetch, pin_memory=bool(pin_memory),
-                        persistent_workers=bool(persistent_workers) and num_workers > 0)
+    alive (DataLoader refuses either), so both are cleared rather than refused."""
+    return LoaderConfig(num_workers=num_workers, prefetch_factor=prefetch_factor if num_workers else None,
+                        pin_memory=bool(pin_memory), persistent_workers=bool(persistent_workers) and num_workers > 0)
 
 
 def loader_args(loader: LoaderConfig, device: torch.device) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from trainer.apply import DATALOADER_PREFETCH
 from trainer.config import TrainConfig
 from trainer.data.cpu import LoaderPipeline
 from trainer.data.dali import DaliPipeline
@@ -116,4 +117,4 @@ def prefetched_batches(cfg: TrainConfig) -> int:
     ahead = 1 if cfg.data.decode in GPU_DECODE_PATHS else 0
     if cfg.data.decode == "nvjpeg-gpu":
         return ahead
-    return cfg.loader.num_workers * (cfg.loader.prefetch_factor or 2) + ahead
+    return cfg.loader.num_workers * (cfg.loader.prefetch_factor or DATALOADER_PREFETCH) + ahead

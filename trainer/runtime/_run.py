@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.apply import (
+    DATALOADER_PREFETCH,
     applied_here,
     autocast,
     compile_script_model,
@@ -304,7 +305,7 @@ class Run:
         loader = loader_settings(num_workers=workers, prefetch_factor=given("prefetch_factor") if workers else None,
                                  pin_memory=given("pin_memory"), persistent_workers=given("persistent_workers"))
         if workers:  # what the loader really uses (DataLoader's own depth when the script gave none)
-            self._applied["prefetch_factor"] = loader.prefetch_factor
+            self._applied["prefetch_factor"] = loader.prefetch_factor or DATALOADER_PREFETCH
         # A trial reads one endless stream of epochs (no epoch boundary inside its windows), as the built-in job's
         # measurements do; a plain or full run has the epochs of the script's loop.
         cfg = TrainConfig(data=data, loader=loader, training=TrainingConfig(
