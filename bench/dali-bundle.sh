@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # NVIDIA DALI for the GPU machines in fewer parts than its wheels: ../shared/gpu-big-wheels.sh's wheels (~259 MB,
 # 5 parts of 56 MiB, one GPU call each) installed here for the GPU machines' Python 3.12, stripped of what a run
-# does not load (debug symbols, headers, other Pythons' extension modules, nvCOMP), packed with xz: ~145 MB, 3 parts.
+# does not load (debug symbols, headers, other Pythons' extension modules, nvCOMP), packed with xz: ~145 MB, 3 parts
+# of at most 52 MiB, so the first part, Optuna's wheels without plotly (6 MiB: the report is not made there) and the
+# tree fit one call's 64 MiB and the first call already runs a search.
 # Usage, from the project root:  bash bench/dali-bundle.sh        (writes .whl-big/p1 .. p3, git-ignored)
 #
 # On the GPU machine a carried path replaces the ignored folder it lies in, so each call copies its part out of the
 # tree at once. Back to back while the machine is warm:
-#   call 1: carry [".whl-big/p1"]:          mkdir -p /tmp/parts && cp .whl-big/p*/* /tmp/parts/
-#   call 2: carry [".whl-big/p2"]:          the same
-#   call 3: carry [".whl-big/p3", ".whl"]:  the same, then the wheels (DALI last: pip's --upgrade --target replaces
-#           a whole top-level folder, nvidia/ included), then the command:
-#     cp .whl-big/p*/* /tmp/parts/ && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-#       --upgrade --target /tmp/site .whl/*.whl && cat /tmp/parts/dali.tar.xz.part-* > /tmp/dali.tar.xz && \
+#   call 1: carry [".whl-big/p1", ".whl-min"] (.whl-min: ../shared/gpu-wheels.sh's wheels less plotly's):
+#     mkdir -p /tmp/parts && cp .whl-big/p*/* /tmp/parts/ && python3 -m pip install -q --no-index --no-deps \
+#       --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-min/*.whl && \
+#       export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit; bash bench/gpu.sh ...   (stages without DALI)
+#   call 2: carry [".whl-big/p2"]:  cp .whl-big/p*/* /tmp/parts/ && export ... ; bash bench/gpu.sh ...
+#   call 3: carry [".whl-big/p3"]:  the same, then DALI unpacked after the wheels (pip's --upgrade --target would
+#           replace a whole top-level folder, nvidia/ included), then the command:
+#     cp .whl-big/p*/* /tmp/parts/ && cat /tmp/parts/dali.tar.xz.part-* > /tmp/dali.tar.xz && \
 #       python3 -c "import tarfile; tarfile.open('/tmp/dali.tar.xz').extractall('/tmp/site')" && \
 #       export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit; bash bench/gpu.sh ...
 set -euo pipefail
@@ -31,7 +35,13 @@ find . -name '*.so*' -type f -exec strip --strip-unneeded {} \; 2>/dev/null || t
 cd - >/dev/null
 rm -rf .whl-big && mkdir -p .whl-big
 tar -cf - -C "$work/site" . | xz -T0 -8 > "$work/dali.tar.xz"
-split -b 56M -d -a 1 "$work/dali.tar.xz" "$work/dali.tar.xz.part-"
+split -b 52M -d -a 1 "$work/dali.tar.xz" "$work/dali.tar.xz.part-"
 i=0; for f in "$work"/dali.tar.xz.part-*; do i=$((i+1)); mkdir -p .whl-big/p$i; mv "$f" .whl-big/p$i/; done
 if [ -d .git ] && ! grep -qx "/.whl-big/" .git/info/exclude 2>/dev/null; then echo "/.whl-big/" >> .git/info/exclude; fi
 echo "$i parts:"; du -sh .whl-big/p*
+# The first call's wheels: Optuna's without plotly (only the report, made here, imports it).
+if [ -d .whl ]; then
+  rm -rf .whl-min && mkdir .whl-min && cp .whl/*.whl .whl-min/ && rm -f .whl-min/plotly-*
+  if [ -d .git ] && ! grep -qx "/.whl-min/" .git/info/exclude 2>/dev/null; then echo "/.whl-min/" >> .git/info/exclude; fi
+  du -sh .whl-min
+fi
