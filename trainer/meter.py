@@ -5,7 +5,9 @@ window on the same step. A window's throughput is the images of all ranks over t
 Device synchronization happens only at window boundaries (and on every discarded warm-up step), so the measured steps
 keep their normal host/device overlap. Step time has settled when the latest ``windows`` windows and the one before
 them agree within ``spread_target``; the result is those ``windows``, and every window before them was warm-up (a
-loader catching up, a late recompile), so settling costs one window beyond the result's.
+loader catching up, a late recompile), so settling costs one window beyond the result's. A script's own loader,
+restarted every epoch, is measured in windows of whole worker rounds with each epoch's turn charged beside them, or,
+where its epochs are short (``short_epochs``), in windows of whole epochs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,18 @@ PIL workers of a script's own loader took 2.96, 2.79 and 2.67 s back to back (th
 slowest): windows of one round would differ by 10 % on that alone, twice the spread target."""
 
 
+def short_epochs(length: int, workers: int) -> bool:
+    """Whether the epochs of a loader restarted every epoch (``length`` batches from ``workers`` workers) are
+    measured in windows of whole epochs (``ThroughputMeter.epoch_windows``) rather than of whole rounds: where the
+    rounds between two turns (``length // workers - 1``: the turn takes the last, partial round and the next epoch's
+    first) hold fewer than two windows of ``MIN_ROUNDS``. Each window is then one epoch's steady part or less, and
+    the turn, a third of the epoch or more, is charged from as few samples: on 1xH200 (62 steps from 16 workers) such
+    windows varied 17 % from epoch to epoch and never settled. A whole epoch holds every cost a real run pays for it,
+    and is at most ``2 * MIN_ROUNDS + 1`` rounds: about two and a half of the shortest windows of whole rounds, so
+    the rule itself bounds a window's time; longer epochs keep windows of whole rounds."""
+    return length // max(1, workers) - 1 < 2 * MIN_ROUNDS
+
+
 @dataclass
 class Window:
     index: int
@@ -49,6 +63,9 @@ class Window:
     loss_nonfinite: int = 0
     """Steps of the window whose loss was NaN or inf on some rank. The loss is computed before the GradScaler
     scales anything, so a healthy fp16 run has none: a non-finite loss is a forward pass that overflowed."""
+
+    epochs: int = 0
+    """Whole epochs it holds (``ThroughputMeter.epoch_windows``); 0: it was cut at steps."""
 
     @property
     def imgs_per_s(self) -> float:
@@ -89,6 +106,16 @@ class ThroughputMeter:
     round at a time: a window that ends inside a burst reads its steps as free or as a whole round's wait, a window
     of whole rounds reads their pace whatever the bursts. Set with ``turn_begins``/``turn_ends`` (the runtime)."""
 
+    epoch_windows: bool = False
+    """Windows of whole epochs of a script's own loader (``short_epochs``), cut at each epoch's start
+    (``epoch_begins``: before its loader's workers spawn), as many epochs as ``window_s`` asks, one at least: an
+    epoch's end, restart and first round fall inside, so a window's figure is what a run pays per epoch and nothing
+    is charged beside it. The warm-up ends at an epoch's start; one that outlasts ``warmup_max_s`` there says the
+    epochs are too long to be windows, and the meter goes on as without (``whole_rounds``, ``epoch_boundary``).
+    Set by the runtime where every rank's epoch has as many batches, so they all cut on the same step."""
+
+    epochs_per_window: int = 1
+
     epoch_turns: list[dict[str, float]] = field(default_factory=list)
     """Each epoch's turn measured inside the windows (``turn_begins`` to ``turn_ends``): its ``seconds``, and the
     ``steps`` and this rank's ``images`` it served. Kept out of the windows, charged net of what those steps take at
@@ -121,6 +148,8 @@ class ThroughputMeter:
     _turn: dict[str, Any] | None = None
     _round_pos: int = 0
     """Steps since the last round's end that the windows know of: the start, or the end of an epoch's turn."""
+    _win_epochs: int = 0
+    _t_epoch: float = field(default_factory=time.perf_counter)
 
     @property
     def in_rounds(self) -> bool:
@@ -168,7 +197,7 @@ class ThroughputMeter:
             self._round_pos += 1
             self._win_steps += 1
             self._win_images += images
-            if self._win_steps >= self.steps_per_window:
+            if self._win_steps >= self.steps_per_window and not self.epoch_windows:
                 self._close_window()
         now, self._t_step = self._t_step, time.monotonic()
         if self.state != "done" and self._t_step - self._t_said >= STEPS_EVERY_S:
@@ -205,7 +234,8 @@ class ThroughputMeter:
         epoch's length), and its seconds kept, an end's added to the start after it (``epoch_starts``), to charge
         over a real epoch (``charge_epochs``). In a train run's continuous windows it is part of the pace: nothing
         is paused."""
-        if self.continuous or self.state == "done" or self._turn is not None:  # a turn holds it already
+        # A turn holds it already; a window of whole epochs holds it too.
+        if self.continuous or self.epoch_windows or self.state == "done" or self._turn is not None:
             yield
             return
         start = time.perf_counter()
@@ -225,8 +255,8 @@ class ThroughputMeter:
         counted) and out of warm-up; the turn's own seconds, steps and images are kept (``epoch_turns``). Begun and
         ended on the same steps on every rank (the runtime checks that every rank's epoch has as many batches), so
         the ranks' windows still close on the same step. In a train run's continuous windows it is part of the pace:
-        nothing is kept out."""
-        if self.continuous or self.state == "done" or self._turn is not None:
+        nothing is kept out; nor in windows of whole epochs, which hold their turns."""
+        if self.continuous or self.epoch_windows or self.state == "done" or self._turn is not None:
             return
         sync(self.device)
         self._turn = {"t0": time.perf_counter(), "steps": 0, "images": 0, "state": self.state}
@@ -249,6 +279,28 @@ class ThroughputMeter:
                 self.epoch_turns.append({"seconds": now - turn["t0"], "steps": turn["steps"],
                                          "images": turn["images"]})
 
+    def epoch_begins(self, images: int = 0) -> None:
+        """An epoch of the script's own loader begins (before its ``iter``), on the same step on every rank; windows
+        of whole epochs (``epoch_windows``) are cut here. ``images``: what this rank's steps consumed before it but
+        have not yet counted (an accumulation that runs over the epoch's end): the ending epoch's. The first
+        epoch's start, before any step, and the warm-up's are not a window's: the first epoch spawns its workers
+        cold, so the first window is the epoch after the warm-up's last."""
+        if not self.epoch_windows or self.state == "done" or not self.steps_total:
+            return
+        if self.state == "warmup":
+            sync(self.device)
+            now = time.perf_counter()
+            epoch_s, self._t_epoch = now - self._t_epoch, now
+            not_done = allreduce([float(self.warmup_steps < max(1, self.min_steps))], dist.ReduceOp.MAX,
+                                 self.device)[0]
+            if not not_done:
+                self._measure_from(now, capped=False, epoch_s=epoch_s)
+            return
+        self._win_images += images
+        self._win_epochs += 1
+        if self._win_epochs >= self.epochs_per_window:
+            self._close_window()
+
     def turn_costs(self) -> list[float]:
         """What each epoch turn cost this rank beyond the steady pace: its seconds less the seconds its steps take
         at the steady windows' pace (this rank's share of it). A turn starts at a round's end and ends at one, so
@@ -264,8 +316,9 @@ class ThroughputMeter:
         """What a real run pays per epoch, charged to the figure: ``start_s`` seconds of boundary (the slowest
         rank's) once every ``epoch_images`` images (all ranks'), on top of the steady windows' pace. The summary's
         ``imgs_per_s`` is then the charged figure; ``imgs_per_s_steady`` the windows' own. ``measured``: how many
-        epoch boundaries ``start_s`` stands on (default: those this meter met)."""
-        if epoch_images and start_s:
+        epoch boundaries ``start_s`` stands on (default: those this meter met). Windows of whole epochs hold their
+        boundaries already: nothing is charged."""
+        if epoch_images and start_s and not self.epoch_windows:
             met = len(self.epoch_turns) or len(self.epoch_starts)
             self._charge = {"epoch_images": int(epoch_images), "epoch_start_s": round(start_s, 6),
                             "epoch_starts": met if measured is None else measured}
@@ -285,22 +338,35 @@ class ThroughputMeter:
         done = self.warmup_steps >= max(1, self.min_steps)
         if self.whole_rounds:  # the first window opens at a round's end
             done = done and self._round_pos % max(1, self.span_steps) == 0
+        if self.epoch_windows:  # ... or at an epoch's start (epoch_begins)
+            done = False
         capped = now - self._t_start >= self.cfg.warmup_max_s
         # Every rank must leave warm-up on the same step: when all are done, or any has hit the time cap.
         not_done, any_capped = allreduce([float(not done), float(capped)], dist.ReduceOp.MAX, self.device)
         if not_done and not any_capped:
             return
+        # Windows of whole epochs leave warm-up here only when capped before an epoch's start: an epoch longer than
+        # the warm-up may take is too long to be a window.
+        self.epoch_windows = False
+        self._measure_from(now, capped=bool(not_done))
+
+    def _measure_from(self, now: float, *, capped: bool, epoch_s: float = 0.0) -> None:
+        """The warm-up's end (on the same step on every rank): the first window aimed at ``window_s`` from the
+        slowest rank's pace, in steps, or in epochs from its last epoch's seconds (``epoch_s``)."""
         if self.in_rounds:  # the last round's pace
             recent = self._step_times[-self.pace_steps:]
             local = sum(recent) / len(recent)
         else:
             local = statistics.median(self._step_times[-STEP_TIME_STEPS:])
-        self.step_time_s = allreduce([local], dist.ReduceOp.MAX, self.device)[0]
-        self.warmup_capped = bool(not_done)
+        self.step_time_s, epoch_s = allreduce([local, epoch_s], dist.ReduceOp.MAX, self.device)
+        self.warmup_capped = capped
         self.steps_per_window = self._fit(round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
+        if self.epoch_windows:
+            self.epochs_per_window = max(1, round(self.cfg.window_s / max(epoch_s, 1e-9)))
         self._say({"kind": "warmup_done", "t": time.time(), "steps": self.warmup_steps,
                    "seconds": round(now - self._t_start, 4), "step_time_s": self.step_time_s,
-                   "capped": self.warmup_capped, "steps_per_window": self.steps_per_window})
+                   "capped": self.warmup_capped, "steps_per_window": self.steps_per_window,
+                   **({"epochs_per_window": self.epochs_per_window} if self.epoch_windows else {})})
         self.state = "measure"
         self._open_window()
 
@@ -311,7 +377,7 @@ class ThroughputMeter:
         self._loss_at_open = self._loss.detach().clone() if self._loss is not None else None
         sync(self.device)
         self._win_t0_wall, self._win_t0, self._win_steps, self._win_paused = time.time(), time.perf_counter(), 0, 0.0
-        self._win_images = 0
+        self._win_images = self._win_epochs = 0
         self._win_nonfinite = None
 
     def _close_window(self) -> None:
@@ -329,16 +395,20 @@ class ThroughputMeter:
         start, end = ((x / _world() for x in loss_sums) if self._loss is not None else (None, None))
         w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=int(images),
                    seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end,
-                   loss_nonfinite=int(bad))
+                   loss_nonfinite=int(bad), epochs=self._win_epochs if self.epoch_windows else 0)
         self.windows.append(w)
         self._say({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
                    "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3),
                    "loss_start": _round(w.loss_start), "loss_end": _round(w.loss_end),
-                   "loss_nonfinite": w.loss_nonfinite, "paused_s": round(self._win_paused, 6)})
+                   "loss_nonfinite": w.loss_nonfinite, "paused_s": round(self._win_paused, 6),
+                   **({"epochs": w.epochs} if w.epochs else {})})
         # Re-aim the next window at window_s from what this one really took (every rank computes the same number),
         # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
         aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))
         self.steps_per_window = self._fit(min(2 * w.steps, max(w.steps // 2, aim)))
+        if w.epochs:  # the same in whole epochs, one at least
+            aim = round(w.epochs * self.cfg.window_s / max(w.seconds, 1e-9))
+            self.epochs_per_window = max(1, min(2 * w.epochs, max(w.epochs // 2, aim)))
         self.cancelled = bool(stop)
         if self.cancelled or (not self.continuous and self._protocol_complete()):
             self.state = "done"
@@ -404,6 +474,8 @@ class ThroughputMeter:
             "imgs_per_s_max": round(max(rates), 3) if rates else None,
             "spread": round(self.spread(used), 5),
             "windows": len(self.windows),
+            # Windows of whole epochs (each window's record says how many): their figure is a run's, nothing charged.
+            "epoch_windows": self.epoch_windows,
             "warmup_steps": self.warmup_steps,
             "warmup_capped": self.warmup_capped,
             "settled": self.settled,

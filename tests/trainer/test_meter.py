@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.config import MeasureConfig
-from trainer.meter import STEP_TIME_STEPS, ThroughputMeter, Window
+from trainer.meter import STEP_TIME_STEPS, ThroughputMeter, Window, short_epochs
 
 
 def drive(meter, step_times, limit=10_000):
@@ -330,26 +330,107 @@ def _measure_own_loader(loader, *, mode: str, step_s: float = 0.0):
     return records
 
 
-@pytest.mark.parametrize("mode, step_s", [("supply", 0.0), ("measure", 0.01), ("measure", 0.03)],
+@pytest.mark.parametrize("mode, step_s", [("supply", 0.0), ("measure", 0.003), ("measure", 0.01)],
                          ids=["loader-alone", "loader-bound", "compute-bound"])
-def test_a_loader_restarted_every_epoch_settles_and_is_charged_what_its_epochs_take(mode, step_s):
-    """14 batches an epoch from 4 workers starting together (3 rounds and 2 batches): after each restart the batches
-    come in bursts of 4. Each epoch's turn (its last, partial round, the workers joined and spawned anew, the next
-    epoch's first round) is kept out of the windows of whole rounds and charged net of its steps' steady time: the
-    windows agree, and the figure is what an epoch really takes. Before, the boundary was kept out only until the
-    first batch came: the burst after it fell into the windows, which never agreed (a loader-bound loop), or the
-    first window was aimed at a burst's free steps, 600 steps long, and the measurement took 60 epochs (the loader
-    alone). (The spread target is loose so that sleep jitter on a loaded machine cannot decide the outcome.)"""
+def test_short_epochs_of_a_loader_restarted_every_epoch_are_measured_in_whole_epochs(mode, step_s):
+    """The 1xH200 case in small: 62 batches an epoch from 16 workers starting together (3 rounds and 14 batches),
+    each restart slower than a round. Between two turns there is room for one window of two rounds only: windows of
+    whole rounds were each one epoch's steady part, the turn charged beside them. Windows of whole epochs, cut at
+    each epoch's start, hold the restart, the partial round and the first round's wait: they agree, and their
+    figure is an epoch's images over its real wall time, with nothing charged beside it. (The spread target is loose
+    so that sleep jitter on a loaded machine cannot decide the outcome.)"""
     from tests.helpers.bursty import BurstyLoader
 
-    loader = BurstyLoader(batches=14, batch_size=8, workers=4, batch_s=0.08, spawn_s=0.05, join_s=0.01)
+    loader = BurstyLoader(batches=62, batch_size=8, workers=16, batch_s=0.08, spawn_s=0.12, join_s=0.01)
     records = _measure_own_loader(loader, mode=mode, step_s=step_s)
     summary = next(r for r in records if r["kind"] == "summary")
-    assert summary["settled"] and summary["spread"] <= 0.1, summary["imgs_per_s_windows"]
-    assert len(loader.starts) <= 12  # four windows of two rounds, one an epoch, and the warm-up
+    windows = {r["window"]: r for r in records if r["kind"] == "window"}
+    assert summary["epoch_windows"] and summary["settled"] and summary["spread"] <= 0.1, summary["imgs_per_s_windows"]
+    used = [windows[i] for i in summary["windows_used"]]
+    assert all(w["steps"] == 62 * w["epochs"] and not w["paused_s"] for w in used), used
+    assert "epoch_start_s" not in summary and summary["imgs_per_s"] == statistics.median(
+        w["imgs_per_s"] for w in used)  # no charge beside the windows
     epochs = [b - a for a, b in itertools.pairwise(loader.starts)]
-    truth = 14 * 8 / statistics.median(epochs)  # an epoch's images over its real wall time
-    assert summary["epoch_starts"] >= 1 and summary["imgs_per_s"] == pytest.approx(truth, rel=0.04), (summary, epochs)
+    truth = 62 * 8 / statistics.median(epochs)  # an epoch's images over its real wall time
+    assert summary["imgs_per_s"] == pytest.approx(truth, rel=0.03), (summary, epochs)
+    # The warm-up epoch, four windows of one epoch, and (a script's loop) the step that learns it is measured.
+    assert len(loader.starts) <= 6 + (mode != "supply")
+
+
+def test_long_epochs_of_a_loader_restarted_every_epoch_keep_windows_of_whole_rounds():
+    """22 batches an epoch from 4 workers: the four rounds between two turns hold two windows of two rounds. Each
+    epoch's turn (its last, partial round, the workers joined and spawned anew, the next epoch's first round) is kept
+    out of the windows of whole rounds and charged net of its steps' steady time: the figure is still what an epoch
+    really takes."""
+    from tests.helpers.bursty import BurstyLoader
+
+    loader = BurstyLoader(batches=22, batch_size=8, workers=4, batch_s=0.08, spawn_s=0.05, join_s=0.01)
+    records = _measure_own_loader(loader, mode="measure", step_s=0.01)
+    summary = next(r for r in records if r["kind"] == "summary")
+    windows = [r for r in records if r["kind"] == "window"]
+    assert not summary["epoch_windows"] and summary["settled"], summary["imgs_per_s_windows"]
+    assert all(w["steps"] % 4 == 0 and "epochs" not in w for w in windows)
+    assert summary["epoch_starts"] >= 1 and summary["epoch_starts"] == len(summary["epoch_turns_s"])
+    epochs = [b - a for a, b in itertools.pairwise(loader.starts)]
+    truth = 22 * 8 / statistics.median(epochs)
+    assert summary["imgs_per_s"] == pytest.approx(truth, rel=0.04), (summary, epochs)
+
+
+def test_the_rule_for_windows_of_whole_epochs():
+    # Fewer than two windows of MIN_ROUNDS whole rounds between two turns: whole epochs.
+    assert short_epochs(62, 16)  # 1xH200, a 32,000-image folder at batch 512: 3 rounds and 14 batches
+    assert short_epochs(19, 4) and not short_epochs(20, 4)  # 4 whole rounds: 3 between turns; 5: 4, two windows
+    assert not short_epochs(2502, 16)  # ImageNet at batch 512: 156 rounds
+    assert short_epochs(3, 0)  # no workers: the main process's batches, a round each
+
+
+def test_windows_of_whole_epochs_are_cut_at_each_epochs_start_and_charge_nothing():
+    """Epochs of 4 steps, each start 0.03 s of restart: the warm-up ends at an epoch's start, each window holds
+    whole epochs (as many as window_s asks), restarts included; images an accumulation carried over an epoch's end
+    are the ending epoch's."""
+    records = []
+    meter = make(records, warmup_min_steps=2, window_s=0.1, windows=2, max_windows=4, spread_target=0.5)
+    meter.epoch_windows = True
+    epochs = 0
+    while not meter.done and epochs < 40:
+        meter.epoch_begins(images=8 if epochs else 0)  # the first epoch's start comes before any step: no window's
+        with meter.epoch_boundary():  # workers spawned: inside the window, not paused
+            time.sleep(0.03)
+        for _ in range(4):
+            time.sleep(0.005)
+            meter.step()
+        epochs += 1
+    windows = [r for r in records if r["kind"] == "window"]
+    warmup = next(r for r in records if r["kind"] == "warmup_done")
+    assert meter.done and warmup["epochs_per_window"] == 2  # 0.1 s of 0.05 s epochs
+    assert all(w["steps"] == 4 * w["epochs"] and w["images"] == 40 * w["epochs"] for w in windows)
+    assert all(w["paused_s"] == 0 and w["seconds"] >= 0.05 * w["epochs"] for w in windows)
+    steady = meter.summary()["imgs_per_s"]
+    meter.charge_epochs(epoch_images=32, start_s=0.03)
+    assert meter.summary()["imgs_per_s"] == steady and meter.summary()["epoch_windows"]
+
+
+def test_epochs_longer_than_the_warm_up_may_take_are_not_windows():
+    """No epoch's start within warmup_max_s: the meter goes on in windows of steps, as without epoch windows."""
+    records = []
+    meter = make(records, warmup_min_steps=2, warmup_max_s=0.05, window_s=0.02, spread_target=10)
+    meter.epoch_windows = True
+    drive(meter, [0.005], limit=200)
+    assert meter.done and not meter.epoch_windows and meter.warmup_capped
+    assert all("epochs" not in r for r in records if r["kind"] == "window")
+
+
+def test_a_real_dataloader_of_short_epochs_is_measured_in_whole_epochs():
+    """A script's own DataLoader through ``run.loader``: 5 batches an epoch from 2 worker processes spawned anew each
+    epoch. The runtime cuts the windows at each epoch's start, on the steps every rank agrees on."""
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(torch.zeros(40, 1), batch_size=8, num_workers=2, persistent_workers=False)
+    records = _measure_own_loader(loader, mode="measure", step_s=0.002)
+    summary = next(r for r in records if r["kind"] == "summary")
+    windows = [r for r in records if r["kind"] == "window"]
+    assert summary["epoch_windows"] and windows and "epoch_start_s" not in summary
+    assert all(w["epochs"] >= 1 and w["steps"] == 5 * w["epochs"] for w in windows), windows
 
 
 def test_a_stream_of_worker_rounds_aims_its_first_window_at_a_rounds_pace_not_a_bursts():

@@ -44,7 +44,7 @@ from trainer.apply import (
 from trainer.config import ConfigError, DataConfig, DDPConfig, TrainConfig, TrainingConfig
 from trainer.knobs import table
 from trainer.lifeline import die_with_parent, stacks_on_sigterm
-from trainer.meter import ThroughputMeter, allreduce, sync
+from trainer.meter import ThroughputMeter, allreduce, short_epochs, sync
 from trainer.protocol import Kind, ResultWriter, error_record
 from trainer.records import Dist, count_nonfinite, start_record, summary_record
 from trainer.runtime._batches import first_length, prefetched, samples_per_rank, to_device, touch
@@ -140,7 +140,7 @@ class Run:
         self._t_ready: float | None = None
         self._epoch0_start_s: float | None = None
         self._turns: tuple[int, int] | None = None
-        """(tail, lead) of the epoch turns of the script's own DataLoader while measuring (``_turn_shape``)."""
+        """(tail, lead) of the epoch turns of the script's own DataLoader while measuring (``_epoch_shape``)."""
         self._turns_of: Batches | None = None
         """The loader they are of (another one, a validation loader, turns nothing)."""
         self.loss = torch.zeros((), device=self.device)
@@ -534,19 +534,23 @@ class Run:
                                 continuous=continuous, prefetched_steps=math.ceil(buffered / accum),
                                 span_steps=math.ceil((workers or 1) / accum),
                                 stop_requested=(lambda: os.path.exists(cancel)) if cancel else None)
-        self._turns = None if continuous else self._turn_shape()
+        shape = None if continuous else self._epoch_shape()
+        length, rounds_of = shape or (0, 1)
+        self._turns = (length % rounds_of, rounds_of) if shape and length // rounds_of >= 2 else None
         self._turns_of = self._loader
         meter.whole_rounds = self._turns is not None
+        meter.epoch_windows = shape is not None and short_epochs(length, rounds_of)
         return meter
 
-    def _turn_shape(self) -> tuple[int, int] | None:
-        """How the epochs of the script's own DataLoader turn, in batches: ``(tail, lead)``. Its workers all start
-        together at an epoch's start, one batch each, so its batches come in rounds of one per worker; an epoch's
-        turn runs from the end of its last whole round (``tail`` batches before its end: the partial round) through
-        the workers joined and spawned anew to the end of the next epoch's first round (``lead`` batches), each end
-        a round's end. None where the epochs have no round between turns, or the ranks' epochs are not all as long
-        (their turns would fall on different steps): the boundaries alone are then kept out
-        (``ThroughputMeter.epoch_boundary``). Collective: every rank calls it as its meter is made."""
+    def _epoch_shape(self) -> tuple[int, int] | None:
+        """The epochs of the script's own DataLoader: ``(length, workers)``, in batches. Its workers all start
+        together at an epoch's start, one batch each, so its batches come in rounds of one per worker. Where its
+        epochs are short (``trainer.meter.short_epochs``) the windows are whole epochs; else an epoch's turn
+        (``self._turns``: ``(tail, lead)``) runs from the end of its last whole round (``tail`` batches before its
+        end: the partial round) through the workers joined and spawned anew to the end of the next epoch's first
+        round (``lead`` batches), each end a round's end, and is kept out of windows of whole rounds. None where the
+        ranks' epochs are not all as long (their cuts would fall on different steps): the boundaries alone are then
+        kept out (``ThroughputMeter.epoch_boundary``). Collective: every rank calls it as its meter is made."""
         from torch.utils.data import DataLoader
 
         loader = getattr(self._loader, "_loader", None)
@@ -557,10 +561,21 @@ class Run:
         except TypeError:  # an iterable dataset: no epoch length
             return None
         shortest, longest = allreduce([-length, length], dist.ReduceOp.MAX, self.device)
-        workers = max(1, loader.num_workers)
-        if -shortest != longest or length // workers < 2:
+        if -shortest != longest or not length:
             return None
-        return length % workers, workers
+        return length, max(1, loader.num_workers)
+
+    def _epoch_begins(self, batches: Batches) -> bool:
+        """An epoch of ``batches`` begins: where the windows are whole epochs, the meter's cut, with the samples
+        reported but not yet stepped (an accumulation over the epoch's end), which the ending epoch consumed.
+        Returns whether the measurement ended there. A script's own loop learns it at its next ``report()``, as
+        ever (raised here, it would break a framework's loop); the loader alone ends at once (``_supply``)."""
+        meter = self.meter
+        if meter is None or not meter.epoch_windows or self._turns_of is not batches:
+            return False
+        meter.epoch_begins(images=self._pending)
+        self._pending = 0
+        return meter.done
 
     def _turn(self, *, begin: bool) -> None:
         if self.meter is not None and self._turns is not None:
@@ -593,7 +608,9 @@ class Run:
         from torch.utils.data import DataLoader
 
         loader = getattr(self._loader, "_loader", None)
-        if not isinstance(loader, DataLoader) or self.meter.continuous or not self.meter.windows:
+        if not isinstance(loader, DataLoader) or self.meter.continuous or self.meter.epoch_windows:
+            return  # a train run's windows and windows of whole epochs hold the boundaries already
+        if not self.meter.windows:
             return
         starts = self.meter.turn_costs() or list(self.meter.epoch_starts)
         measured = len(starts)
@@ -770,9 +787,12 @@ class Batches:
         """One pass over the loader, its start (``iter`` and the first batch: workers spawned, batches prefetched)
         and its end (the call that finds it exhausted: workers joined) inside the run's epoch boundary
         (``Run._boundary``), kept out of the steady windows and charged over the epoch; where the loader's batches
-        come in rounds of its workers' (``Run._turn_shape``), inside the epoch's whole turn, from its last round to
-        the next epoch's first."""
+        come in rounds of its workers' (``Run._epoch_shape``), inside the epoch's whole turn, from its last round to
+        the next epoch's first; where its epochs are short, the windows are whole epochs, cut at each one's start.
+        The loader alone gives no batch once measured at an epoch's start."""
         run = self._run
+        if run._epoch_begins(self) and run.request.mode == "supply":
+            return
         with run._boundary():
             it = iter(self._loader)
             batch = next(it, _END)

@@ -213,31 +213,35 @@ def test_a_script_that_starts_its_own_process_group_runs_as_a_function_or_is_tol
     assert "twice" not in line and "init_process_group" in line, line  # the fix named, not torch's words
 
 
-# ---- what to build: epoch starts kept out of the windows ---------------------------------------------------------
+# ---- the epochs of a script's own loader, restarted every epoch -------------------------------------------------
 
 
-def test_the_epoch_starts_of_a_scripts_loader_are_kept_out_of_its_windows(tmp_path):
+def test_the_short_epochs_of_a_scripts_loader_are_its_windows_cut_on_the_same_step_on_every_rank(tmp_path):
     epochs = tmp_path / "epochs.txt"
-    # 64 images, batch 16, 2 ranks: 2 steps an epoch, each epoch's loader starting its workers anew.
-    code, records, out = torchrun_request(tmp_path, "short", Request(mode="measure", measure=MEASURE),
+    # 64 images, batch 4, 2 ranks: 8 batches an epoch from 2 workers started anew each epoch, 4 rounds: too few
+    # between two turns for two windows of whole rounds, so each window is whole epochs.
+    code, records, out = torchrun_request(tmp_path, "short", Request(mode="measure", measure=MEASURE,
+                                                                     settings={"batch_size": 4, "num_workers": 2}),
                                           env={"SEGMENT_EPOCHS": str(epochs)})
-    assert code == 0, out[-3000:]
+    assert code == 0, out[-3000:]  # no rank waited on a collective another rank never made
     summary = next(r for r in records if r["kind"] == "summary")
-    used = {w["window"]: w for w in records if w["kind"] == "window" and w["window"] in summary["windows_used"]}
+    windows = [r for r in records if r["kind"] == "window"]
+    assert summary["epoch_windows"] and "epoch_start_s" not in summary, summary
+    assert windows and all(w["steps"] == 8 * w["epochs"] and not w["paused_s"] for w in windows), windows
+    # Cut at each epoch's start (just after the script's loop notes it): a window of n epochs holds the next n.
     starts = [float(x) for x in epochs.read_text().split()]
-    # An epoch's start (its loader's workers spawned, its first batches prefetched) is a cost of its own: a window it
-    # falls in must leave it out of its seconds (as validation is, ``paused_s``), or the windows rank restarts.
-    inside = [(i, round(t, 3)) for t in starts for i, w in used.items() if w["t0"] < t < w["t1"] and not w["paused_s"]]
-    assert not inside, f"epoch starts inside the windows the figure stands on: {inside}; spread {summary['spread']}"
+    inside = [sum(w["t0"] < t < w["t1"] for t in starts) for w in windows]
+    assert inside == [w["epochs"] for w in windows], (inside, windows)
 
 
 def test_the_epoch_turns_of_a_loader_restarted_every_epoch_fall_on_the_same_steps_on_every_rank(tmp_path):
-    # 64 images, batch 4, 2 ranks: 8 batches an epoch from 2 workers started anew each epoch, in rounds of 2.
+    # 64 images, batch 2, 2 ranks: 16 batches an epoch from 2 workers started anew each epoch, in rounds of 2.
     code, records, out = torchrun_request(tmp_path, "short", Request(mode="measure", measure=MEASURE,
-                                                                     settings={"batch_size": 4, "num_workers": 2}))
+                                                                     settings={"batch_size": 2, "num_workers": 2}))
     assert code == 0, out[-3000:]  # no rank waited on a collective another rank never made
     summary = next(r for r in records if r["kind"] == "summary")
     windows = [r for r in records if r["kind"] == "window"]
     # Each epoch's turn kept out of windows of whole rounds, and charged to the figure net of its steps.
+    assert not summary["epoch_windows"], summary
     assert summary.get("epoch_turns_s") and summary["epoch_starts"] == len(summary["epoch_turns_s"]), summary
     assert all(w["steps"] % 2 == 0 for w in windows) and summary["imgs_per_s"] < summary["imgs_per_s_steady"]
