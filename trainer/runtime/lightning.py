@@ -191,7 +191,11 @@ class Report(pl.Callback):
         # Lightning steps every accumulate_grad_batches and at an epoch's last batch.
         accumulating = getattr(trainer.fit_loop.epoch_loop, "_should_accumulate", None)
         final = not accumulating() if accumulating is not None else None
-        if self.run.report(self.samples(batch), outputs, final=final):
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None and pl_module.automatic_optimization:
+            # Lightning hands on the loss it backpropagates: the step's own divided by accumulate_grad_batches.
+            loss = loss * trainer.accumulate_grad_batches
+        if self.run.report(self.samples(batch), loss, final=final):
             trainer.should_stop = True
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module) -> None:
