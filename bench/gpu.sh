@@ -97,6 +97,11 @@ pack() {
   cp "$state/studies.db" "$out/studies.db" 2>/dev/null
   tar czf "$out/trials.tgz" -C "$state" --exclude='*.pt' --exclude='*.db' --exclude='compile-cache' . || true
 }
+# A call cut short by its limit keeps the stage in flight's studies and trial logs too: a folder= stage whose trials
+# took ~100 s ran past the call's 600 s, and its study and logs were lost with it. The stages run in a background
+# subshell the script waits for: bash runs a trap at once inside `wait`, while in a foreground pipeline whose Python
+# dies of the same SIGTERM it was seen to end without running it.
+trap 'trap "" PIPE; pack; echo "== stopped $(( $(date +%s) - t0 )) s into the call; packed what the stage in flight made"; exit 124' TERM INT
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, \
@@ -110,7 +115,7 @@ mkdir -p "$state"
 # ImageNet-like JPEGs in 100 class folders, made once per machine.
 python3 -m autotune make-data "$data" --images "$images" --classes 100 --no-progress 2>&1 | tail -1
 
-for stage in "$@"; do
+(for stage in "$@"; do
   echo "== $stage ($(( $(date +%s) - t0 )) s into the call)"
   case "$stage" in
     compare)
@@ -232,5 +237,5 @@ PY
       python3 bench/run.py --data "$data" --out "$out/runs.json" --trials-dir $scratch/bench-runs --timeout 150 \
         "${bench_set[@]}" "$stage" 2>&1 | quiet ;;
   esac
-done
+done) & wait $!
 echo "== done in $(( $(date +%s) - t0 )) s"
