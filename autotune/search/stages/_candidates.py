@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune.search.bounds import NOT_ITS_FAULT, Pipe, grid, pair_label
 from autotune.search.stages._ask import REACH, Ask
-from autotune.search.stages._first import threads_of
+from autotune.search.stages._first import persist_own_workers, threads_of
 from autotune.space import Param, get_path
 from autotune.study.view import TrialView
 from trainer.knobs import table
@@ -74,6 +74,8 @@ class Candidates:
         fixed.update(threads_of(m, fixed.get("data.decode")))
         if "loader.num_workers" in m.space:
             fixed["loader.num_workers"] = max(m.choices("loader.num_workers"))
+        if persist_own_workers(m):
+            fixed["loader.persistent_workers"] = True
         if "training.accum_steps" in m.space:
             fixed["training.accum_steps"] = min(m.choices("training.accum_steps"))
         return fixed
