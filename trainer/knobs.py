@@ -191,6 +191,10 @@ class Knob:
     """Its value while the model alone is measured (the ceiling: synthetic data on the device, no loader, one
     micro-batch per step); ``UNSET``: the grid point's or the base's."""
 
+    first: Any = UNSET
+    """Its value in the stages' first end-to-end trial of a pipeline its range is searched under (a candidate), where
+    measurement found one value the likeliest fastest; ``UNSET``: the base's (the sampler weighs it afterwards)."""
+
     off: Any = UNSET
     """Its value where the condition of its range (``Range.when``) does not hold: what the setting is without the
     thing it needs (no prefetch depth and no kept workers without loader workers). A trial whose condition fails
@@ -318,14 +322,16 @@ _KNOBS = (
     # batch 512) the lowest of 0.5-0.95 fed the most end to end (6,401-6,848 imgs/s at 0.5, 6,288 at 0.8, 5,927 at
     # 0.95), so the range reaches below it for the search to find where the trade turns.
     Knob(path="data.dali_hw_decoder_load", label="hw_load", scope="pipeline",
-         space=Range(choices=(0.25, 0.35, 0.5, 0.65, 0.8, 0.95), when="data.decode == dali"), shown=2,
+         space=Range(choices=(0.25, 0.35, 0.5, 0.65, 0.8, 0.95), when="data.decode == dali"), shown=2, first=0.5,
          runtime="dali_hw_decoder_load", runtime_default=0.65, applied_by="image_loader",
          doc="DALI: the share of each batch its hardware JPEG decoder takes, the rest decoded with CUDA"),
     Knob(path="data.dali_threads", label="dali_thr", scope="pipeline",
          space=Range(low=1, high=AUTO, when="data.decode == dali"), auto="cores", runtime="dali_threads",
          runtime_default=4, applied_by="image_loader",
          doc="DALI: CPU threads per rank (file reads, header parsing, the CPU stages)"),
-    Knob(path="data.dali_prefetch", label="dali_q", scope="pipeline",
+    # A queue of 3 or 4 in each of the six fastest DALI trials of a 1xH200 search (6,288-6,848 imgs/s, compiled), of
+    # 1 or 2 in the three slowest (5,673-6,067): the candidate starts at 3.
+    Knob(path="data.dali_prefetch", label="dali_q", scope="pipeline", first=3,
          space=Range(low=1, high=4, when="data.decode == dali"), runtime="dali_prefetch", runtime_default=2,
          applied_by="image_loader", doc="DALI: batches its pipeline prepares ahead (queue depth)"),
     Knob(path="ddp.bucket_cap_mb", label="bkt", scope="model", space=Range(low=5.0, high=200.0, log=True),

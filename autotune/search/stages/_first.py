@@ -13,7 +13,7 @@ from autotune.search.stages._ask import BLOCKED, REACH, Ask
 from autotune.search.stages._budget import Budget
 from autotune.space import get_path
 from autotune.study.view import TrialView, own_loader
-from trainer.knobs import table
+from trainer.knobs import UNSET, table
 
 CEILING_DATA = {"data.kind": "synthetic"}
 """What makes a measurement the model alone: one batch made on the device and replayed (the knobs it fixes besides:
@@ -34,11 +34,12 @@ def ceiling_overrides(m: Measured, pair: tuple, batch: int, cudnn: bool | None) 
 
 
 def threads_of(m: Measured, decode: str | None) -> dict[str, Any]:
-    """A pipeline's own CPU threads at their most where the space searches them under ``decode`` (DALI's), as the
-    loader's workers are: what it can feed, before the sampler weighs the cores against the rest."""
-    return {p.path: max(m.choices(p.path)) for p in m.space.values()
-            if p.knob.auto == "cores" and p.when is not None and p.when.path == "data.decode"
-            and p.when.holds(decode)}
+    """A pipeline's own settings where the space searches them under ``decode`` (DALI's): its CPU threads at their
+    most, as the loader's workers are (what it can feed, before the sampler weighs the cores against the rest), and
+    each knob's measured likeliest fastest value (``Knob.first``) where it has one."""
+    own = [p for p in m.space.values() if p.when is not None and p.when.path == "data.decode" and p.when.holds(decode)]
+    return {**{p.path: max(m.choices(p.path)) for p in own if p.knob.auto == "cores"},
+            **{p.path: p.knob.first for p in own if p.knob.first is not UNSET and p.contains(p.knob.first)}}
 
 
 @dataclass
