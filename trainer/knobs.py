@@ -330,7 +330,7 @@ _KNOBS = (
          runtime_default=4, applied_by="image_loader",
          doc="DALI: CPU threads per rank (file reads, header parsing, the CPU stages)"),
     # A queue of 3 or 4 in each of the six fastest DALI trials of a 1xH200 search (6,288-6,848 imgs/s, compiled), of
-    # 1 or 2 in the three slowest (5,673-6,067): the candidate starts at 3.
+    # 1 or 2 in the three others with more than one thread (5,673-6,067): the candidate starts at 3.
     Knob(path="data.dali_prefetch", label="dali_q", scope="pipeline", first=3,
          space=Range(low=1, high=4, when="data.decode == dali"), runtime="dali_prefetch", runtime_default=2,
          applied_by="image_loader", doc="DALI: batches its pipeline prepares ahead (queue depth)"),

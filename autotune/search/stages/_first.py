@@ -138,7 +138,7 @@ class First:
         return None
 
 
-def persist_own_workers(m) -> bool:
+def persist_own_workers(m: Measured) -> bool:
     """Whether the stages keep loader workers alive between epochs: for a script's own loader, which spawns them anew
     every epoch otherwise (on 1xH200, 16 PIL workers over a 62-step epoch: end to end at 67 % of the loader alone in
     windows of whole epochs, restarts inside), where the space holds the choice. The built-in job's and
