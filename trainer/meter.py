@@ -401,7 +401,7 @@ class ThroughputMeter:
                    "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3),
                    "loss_start": _round(w.loss_start), "loss_end": _round(w.loss_end),
                    "loss_nonfinite": w.loss_nonfinite, "paused_s": round(self._win_paused, 6),
-                   **({"epochs": w.epochs} if w.epochs else {})})
+                   "epochs": w.epochs})
         # Re-aim the next window at window_s from what this one really took (every rank computes the same number),
         # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
         aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))

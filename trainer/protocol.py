@@ -191,6 +191,10 @@ class WindowRecord(TypedDict):
     paused_s: float
     """Time inside the window spent paused (validation, a checkpoint): not in ``seconds``."""
 
+    epochs: int
+    """Whole epochs it holds where a script's own loader with short epochs is measured in windows of whole epochs
+    (their restarts inside); 0: it was cut at steps."""
+
 
 class SummaryRecord(TypedDict, total=False):
     """The end of a run: the meter's result (``ThroughputMeter.summary``) and what the job adds."""
@@ -213,6 +217,9 @@ class SummaryRecord(TypedDict, total=False):
     windows: int
     warmup_steps: int
     warmup_capped: bool
+    epoch_windows: bool
+    """Whether the windows are whole epochs (each window's ``epochs``): their figure is a run's, nothing charged."""
+
     settled: bool
     cancelled: bool
     step_time_s: float
