@@ -380,6 +380,12 @@ class ThroughputMeter:
         self._win_images = self._win_epochs = 0
         self._win_nonfinite = None
 
+    def _reaim(self, count: int, seconds: float) -> int:
+        """How many of a window's ``count`` units (steps or epochs), which took ``seconds``, fill ``window_s``: at
+        most 2x either way."""
+        aim = round(count * self.cfg.window_s / max(seconds, 1e-9))
+        return min(2 * count, max(count // 2, aim))
+
     def _close_window(self) -> None:
         sync(self.device)
         seconds = time.perf_counter() - self._win_t0 - self._win_paused
@@ -404,11 +410,9 @@ class ThroughputMeter:
                    "epochs": w.epochs})
         # Re-aim the next window at window_s from what this one really took (every rank computes the same number),
         # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
-        aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))
-        self.steps_per_window = self._fit(min(2 * w.steps, max(w.steps // 2, aim)))
+        self.steps_per_window = self._fit(self._reaim(w.steps, w.seconds))
         if w.epochs:  # the same in whole epochs, one at least
-            aim = round(w.epochs * self.cfg.window_s / max(w.seconds, 1e-9))
-            self.epochs_per_window = max(1, min(2 * w.epochs, max(w.epochs // 2, aim)))
+            self.epochs_per_window = max(1, self._reaim(w.epochs, w.seconds))
         self.cancelled = bool(stop)
         if self.cancelled or (not self.continuous and self._protocol_complete()):
             self.state = "done"

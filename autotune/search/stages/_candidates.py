@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune.search.bounds import NOT_ITS_FAULT, Pipe, grid, pair_label
 from autotune.search.stages._ask import REACH, Ask
-from autotune.search.stages._first import persist_own_workers, threads_of
+from autotune.search.stages._first import persist_own_workers, pipeline_settings
 from autotune.space import Param, get_path
 from autotune.study.view import TrialView
 from trainer.knobs import table
@@ -71,7 +71,7 @@ class Candidates:
         else:  # no ceiling: the baseline's precision, layout and batch
             fixed = {d.path: m.plan.baseline.get(d.path, get_path(m.base, d.path)) for d in grid()}
         fixed.update(pipe.settings)
-        fixed.update(threads_of(m, fixed.get("data.decode")))
+        fixed.update(pipeline_settings(m, fixed.get("data.decode")))
         if "loader.num_workers" in m.space:
             fixed["loader.num_workers"] = max(m.choices("loader.num_workers"))
         if persist_own_workers(m):

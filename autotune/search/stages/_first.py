@@ -33,7 +33,7 @@ def ceiling_overrides(m: Measured, pair: tuple, batch: int, cudnn: bool | None) 
     return o
 
 
-def threads_of(m: Measured, decode: str | None) -> dict[str, Any]:
+def pipeline_settings(m: Measured, decode: str | None) -> dict[str, Any]:
     """A pipeline's own settings where the space searches them under ``decode`` (DALI's): its CPU threads at their
     most, as the loader's workers are (what it can feed, before the sampler weighs the cores against the rest), and
     each knob's measured likeliest fastest value (``Knob.first``) where it has one."""
@@ -98,7 +98,7 @@ class First:
              "loader.persistent_workers": persist_own_workers(m), "loader.prefetch_factor": None}
         if fraction is not None:
             o["data.hybrid_cpu_fraction"] = fraction
-        return {**o, **threads_of(m, decode)}
+        return {**o, **pipeline_settings(m, decode)}
 
     def stop_when(self, vs: list[TrialView]) -> dict[str, Any]:
         """When a supply measurement may stop before it settles (``autotune.search.evaluate.Watch``): its latest
