@@ -12,6 +12,7 @@ applies, the mode, the measurement, the script: ``script_only``) — plus one ``
       env: {OMP_NUM_THREADS: '16', NCCL_NVLS_ENABLE: '0', ...}
       fingerprint: {gpu_model: ..., gpu_count: 2, driver: ..., torch: ..., cuda: ..., nccl: ..., cpu_count: 32}
       measured: {imgs_per_s: 7146.0, spread: 0.012, util_mean: 91.0, baseline_imgs_per_s: 1681.0, gain: 4.25,
+                 runs: [[17, 7180.2], [23, 7111.8]],   # a configuration the search ran twice: its figure their mean
                  remeasured: {imgs_per_s: 7101.3, ratio: 0.994, fresh_process: true}}
       lr_scaling: {rule: linear, from_lr: 0.1, from_global_batch: 256, to_lr: 0.4, to_global_batch: 1024}
 
@@ -62,19 +63,19 @@ def pareto_front(trials: list[TrialView]) -> list[TrialView]:
 def pick_trial(study, pick: str = "best") -> TrialView:
     """``best``: the objective's best (pareto: the fastest on the front); ``fastest``: max imgs/s; ``util``: max
     utilization on the front; ``balanced``: the front's best product of normalized imgs/s and util; or a trial
-    number."""
+    number. A configuration run more than once is picked by the mean of its runs (``view.answers``)."""
     trials = view.views(study)
-    ok = view.feasible(trials)
+    ok = view.answers(trials)
     if pick.isdigit():
         match = [v for v in trials if v.number == int(pick) and not v.part]
         if not match:
             raise StorageError(f"--pick {pick}: study {study.study_name} has no trial {pick}")
-        if match[0] not in ok:
+        if not match[0].feasible or not match[0].end_to_end:
             why = match[0].failure_class or (f"a {match[0].stage} measurement, not a training configuration"
                                              if not match[0].end_to_end else match[0].state.name.lower())
             raise StorageError(f"--pick {pick}: trial {pick} is not a complete end-to-end measurement ({why}); "
                                "pick one that is (`autotune show`)")
-        return match[0]
+        return next((a for a in ok if a.number == match[0].number), match[0])
     if pick not in PICKS:
         raise StorageError(f"--pick {pick}: use one of {', '.join(PICKS)} or a trial number")
     if not ok:
@@ -114,7 +115,7 @@ def scale_lr(config: dict[str, Any], *, reference_batch: int | None, world: int)
 
 MEASURED_KEYS = ("imgs_per_s", "imgs_per_s_windows", "spread", "loss_start", "loss_end", "util_mean",
                  "util_p50_per_gpu", "mem_used_max_mib", "power_mean_w", "sm_clock_mean_mhz", "sm_active_mean",
-                 "peak_mem_bytes", "launch_s", "measure_s", "worker")
+                 "peak_mem_bytes", "launch_s", "measure_s", "worker", view.RUNS)
 
 
 def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
@@ -258,7 +259,7 @@ def record_remeasure(study, trial: TrialView, data: dict[str, Any], s: dict[str,
         again["below_baseline"] = {"trial": base.number, "imgs_per_s": base.imgs_per_s}
     data["autotune"]["measured"]["remeasured"] = again
     line = (f"re-measured in a fresh process: {ips:,.1f} {view.rate(study)} = {ratio:.1%} of the search's "
-            f"{searched:,.1f}")
+            f"{searched:,.1f}{view.runs_words(trial, view.rate(study))}")
     if abs(ratio - 1) > GAP_WARNING:
         line += (f" — WARNING: more than {GAP_WARNING:.0%} apart; the search's figure for this config is not what a "
                  "fresh job reaches here (another load on the machine, or a trial that profited from an earlier "

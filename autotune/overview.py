@@ -85,8 +85,8 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
             fresh = f"; re-measured in a fresh process: {fmt_ips(again['imgs_per_s'])}"
             if again.get("below_baseline"):
                 fresh += f" {BELOW} below trial {again['below_baseline']['trial']}"
-        lines.append(f"the tuned configuration: trial {best.label}, {fmt_ips(best.imgs_per_s)} {per}{share}{gain}"
-                     f"{fresh}")
+        lines.append(f"the tuned configuration: trial {best.label}, {fmt_ips(best.imgs_per_s)} {per}"
+                     f"{view.runs_words(best, per)}{share}{gain}{fresh}")
     return lines
 
 

@@ -542,7 +542,8 @@ def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
         gain = f" — {best.imgs_per_s / base.imgs_per_s:.2f}× trial {base.label} ({baseline_words(base)}, " \
                f"{base.imgs_per_s:,.1f})" if base and base.imgs_per_s else ""
         util = f", {best.util:.0f} % util" if best.util is not None else ""
-        items.append(("fastest", f"trial {best.label}: {best.imgs_per_s:,.1f} imgs/s{util}{gain}; loss over its "
+        items.append(("fastest", f"trial {best.label}: {best.imgs_per_s:,.1f} imgs/s{view.runs_words(best)}{util}"
+                                 f"{gain}; loss over its "
                                  f"windows {loss_words(best.attrs)}"))
     where = (f"{fp.get('gpu_count')} × {fp.get('gpu_model')}" if fp.get("gpu_count") else
              f"CPU ({study.user_attrs.get('nproc_per_node', '?')} gloo ranks)")

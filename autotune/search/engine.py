@@ -260,7 +260,8 @@ def best_line(study: optuna.Study) -> str:
     share = (f", {of:.0%} of the {view.devices(study)}' ceiling ({top.imgs_per_s:,.0f})" if of is not None else
              f", above the {view.devices(study)}' ceiling measured ({top.imgs_per_s:,.0f}): no bound at its settings"
              if top else "")
-    return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} {view.rate(study)}{gain}{share}. "
+    return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} {view.rate(study)}"
+            f"{view.runs_words(best, view.rate(study))}{gain}{share}. "
             f"`autotune show "
             f"--study {study.study_name}` lists the trials; `autotune export best.yaml --study {study.study_name}` "
             "writes its config")

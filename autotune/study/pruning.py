@@ -16,8 +16,9 @@ What a trial reports (``autotune.search.evaluate.Watch``): at each full window, 
 attr ([step, imgs/s] pairs). A pruned trial's Optuna value is then its last intermediate value — the median of the
 windows judged — and that is the figure ``show`` prints for it: one number per pruned trial.
 
-A trial still ramping up, one within the tolerance of the best, a stage measurement, the baseline, and any trial
-before a feasible one exists run to the end.
+A trial still ramping up, one within the tolerance of the best, a stage measurement, the baseline, a confirmation
+(a leader run again: a run cut short would leave its mean to the faster runs) and any trial before a feasible one
+exists run to the end.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import statistics
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study.view import MEASUREMENT_STAGES, TrialView
+from autotune.study.view import MEASUREMENT_STAGES, TrialView, answers
 
 LIVE_WINDOWS = "autotune:live_windows"
 """The user attr of a running end-to-end trial: its full windows so far, as [step, imgs/s] pairs."""
@@ -56,7 +57,7 @@ class BestFeasiblePruner(optuna.pruners.BasePruner):
         """Windows judged: never fewer than the meter needs to call a pace settled."""
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        if trial.user_attrs.get("stage") in (*MEASUREMENT_STAGES, "baseline"):
+        if trial.user_attrs.get("stage") in (*MEASUREMENT_STAGES, "baseline", "confirm"):
             return False
         latest = judged(trial.system_attrs.get(LIVE_WINDOWS) or [], self.n)
         if not latest:
@@ -70,6 +71,7 @@ class BestFeasiblePruner(optuna.pruners.BasePruner):
 
 
 def best_feasible(study: optuna.Study) -> float | None:
-    """imgs/s of the best feasible complete end-to-end trial; None before there is one."""
+    """imgs/s of the best answer (``view.answers``: a configuration run more than once at the mean of its runs);
+    None before there is one."""
     done = [TrialView.of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    return max((v.imgs_per_s for v in done if v.feasible), default=None)
+    return max((v.imgs_per_s for v in answers(done)), default=None)

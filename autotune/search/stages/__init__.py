@@ -49,6 +49,9 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    make (no stages, nothing measured yet) hold compile at the baseline's (``Refine.hold_once``). A draw whose measured
    ceiling (its precision, layout and batch) or supply is already below the best is not
    launched (``bound``): it is told to Optuna as pruned, so the sampler learns it, and costs no trial of the budget.
+11. **confirm** — when the budget left pays for no more than that, each leader within ``CONFIRM_BAND`` of the best
+   (at most ``CONFIRM_TOP``) runs once more, before any step from 5 on: the best is named by the mean of its runs
+   (``autotune.study.view.answers``), not by the luckiest of several near-identical single runs.
 
 **The budget.** Measurements of parts spend at most ``PARTS_SHARE`` of this search's trials and of its time (the
 first ceiling and supply excepted): the rest is end to end. A budget too small for the first ceiling, the first
@@ -66,14 +69,16 @@ and many workers work as for any trial, while Optuna's own view of the main stud
 measured view (``autotune.search.bounds.Measured``, read for its plan), the budget (``_budget.Spend``) and the notes
 (``_notes``); each step is an object given those (``_ask.Ask``): the first measurements (``_first``: stages 1-2),
 the candidates and trial 0 again (``_candidates``: 3-4), cuDNN (``_cudnn``: 5), the project's pipeline on a script's
-folder (``_folder``: 6), what limits the bound (``_limits``: 7-9), refine (``_refine``: 10).
+folder (``_folder``: 6), what limits the bound (``_limits``: 7-9), refine (``_refine``: 10), confirm (``_confirm``:
+11).
 """
 
 from autotune.search.stages._ask import BLOCKED, REACH, shown_settings
 from autotune.search.stages._budget import PARTS_SHARE, Budget
+from autotune.search.stages._confirm import CONFIRM_BAND, CONFIRM_TOP
 from autotune.search.stages._cudnn import CUDNN_KEEP, evidence
 from autotune.search.stages._first import CEILING_DATA
 from autotune.search.stages._planner import StagePlanner
 
-__all__ = ["BLOCKED", "CEILING_DATA", "CUDNN_KEEP", "PARTS_SHARE", "REACH", "Budget", "StagePlanner", "evidence",
-           "shown_settings"]
+__all__ = ["BLOCKED", "CEILING_DATA", "CONFIRM_BAND", "CONFIRM_TOP", "CUDNN_KEEP", "PARTS_SHARE", "REACH", "Budget",
+           "StagePlanner", "evidence", "shown_settings"]

@@ -12,6 +12,7 @@ from autotune.search.bounds import Measured, grid, pair_label
 from autotune.search.stages._ask import BLOCKED, Ask
 from autotune.search.stages._budget import PARTS_SHARE, Budget, Spend
 from autotune.search.stages._candidates import Candidates
+from autotune.search.stages._confirm import Confirm
 from autotune.search.stages._cudnn import Cudnn
 from autotune.search.stages._first import First
 from autotune.search.stages._folder import Folder
@@ -42,6 +43,7 @@ class StagePlanner:
     limits: Limits = field(init=False)
     folder: Folder = field(init=False)
     refine: Refine = field(init=False)
+    confirm: Confirm = field(init=False)
 
     def __post_init__(self):
         self.measured = Measured(self.plan)
@@ -54,6 +56,7 @@ class StagePlanner:
         self.limits = Limits(ask, self.first, self.candidates, self.cudnn)
         self.folder = Folder(ask, self.first)
         self.refine = Refine(ask)
+        self.confirm = Confirm(ask)
 
     @property
     def enabled(self) -> bool:
@@ -121,9 +124,11 @@ class StagePlanner:
             self.notes.note("small", f"stages: not run: {left} left, too little for the smallest staged plan "
                                      f"({self.spend.core_words()}, one end-to-end trial); the sampler alone")
             return self.refine.hold_once()
+        # Confirming the leaders comes before any further exploration: it runs only where the budget left pays for
+        # no more than their runs again.
         for step in (self.first.ceiling, self.first.supply, self.candidates.candidates,
-                     self.candidates.baseline_again, self.cudnn.evidence, self.folder.image_loader,
-                     self.limits.limiting, self.limits.batches,
+                     self.candidates.baseline_again, self.confirm.confirm, self.cudnn.evidence,
+                     self.folder.image_loader, self.limits.limiting, self.limits.batches,
                      self.limits.uncertain, self.refine.refine):
             name = step(vs)
             if name == BLOCKED:
