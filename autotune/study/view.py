@@ -18,6 +18,7 @@ parts study held their stage measurements in the main study; they read the same.
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,19 +172,19 @@ ran."""
 
 
 def answers(trials: list[TrialView]) -> list[TrialView]:
-    """The feasible end-to-end trials, one per configuration: a configuration run more than once (the same params,
-    the same stage-set settings) is its first trial with the mean of its runs as its figure (``imgs_per_s``,
+    """The feasible end-to-end trials, one per configuration: a configuration run more than once (``_same_config``)
+    is its first trial with the mean of its runs as its figure (``imgs_per_s``,
     ``value``, ``util``; ``attrs[RUNS]`` lists them). The fastest of several near-identical single runs is the top of
     a noisy draw: a fresh run of it falls back towards the mean (on 1xH200 four runs of one DALI configuration ran
     6,401-6,848 imgs/s, and the fastest re-measured at 6,627), so a figure that picks the best is a mean where one
     exists. Trial 0 and its re-measures are left as they are (``baseline`` has its own rule)."""
-    groups: dict[tuple, list[TrialView]] = {}
+    groups: dict[str, list[TrialView]] = {}
     for v in feasible(trials):
         if v.end_to_end:
-            groups.setdefault(("baseline",) if v.baseline else _same_config(v), []).append(v)
+            groups.setdefault("baseline" if v.baseline else _same_config(v), []).append(v)
     out = []
     for key, runs in groups.items():
-        if len(runs) == 1 or key == ("baseline",):
+        if len(runs) == 1 or key == "baseline":
             out.extend(runs)
             continue
         mean = statistics.fmean(v.imgs_per_s for v in runs)
@@ -198,11 +199,17 @@ def answers(trials: list[TrialView]) -> list[TrialView]:
     return out
 
 
-def _same_config(v: TrialView) -> tuple:
-    """What makes two end-to-end trials the same configuration: their params and what the stages set beside them
-    (cuDNN's search)."""
-    return (tuple(sorted((k, repr(x)) for k, x in v.params.items())),
-            repr(v.setting("training.cudnn_benchmark")))
+SAME_CONFIG_IGNORES = ("name", "output_dir")
+"""What differs between two runs of one configuration: where each ran (its trial's name and folder)."""
+
+
+def _same_config(v: TrialView) -> str:
+    """What makes two end-to-end trials the same configuration: their whole config but where each ran (the params
+    where no config was recorded)."""
+    if not v.config:
+        return json.dumps({"params": v.params}, sort_keys=True, default=repr)
+    return json.dumps({k: x for k, x in v.config.items() if k not in SAME_CONFIG_IGNORES}, sort_keys=True,
+                      default=repr)
 
 
 def runs_words(v: TrialView, per: str = "imgs/s") -> str:
