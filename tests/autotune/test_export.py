@@ -169,3 +169,9 @@ def test_a_configuration_run_twice_is_exported_and_checked_at_the_mean_of_its_ru
     line = export.record_remeasure(study, one, data, {"imgs_per_s": 2950.0})
     assert "= 98.3% of the search's 3,000.0 (mean of trials 1 and 3: 3,300 / 2,700 imgs/s)" in line
     assert "WARNING" not in line
+
+
+def test_trial_0_measured_twice_is_one_answer_at_the_baselines_figure():
+    study = make_study("throughput", [(64, 1000.0, None, None), (128, 900.0, None, None)], stage="baseline")
+    (only,) = view.answers(view.views(study))
+    assert only.imgs_per_s == view.baseline(view.views(study)).imgs_per_s == 1000.0
