@@ -3,6 +3,8 @@ the search's own recording step."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 import pytest
 import yaml
@@ -175,3 +177,14 @@ def test_trial_0_measured_twice_is_one_answer_at_the_baselines_figure():
     study = make_study("throughput", [(64, 1000.0, None, None), (128, 900.0, None, None)], stage="baseline")
     (only,) = view.answers(view.views(study))
     assert only.imgs_per_s == view.baseline(view.views(study)).imgs_per_s == 1000.0
+
+
+def test_a_configurations_unsettled_run_is_left_out_of_its_figure_where_a_settled_one_exists():
+    study = make_study("throughput", [(64, 1000.0, None, None), (256, 3300.0, None, None), (256, 2700.0, None, None),
+                                      (256, 3100.0, None, None)])
+    # Trial 2's windows never agreed: trials 1 and 3 stand for the configuration.
+    vs = [dataclasses.replace(v, attrs={**v.attrs, "settled": v.number != 2}) for v in view.views(study)]
+    (best,) = [a for a in view.answers(vs) if not a.baseline]
+    assert best.imgs_per_s == pytest.approx(3200.0) and best.attrs[view.RUNS] == [[1, 3300.0], [3, 3100.0]]
+    assert view.runs_words(best) == (" (mean of trials 1 and 3: 3,300 / 3,100 imgs/s; left out, its windows "
+                                     "unsettled: trial 2 2,700)")
