@@ -1,8 +1,8 @@
 """Stage 11, confirm: the budget's last trials run the leaders again, so that the configuration named best stands on
 more than one run.
 
-Near-identical configurations measured once each differ by their noise, and the fastest of them is the top of that
-draw: on 1xH200 four runs of one DALI configuration (hw share 0.5) ran 6,401-6,848 imgs/s, the fastest was named the
+Near-identical configurations measured once each differ by their noise, and the fastest of them (picked from two or
+more) is the top of that draw: on 1xH200 four runs of one DALI configuration (hw share 0.5) ran 6,401-6,848 imgs/s, the fastest was named the
 best, and its fresh-process re-measure ran 6,627 (3.2 % below), the four runs' mean within 0.1 %. Each leader within
 ``CONFIRM_BAND`` of the best answer (``view.answers``: a configuration run more than once at the mean of its runs),
 at most ``CONFIRM_TOP`` of them, runs once more when the budget left pays for no more than those runs; a leader whose
@@ -32,9 +32,12 @@ class Confirm:
 
     def leaders(self, vs: list[TrialView]) -> list[TrialView]:
         """Answers within ``CONFIRM_BAND`` of the best (not trial 0: it has its own re-measure), fastest first, at
-        most ``CONFIRM_TOP``."""
+        most ``CONFIRM_TOP``. None while the best has had no competitor (another answer, or a trial pruned against
+        it): a run picked from one is no draw's top (a measurement in whole epochs of a script's own loader took
+        171 s on 1xH200, and confirming the one configuration measured was all that search did after it)."""
         tops = sorted((a for a in answers(vs) if not a.baseline), key=lambda a: -a.imgs_per_s)
-        if not tops:
+        pruned = [v for v in vs if v.end_to_end and not v.baseline and v.outcome == "pruned"]
+        if not tops or len(tops) + len(pruned) < 2:
             return []
         return [a for a in tops if a.imgs_per_s >= (1 - CONFIRM_BAND) * tops[0].imgs_per_s][:CONFIRM_TOP]
 
