@@ -177,10 +177,9 @@ UNSETTLED_RUNS = "runs_unsettled"
 def answers(trials: list[TrialView]) -> list[TrialView]:
     """The feasible end-to-end trials, one per configuration: a configuration run more than once (``_same_config``)
     is its first trial with the mean of its runs as its figure (``imgs_per_s``, ``value``, ``util``; ``attrs[RUNS]``
-    lists them). The fastest of several near-identical single runs is the top of
-    a noisy draw: a fresh run of it falls back towards the mean (on 1xH200 four runs of one DALI configuration ran
-    6,401-6,848 imgs/s, and the fastest re-measured at 6,627), so a figure that picks the best is a mean where one
-    exists. Trial 0 and its re-measures in fresh processes are one answer, at ``baseline``'s figure (the faster
+    lists them). The fastest of several near-identical single runs is the top of a noisy draw: a fresh run of it
+    falls back towards the mean (on 1xH200 four runs of one DALI configuration ran 6,401-6,848 imgs/s, and the
+    fastest re-measured at 6,627), so a figure that picks the best is a mean where one exists. Trial 0 and its re-measures in fresh processes are one answer, at ``baseline``'s figure (the faster
     settled one): the figure every gain is a ratio to."""
     groups: dict[str, list[TrialView]] = {}
     for v in feasible(trials):

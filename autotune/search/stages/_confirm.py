@@ -2,8 +2,9 @@
 more than one run.
 
 Near-identical configurations measured once each differ by their noise, and the fastest of them (picked from two or
-more) is the top of that draw: on 1xH200 four runs of one DALI configuration (hw share 0.5) ran 6,401-6,848 imgs/s, the fastest was named the
-best, and its fresh-process re-measure ran 6,627 (3.2 % below), the four runs' mean within 0.1 %. Each leader within
+more) is the top of that draw: on 1xH200 four runs of one DALI configuration (hw share 0.5) ran 6,401-6,848 imgs/s,
+the fastest was named the best, and its fresh-process re-measure ran 6,627 (3.2 % below), the four runs' mean within
+0.1 %. Each leader within
 ``CONFIRM_BAND`` of the best answer (``view.answers``: a configuration run more than once at the mean of its runs),
 at most ``CONFIRM_TOP`` of them, runs once more when the budget left pays for no more than those runs; a leader whose
 mean falls gives way, and the next one within the band is run again while the budget lasts.
