@@ -10,9 +10,10 @@ sampler — sees end-to-end trials only. ``views(study)`` merges both, in the or
 ``p<N>`` (its number in the parts study), an end-to-end trial by its number. Every other stage (``baseline``,
 ``start``, ``candidate``, ``refine``, ``retry``, ``search``, ``confirm``) is an end-to-end training run.
 
+(Studies made before the parts study held their stage measurements in the main study; they read the same.)
+
 A configuration run more than once (``confirm``: the search's last trials run its leaders again) is one answer: its
-figure is the mean of its runs (``answers``), and the best is picked among answers, not single runs. (Studies made before the
-parts study held their stage measurements in the main study; they read the same.)
+figure is the mean of its runs (``answers``), and the best is picked among answers, not single runs.
 """
 
 from __future__ import annotations
@@ -179,8 +180,9 @@ def answers(trials: list[TrialView]) -> list[TrialView]:
     is its first trial with the mean of its runs as its figure (``imgs_per_s``, ``value``, ``util``; ``attrs[RUNS]``
     lists them). The fastest of several near-identical single runs is the top of a noisy draw: a fresh run of it
     falls back towards the mean (on 1xH200 four runs of one DALI configuration ran 6,401-6,848 imgs/s, and the
-    fastest re-measured at 6,627), so a figure that picks the best is a mean where one exists. Trial 0 and its re-measures in fresh processes are one answer, at ``baseline``'s figure (the faster
-    settled one): the figure every gain is a ratio to."""
+    fastest re-measured at 6,627), so a figure that picks the best is a mean where one exists. Trial 0 and its
+    re-measures in fresh processes are one answer, at ``baseline``'s figure (the faster settled one): the figure every
+    gain is a ratio to."""
     groups: dict[str, list[TrialView]] = {}
     for v in feasible(trials):
         if v.end_to_end:
