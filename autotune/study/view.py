@@ -195,21 +195,20 @@ def answers(trials: list[TrialView]) -> list[TrialView]:
         # Settled runs stand for the configuration where it has any, as trial 0's do (``baseline``): a run whose
         # windows never agreed is the less certain figure (on 1xH200 a DALI configuration ran 6,665 settled, then
         # 6,116 unsettled; its fresh re-measure ran 6,769).
-        used = [v for v in runs if v.attrs.get("settled") is not False] or runs
-        left = [[v.number, v.imgs_per_s] for v in runs if v not in used]
+        settled = [v for v in runs if v.attrs.get("settled") is not False]
+        used = settled or runs
+        left = [[v.number, v.imgs_per_s] for v in runs if settled and v.attrs.get("settled") is False]
         first = used[0]
-        if len(used) == 1:
-            out.append(dataclasses.replace(first, attrs={**first.attrs, UNSETTLED_RUNS: left}) if left else first)
-            continue
-        mean = statistics.fmean(v.imgs_per_s for v in used)
-        values = [v.value for v in used if v.value is not None]
-        utils = [v.util for v in used if v.util is not None]
-        util = statistics.fmean(utils) if utils else first.util
-        extra = {UNSETTLED_RUNS: left} if left else {}
-        out.append(dataclasses.replace(
-            first, imgs_per_s=mean, value=statistics.fmean(values) if values else first.value, util=util,
-            attrs={**first.attrs, "imgs_per_s": mean, "util_mean": util,
-                   RUNS: [[v.number, v.imgs_per_s] for v in used], **extra}))
+        attrs = {**first.attrs, **({UNSETTLED_RUNS: left} if left else {})}
+        if len(used) > 1:
+            mean = statistics.fmean(v.imgs_per_s for v in used)
+            values = [v.value for v in used if v.value is not None]
+            utils = [v.util for v in used if v.util is not None]
+            util = statistics.fmean(utils) if utils else first.util
+            first = dataclasses.replace(first, imgs_per_s=mean, util=util,
+                                        value=statistics.fmean(values) if values else first.value)
+            attrs.update({"imgs_per_s": mean, "util_mean": util, RUNS: [[v.number, v.imgs_per_s] for v in used]})
+        out.append(dataclasses.replace(first, attrs=attrs) if len(runs) > 1 else first)
     return out
 
 
