@@ -225,7 +225,8 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         note = fmt_params(v.params, 90) or fmt_params(shown_settings(a.get("overrides") or {}), 90)
         if v.failure_class and v.outcome != "pruned":
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
-        mark = ("*" if v is best else "") + (BELOW if not v.part and v.number in below else "")
+        # The best is an answer (``view.answers``): a configuration run more than once is a new view of its first run.
+        mark = ("*" if best is not None and not v.part and v.number == best.number else "") + (BELOW if not v.part and v.number in below else "")
         rows.append((f"{v.label}{mark}", v.stage,
                      v.outcome, fmt_ips(v.imgs_per_s) if v.imgs_per_s is not None else "-", gain, spread,
                      fmt_loss(a), f"{v.util:.0f}%" if v.util is not None else "n/a",

@@ -188,3 +188,11 @@ def test_a_configurations_unsettled_run_is_left_out_of_its_figure_where_a_settle
     assert best.imgs_per_s == pytest.approx(3200.0) and best.attrs[view.RUNS] == [[1, 3300.0], [3, 3100.0]]
     assert view.runs_words(best) == (" (mean of trials 1 and 3: 3,300 / 3,100 imgs/s; left out, its windows "
                                      "unsettled: trial 2 2,700)")
+
+
+def test_show_marks_the_best_when_its_figure_is_the_mean_of_its_runs():
+    study = make_study("throughput", [(64, 1000.0, None, None), (256, 3300.0, None, None), (128, 3000.0, None, None),
+                                      (256, 3100.0, None, None)])
+    rows = overview.table(study).splitlines()
+    assert any(row.startswith("1* ") for row in rows), rows  # trial 1 at 3,200, the mean of trials 1 and 3
+    assert not any(row.startswith(("2*", "3*")) for row in rows)
