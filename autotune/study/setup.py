@@ -20,6 +20,7 @@ import optuna
 from autotune.exceptions import StorageError
 from autotune.objective import Objective
 from autotune.spec import StudySpec
+from autotune.study.distinct import DistinctSampler
 from autotune.study.pruning import BestFeasiblePruner
 from autotune.study.storage import SPEC_KEY, first_line, parts_name, record_on_study
 
@@ -36,9 +37,10 @@ def make_sampler(spec: StudySpec, seed: int | None = None) -> optuna.samplers.Ba
     # Constraints: each trial sets its own (``set_constraint``) before it is told; TPE reads them from the trial.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # group/multivariate: stable enough
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=s.n_startup_trials,
-                                          multivariate=s.multivariate, group=s.multivariate,
-                                          constant_liar=s.constant_liar)
+        tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=s.n_startup_trials,
+                                         multivariate=s.multivariate, group=s.multivariate,
+                                         constant_liar=s.constant_liar)
+    return DistinctSampler(tpe)
 
 
 def make_pruner(spec: StudySpec, multi_objective: bool) -> optuna.pruners.BasePruner:
