@@ -20,7 +20,9 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("lightning")
 pytest.importorskip("accelerate")
 
-LIGHTNING_ARGS = ["--model", "resnet18", "--image-size", "32"]
+LIGHTNING_ARGS = ["--model", "resnet18", "--image-size", "32", "--lr", "0.01"]
+"""At the example's own lr 0.1, single-step losses of resnet18 at 32 px on its 320 images rose 1.52x over trial 0's
+windows once in five runs, and the search stopped: a diverged first run (``trainer.learning.RISE_LIMIT``)."""
 
 
 def parts_of(cwd, study: str) -> list:
@@ -42,7 +44,7 @@ def searched_exported_and_trained(tmp_path, script: str, study: str, args: list[
     assert measured and all(t.value > 0 and trial_attrs(t).get("loss_finite") is not False for t in measured)
     applies = set(found.user_attrs["script"]["applies"])
     if searched is not None:
-        searched(tmp_path)
+        searched(tmp_path, r.stdout[-3000:] + r.stderr[-3000:] + what_ran(tmp_path, study))
     r = autotune("export", "best.yaml", "--study", study, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data = yaml.safe_load((tmp_path / "best.yaml").read_text())
@@ -55,11 +57,24 @@ def searched_exported_and_trained(tmp_path, script: str, study: str, args: list[
     return found, applies
 
 
-def nothing_outside_the_trials(cwd) -> None:
+def what_ran(cwd, study: str) -> str:
+    """Each trial and part of a search in a line (its stage, state, figure and why it ended), for a failure's
+    message: a test that fails on what a search chose says what it chose."""
+    lines = []
+    for t in [*study_of(cwd, study).get_trials(), *parts_of(cwd, study)]:
+        attrs = trial_attrs(t)
+        why = {k: attrs[k] for k in ("settled", "failure_class", "reason", "pruned_before_launch", "launch_s")
+               if k in attrs}
+        lines.append(f"{t.user_attrs.get('stage')} {t.number} {t.state.name} {t.value} {why}")
+    return "\n" + "\n".join(lines)
+
+
+def nothing_outside_the_trials(cwd, said: str) -> None:
     """What Lightning writes in a search stays in each trial's folder: its default logs, and no checkpoint."""
     trials = cwd / "studies" / "script-lightning_ddp-main"
-    assert not (cwd / "lightning_logs").exists() and (trials / "trial-1" / "lightning_logs").is_dir()
-    assert not list(cwd.rglob("*.ckpt"))
+    assert not (cwd / "lightning_logs").exists(), said
+    assert (trials / "trial-1" / "lightning_logs").is_dir(), said
+    assert not list(cwd.rglob("*.ckpt")), said
 
 
 def test_the_lightning_example_is_searched_on_a_live_worker_with_stages_exported_and_trained(tmp_path):
