@@ -51,7 +51,10 @@
 #                  resnet50 (best-resnet50.yaml) if this machine made one, else the resnet50 study, else the row
 #                  ddp-base (the best known end-to-end config). ~90 s
 #   profile        bench/profile_step.py: ResNet-50's step, eager vs compiled vs CUDA graphs, top kernels
-#                  (profile.json; PROFILE_MODES, default eager,compile,cudagraphs; ~4 min cold, not measured)
+#                  (profile.json; PROFILE_MODES, default eager,compile,cudagraphs; ~4 min cold, not measured);
+#                  PROFILE_SET="data.decode=dali data.dali_threads=13 ...": the steps fed by that input pipeline on
+#                  the generated JPEGs instead of a synthetic batch, with the host's wait for each batch and the
+#                  device's idle share (issue #26: the best DALI trials ran the GPU 93-97 % busy, the ceiling 100 %)
 #   pipeline       bench/pipeline_gpu.py: where the nvjpeg-gpu and hybrid paths' time goes (pipeline.json, ~2 min)
 #   dali           issue #26's rows: DALI's supply alone (hw_decoder_load 0.65, 0.5, 0.95) and end to end (eager,
 #                  compiled) beside nvJPEG's and the hybrid's, each with its loss, in dali.json (DALI_ROWS; ~35 s a
@@ -222,6 +225,7 @@ PY
     profile)
       if [ -n "${DRY:-}" ]; then prof=(--cpu-smoke --modes "${PROFILE_MODES:-eager,compile}"); else
         prof=(--modes "${PROFILE_MODES:-eager,compile,cudagraphs}"); fi
+      if [ -n "${PROFILE_SET:-}" ]; then prof+=(--data "$data/train"); for kv in $PROFILE_SET; do prof+=(--set "$kv"); done; fi
       python3 bench/profile_step.py --out "$out/profile.json" "${prof[@]}" 2>&1 | quiet ;;
     pipeline)
       if [ -n "${DRY:-}" ]; then pipe=(--cpu-smoke); else pipe=(--hybrid 0.5 --workers 6 --train); fi
