@@ -22,7 +22,7 @@ from autotune.search import script
 from autotune.search.bounds import ceiling_share, trainable_ceiling
 from autotune.search.evaluate import Evaluator
 from autotune.search.prepare import Plan, SearchOptions, describe_model, generate_data, prepare, summarize_data
-from autotune.search.progress import Progress
+from autotune.search.progress import Progress, fmt_ips
 from autotune.search.record import record
 from autotune.search.stages import Budget, StagePlanner, shown_settings
 from autotune.space import get_path
@@ -253,14 +253,14 @@ def best_line(study: optuna.Study) -> str:
     best, base = view.fastest(trials), view.baseline(trials)
     if best is None:
         return "autotune: no trial has completed yet; see the trial logs"
-    gain = (f", {best.imgs_per_s / base.imgs_per_s:.2f}x the baseline (trial {base.label}: {base.imgs_per_s:,.1f})"
+    gain = (f", {best.imgs_per_s / base.imgs_per_s:.2f}x the baseline (trial {base.label}: {fmt_ips(base.imgs_per_s)})"
             if base else "")
     top = trainable_ceiling(trials)
     of = ceiling_share(best.imgs_per_s, top.imgs_per_s) if top else None
     share = (f", {of:.0%} of the {view.devices(study)}' ceiling ({top.imgs_per_s:,.0f})" if of is not None else
              f", above the {view.devices(study)}' ceiling measured ({top.imgs_per_s:,.0f}): no bound at its settings"
              if top else "")
-    return (f"autotune: fastest: trial {best.label} at {best.imgs_per_s:,.1f} {view.rate(study)}"
+    return (f"autotune: fastest: trial {best.label} at {fmt_ips(best.imgs_per_s)} {view.rate(study)}"
             f"{view.runs_words(best, view.rate(study))}{gain}{share}. "
             f"`autotune show "
             f"--study {study.study_name}` lists the trials; `autotune export best.yaml --study {study.study_name}` "

@@ -258,7 +258,7 @@ class Watch:
             return False  # after the decision, the window the job finishes on is not judged
         self.full.append((int(rec.get("window", self.windows - 1)), ips))
         if self.stop_when:
-            self.stopped = supply_verdict([x for _, x in self.full], self.stop_when)
+            self.stopped = supply_verdict([x for _, x in self.full], self.stop_when, per=self.progress.per)
             return self.stopped is not None
         if not self.report or self.stage in MEASUREMENT_STAGES:
             return False
@@ -273,15 +273,16 @@ class Watch:
         self.progress.tick(self.trial.number, self.stage, time.monotonic() - self.t0)
 
 
-def supply_verdict(windows: list[float], stop_when: dict[str, Any]) -> str | None:
+def supply_verdict(windows: list[float], stop_when: dict[str, Any], *, per: str = "imgs/s") -> str | None:
     """Why a supply measurement may stop before it settles, or None: its latest ``windows`` full windows all above
-    ``above`` (it feeds more than the model can take) or all below ``below`` (out of reach of the best)."""
+    ``above`` (it feeds more than the model can take) or all below ``below`` (out of reach of the best); ``per``:
+    the job's rate label (``view.per_second``)."""
     n = int(stop_when.get("windows") or 3)
     latest = windows[-n:]
     if len(latest) < n:
         return None
     if stop_when.get("above") is not None and min(latest) > stop_when["above"]:
-        return f"above the ceiling ({stop_when['above']:,.0f} imgs/s) in {n} windows"
+        return f"above the ceiling ({stop_when['above']:,.0f} {per}) in {n} windows"
     if stop_when.get("below") is not None and max(latest) < stop_when["below"]:
-        return f"out of reach ({stop_when['below']:,.0f} imgs/s) in {n} windows"
+        return f"out of reach ({stop_when['below']:,.0f} {per}) in {n} windows"
     return None

@@ -30,7 +30,8 @@ from autotune.objective import Objective
 from autotune.runner.torchrun import Torchrun
 from autotune.runner.trial import TrialJob
 from autotune.search import script
-from autotune.search.engine import Engine
+from autotune.search.engine import Engine, best_line
+from autotune.search.evaluate import supply_verdict
 from autotune.search.prepare import Plan, SearchOptions
 from autotune.search.progress import Progress
 from autotune.space import resolve
@@ -561,3 +562,22 @@ def test_the_gain_column_names_the_baseline_it_is_against(tmp_path):
     header = next(ln for ln in overview.table(study).splitlines() if ln.startswith("#"))
     assert "vs #0" not in header, header
 
+
+
+def test_a_supply_stopped_early_says_its_bound_in_the_jobs_unit():
+    # A script counting samples: its supply stopped above the ceiling printed "(37,543 imgs/s)".
+    stop = {"above": 37_543.0, "below": None, "windows": 3}
+    why = supply_verdict([86_605.0, 103_500.0, 83_101.0], stop, per="samples/s")
+    assert why == "above the ceiling (37,543 samples/s) in 3 windows", why
+    assert "imgs/s" in supply_verdict([86_605.0, 103_500.0, 83_101.0], stop)  # the built-in job's images
+
+
+def test_the_searchs_last_line_gives_its_figures_as_the_table_does(tmp_path):
+    # It printed "fastest: trial 3 at 50,829.0 samples/s, 3.13x the baseline (trial 0: 16,218.2)" above a table
+    # that says 50,829 and 16,218.
+    study = cpu_demo_study(storage_of(tmp_path), trials=[
+        ("baseline", {"training.batch_size": 8, "data.decode": "pil"}, [16_218.2] * 4, True, (1.4, 1.3), {}),
+        ("refine", {"training.batch_size": 16, "data.decode": "pil"}, [50_829.0] * 4, True, (1.3, 1.2), {})],
+        parts=[])
+    line = best_line(study)
+    assert "trial 1 at 50,829 imgs/s" in line and "(trial 0: 16,218)" in line, line
