@@ -33,6 +33,7 @@ from autotune.hw.placement import gpu_count, to_nvml, visible_entries
 from autotune.outputs import write_atomic
 from autotune.runner.torchrun import Torchrun
 from autotune.runner.trial import TrialJob, run_trial
+from autotune.search.progress import fmt_ips
 from autotune.study import view
 from autotune.study.storage import record_on_study, study_record
 from autotune.study.view import TrialView
@@ -209,9 +210,9 @@ def write(data: dict[str, Any], path: str | Path) -> Path:
     a, m = data["autotune"], data["autotune"]["measured"]
     again = m.get("remeasured") or {}
     head = (f"# Exported by `autotune export` from study {a['study']}, trial {a['trial']}: "
-            f"{m.get('imgs_per_s', 0):,.1f} {m.get('per', 'imgs/s')}"
+            f"{fmt_ips(m.get('imgs_per_s', 0))} {m.get('per', 'imgs/s')}"
             + (f" ({m['gain']:.2f}x trial {m['baseline_trial']})" if m.get("gain") else "")
-            + (f"; re-measured in a fresh process: {again['imgs_per_s']:,.1f}" if again.get("imgs_per_s") else "")
+            + (f"; re-measured in a fresh process: {fmt_ips(again['imgs_per_s'])}" if again.get("imgs_per_s") else "")
             + f".\n# Run: {a['torchrun']['command'].replace('<this file>', str(path))}\n"
               "# (or `autotune train --config " + str(path) + "`; the `autotune:` section is ignored by the job)\n")
     write_atomic(path, head + yaml.safe_dump(data, sort_keys=False))
@@ -258,8 +259,8 @@ def record_remeasure(study, trial: TrialView, data: dict[str, Any], s: dict[str,
         # Trial 0 ran in a fresh process as well: this is the one comparison of like with like.
         again["below_baseline"] = {"trial": base.number, "imgs_per_s": base.imgs_per_s}
     data["autotune"]["measured"]["remeasured"] = again
-    line = (f"re-measured in a fresh process: {ips:,.1f} {view.rate(study)} = {ratio:.1%} of the search's "
-            f"{searched:,.1f}{view.runs_words(trial, view.rate(study))}")
+    line = (f"re-measured in a fresh process: {fmt_ips(ips)} {view.rate(study)} = {ratio:.1%} of the search's "
+            f"{fmt_ips(searched)}{view.runs_words(trial, view.rate(study))}")
     if abs(ratio - 1) > GAP_WARNING:
         line += (f" — WARNING: more than {GAP_WARNING:.0%} apart; the search's figure for this config is not what a "
                  "fresh job reaches here (another load on the machine, or a trial that profited from an earlier "
@@ -278,9 +279,10 @@ def below_baseline_warning(trial: TrialView, data: dict[str, Any]) -> str | None
     below = again.get("below_baseline")
     if not below:
         return None
-    return (f"trial {trial.number} re-measured at {again['imgs_per_s']:,.1f} imgs/s in a fresh process, below trial "
-            f"{below['trial']} (the baseline, {below['imgs_per_s']:,.1f}): here the tuned configuration is not "
-            f"faster than the baseline; export the baseline with `--pick {below['trial']}`, or search again on a "
+    per = data["autotune"]["measured"].get("per", "imgs/s")
+    return (f"trial {trial.number} re-measured at {fmt_ips(again['imgs_per_s'])} {per} in a fresh process, below "
+            f"trial {below['trial']} (the baseline, {fmt_ips(below['imgs_per_s'])}): here the tuned configuration is "
+            f"not faster than the baseline; export the baseline with `--pick {below['trial']}`, or search again on a "
             "quieter machine")
 
 

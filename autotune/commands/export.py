@@ -25,6 +25,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from autotune import export
     from autotune.outputs import check_output
+    from autotune.search.progress import fmt_ips
     from autotune.study.storage import load, log_root, resolve_storage
 
     url = resolve_storage(args.study, args.storage)
@@ -38,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"autotune export: warning: {w}", file=sys.stderr)
     m = data["autotune"]["measured"]
     gain = f", {m['gain']:.2f}x trial {m['baseline_trial']}" if m.get("gain") else ""
-    print(f"autotune export: trial {trial.number} of {study.study_name} ({m['imgs_per_s']:,.1f} imgs/s{gain})",
-          flush=True)
+    print(f"autotune export: trial {trial.number} of {study.study_name} ({fmt_ips(m['imgs_per_s'])} "
+          f"{m.get('per', 'imgs/s')}{gain})", flush=True)
     if not args.no_remeasure:
         folder = log_root(url, study.study_name) / f"remeasure-trial-{trial.number}"
         print(f"autotune export: {export.remeasure(study, trial, data, Path(folder))}", flush=True)

@@ -118,10 +118,10 @@ def test_a_best_trial_that_re_measures_below_trial_0_is_warned_of_and_marked():
     best = export.pick_trial(study)
     data, _ = export.build(study, best)
     line = export.record_remeasure(study, best, data, {"imgs_per_s": 900.0, "spread": 0.02, "settled": True})
-    assert "= 30.0% of the search's 3,000.0" in line and "WARNING" in line
+    assert "= 30.0% of the search's 3,000" in line and "WARNING" in line
     warning = export.below_baseline_warning(best, data)
-    assert warning.startswith("trial 1 re-measured at 900.0 imgs/s in a fresh process, below trial 0 (the baseline, "
-                              "1,000.0)") and "`--pick 0`" in warning
+    assert warning.startswith("trial 1 re-measured at 900 imgs/s in a fresh process, below trial 0 (the baseline, "
+                              "1,000)") and "`--pick 0`" in warning
     shown = overview.table(study)
     rows = shown.splitlines()
     assert any(row.startswith(f"1*{overview.BELOW} ") for row in rows), shown  # trial 1's row
@@ -169,7 +169,7 @@ def test_a_configuration_run_twice_is_exported_and_checked_at_the_mean_of_its_ru
     assert data["autotune"]["measured"]["imgs_per_s"] == pytest.approx(3000.0)
     assert data["autotune"]["measured"]["runs"] == [[1, 3300.0], [3, 2700.0]]
     line = export.record_remeasure(study, one, data, {"imgs_per_s": 2950.0})
-    assert "= 98.3% of the search's 3,000.0 (mean of trials 1 and 3: 3,300 / 2,700 imgs/s)" in line
+    assert "= 98.3% of the search's 3,000 (mean of trials 1 and 3: 3,300 / 2,700 imgs/s)" in line
     assert "WARNING" not in line
 
 
@@ -196,3 +196,16 @@ def test_show_marks_the_best_when_its_figure_is_the_mean_of_its_runs():
     rows = overview.table(study).splitlines()
     assert any(row.startswith("1* ") for row in rows), rows  # trial 1 at 3,200, the mean of trials 1 and 3
     assert not any(row.startswith(("2*", "3*")) for row in rows)
+
+
+def test_a_script_counting_samples_is_exported_in_samples():
+    """A user's script measured in samples/s: the export's lines said "imgs/s" and "50,829.0"."""
+    study = make_study("throughput", [(64, 16_218.2, None, None), (256, 50_829.0, None, None)])
+    study.set_user_attr("unit", "samples")
+    best = export.pick_trial(study)
+    data, _ = export.build(study, best)
+    line = export.record_remeasure(study, best, data, {"imgs_per_s": 15_000.0, "spread": 0.02, "settled": True})
+    assert "re-measured in a fresh process: 15,000 samples/s = 29.5% of the search's 50,829" in line, line
+    warning = export.below_baseline_warning(best, data)
+    assert warning.startswith("trial 1 re-measured at 15,000 samples/s in a fresh process, below trial 0 (the "
+                              "baseline, 16,218)"), warning
