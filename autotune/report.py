@@ -3,8 +3,8 @@ search found and why.
 
 The first screen says what to do: the tuned configuration, what limits the job, the configuration's settings, the
 commands that export and run it, and how sure its figure is (``autotune.overview.conclusions``); then the study's
-summary. Sections: optimization history (best so far), parameter importances, parallel coordinates, imgs/s versus NVML
-utilization (coloured by precision, symbol by decode path: where users see that utilization alone misleads), window
+summary. Sections: optimization history (best so far), parameter importances, parallel coordinates, throughput versus
+NVML utilization (coloured by precision, symbol by decode path: where users see that utilization alone misleads), window
 throughput per trial (how steady each measurement was), failure counts by class, and the Pareto front when the study
 is multi-objective. Optuna's own figures are used wherever Optuna has one. A section without data says why (a CPU
 study has no utilization) instead of failing the whole report.
@@ -29,6 +29,7 @@ from typing import Any
 
 from autotune.outputs import write_atomic
 from autotune.overview import baseline_words, conclusions, fmt_loss, headline, loss_words, plural
+from autotune.search.progress import fmt_ips
 from autotune.study import view
 from autotune.study.view import finite
 
@@ -143,9 +144,10 @@ def plot_study(study, rows: list[TrialRow], *, feasible_only: bool):
 def objective_label(study) -> tuple[str, list[str]]:
     """(objective kind, a name per objective value)."""
     kind = study.user_attrs.get("objective") or ("pareto" if len(study.directions) > 1 else "throughput")
+    per = view.rate(study)
     if len(study.directions) > 1:
-        return kind, ["imgs/s (global)", "NVML utilization %"]
-    return kind, ["imgs/s (global)" if kind == "throughput" else f"{kind} score"]
+        return kind, [f"{per} (global)", "NVML utilization %"]
+    return kind, [f"{per} (global)" if kind == "throughput" else f"{kind} score"]
 
 
 # ---- sections -----------------------------------------------------------------------------------------------------
@@ -163,7 +165,7 @@ class Section:
     extra_html: str = ""
 
 
-def bottleneck_section(rows: list[TrialRow], devices: str = "GPUs") -> Section:
+def bottleneck_section(rows: list[TrialRow], devices: str = "GPUs", per: str = "imgs/s") -> Section:
     """The stages' measurements side by side: the model alone (ceiling), each pipeline alone (supply), and the
     end-to-end trials as lines — where the time goes, at a glance."""
     import plotly.graph_objects as go
@@ -186,9 +188,9 @@ def bottleneck_section(rows: list[TrialRow], devices: str = "GPUs") -> Section:
                default=None)
     if best is not None:
         fig.add_hline(y=best.imgs_per_s, line_dash="dot", line_color="#2ca02c",
-                      annotation_text=f"best end to end: trial {best.number}, {best.imgs_per_s:,.1f} imgs/s")
+                      annotation_text=f"best end to end: trial {best.number}, {fmt_ips(best.imgs_per_s)} {per}")
     fig.update_layout(title="The model alone on synthetic data (ceiling) and each input pipeline alone (supply)",
-                      yaxis_title="imgs/s (global)", xaxis_title="stage measurement", barmode="group")
+                      yaxis_title=f"{per} (global)", xaxis_title="stage measurement", barmode="group")
     s.figure = fig
     s.caption = (f"An end-to-end run is at most the smaller of what the {devices} compute (the ceiling) and what its "
                  "input pipeline feeds (its supply). The search measures both first and starts its end-to-end trials "
@@ -209,7 +211,7 @@ def history_section(study, rows, names) -> Section:
     multi = len(study.directions) > 1
     fig = plot_optimization_history(copy, target=(lambda t: t.values[0]) if multi else None, target_name=names[0])
     if multi:
-        # Optuna draws no best-so-far line for a chosen target of a multi-objective study; imgs/s is maximized.
+        # Optuna draws no best-so-far line for a chosen target of a multi-objective study; throughput is maximized.
         best, xs, ys = -math.inf, [], []
         for r in sorted((r for r in rows if not r.part), key=lambda r: r.number):
             if r.outcome == "complete" and r.imgs_per_s is not None:
@@ -217,7 +219,8 @@ def history_section(study, rows, names) -> Section:
             if best > -math.inf:
                 xs.append(r.number)
                 ys.append(best)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="Best imgs/s so far", line={"shape": "hv"}))
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"Best {view.rate(study)} so far",
+                                 line={"shape": "hv"}))
     fig.update_layout(title=f"Optimization history: {names[0]} per trial, best so far", yaxis_title=names[0])
     if len(rows) <= 30:
         fig.update_xaxes(dtick=1)  # trial numbers are integers; plotly would tick 0.5 steps on a short study
@@ -225,7 +228,8 @@ def history_section(study, rows, names) -> Section:
     base = next((r for r in rows if measured is not None and not r.part and r.number == measured.number), None)
     if base is not None:
         fig.add_hline(y=base.imgs_per_s, line_dash="dot", line_color="#555",
-                      annotation_text=f"trial {base.number} (baseline): {base.imgs_per_s:,.1f} imgs/s")
+                      annotation_text=f"trial {base.number} (baseline): {fmt_ips(base.imgs_per_s)} "
+                                      f"{view.rate(study)}")
     s.figure = fig
     s.caption = ("Each point is a trial's value; infeasible trials (OOM, invalid config) are recorded with value 0 "
                  "and drawn grey. The line is the best feasible value so far; the dotted line is the baseline (trial 0, "
@@ -308,7 +312,7 @@ def parallel_section(study, rows, names) -> Section:
     return s
 
 
-def util_section(rows) -> Section:
+def util_section(rows, per: str = "imgs/s") -> Section:
     import plotly.graph_objects as go
 
     s = Section(id="util", title="Throughput versus GPU utilization", caption=UTIL_CAPTION)
@@ -330,11 +334,11 @@ def util_section(rows) -> Section:
             marker={"color": PRECISION_COLORS.get(prec, "#8c564b"), "symbol": DECODE_SYMBOLS.get(dec, "x"),
                     "size": 12, "line": {"width": 1, "color": "#222"}},
             text=[f"#{r.number}" + (" (baseline)" if r.baseline else "") for r in rs], textposition="top center",
-            hovertext=[f"trial {r.number}: {r.imgs_per_s:,.1f} imgs/s at {r.util:.0f} % util, loss {r.loss}<br>"
+            hovertext=[f"trial {r.number}: {fmt_ips(r.imgs_per_s)} {per} at {r.util:.0f} % util, loss {r.loss}<br>"
                        f"{prec}, {dec}, batch {r.batch_size}" for r in rs], hoverinfo="text"))
-    fig.update_layout(title="imgs/s versus NVML utilization (colour: precision, symbol: decode path)",
+    fig.update_layout(title=f"{per} versus NVML utilization (colour: precision, symbol: decode path)",
                       xaxis_title="NVML utilization, mean over the trial's GPUs inside the timed windows (%)",
-                      yaxis_title="imgs/s (global)", legend_title="precision · decode")
+                      yaxis_title=f"{per} (global)", legend_title="precision · decode")
     s.figure = fig
     return s
 
@@ -348,7 +352,7 @@ def _label(r: TrialRow) -> str:
     return f"#{r.label}{'!' if r.settled is False else ''}"
 
 
-def spread_section(rows) -> Section:
+def spread_section(rows, per: str = "imgs/s") -> Section:
     import plotly.graph_objects as go
 
     s = Section(id="spread", title="Window throughput per trial")
@@ -370,13 +374,13 @@ def spread_section(rows) -> Section:
                 xs.append(_label(r))
                 ys.append(100.0 * (w / med - 1.0) if med > 0 else 0.0)
                 unsettled = "; its windows never agreed" if r.settled is False else ""
-                hover.append(f"trial {r.number}, window {i}: {w:,.1f} imgs/s (median {med:,.1f}, spread "
+                hover.append(f"trial {r.number}, window {i}: {fmt_ips(w)} {per} (median {fmt_ips(med)}, spread "
                              f"{(r.spread if r.spread is not None else 0):.1%}; loss {r.loss}{unsettled})")
         fig.add_trace(go.Box(x=xs, y=ys, name=outcome, boxpoints="all", jitter=0.3, pointpos=0, hovertext=hover,
                              hoverinfo="text", marker={"color": FAILURE_COLORS.get(outcome, "#1f77b4")}))
     # The caption names a trial with a box in this plot: stage measurements are not drawn here.
     worst = max((r for r in drawn if r.spread is not None), key=lambda r: r.spread, default=None)
-    fig.update_layout(title="Each timed window's imgs/s relative to its trial's median (the trial's value)",
+    fig.update_layout(title=f"Each timed window's {per} relative to its trial's median (the trial's value)",
                       xaxis_title="trial", yaxis_title="window vs trial median (%)", yaxis_ticksuffix=" %",
                       xaxis={"categoryorder": "array",
                              "categoryarray": [_label(r) for r in drawn]})
@@ -431,7 +435,7 @@ def pareto_section(study, rows, names) -> Section:
     if len(study.directions) < 2:
         kind, _ = objective_label(study)
         s.note = (f"This is a single-objective study (objective: {kind}); there is no Pareto front. "
-                  "`autotune search --objective pareto` maximizes imgs/s and utilization jointly.")
+                  "`autotune search --objective pareto` maximizes throughput and utilization jointly.")
         return s
     feasible = [r for r in rows if r.outcome == "complete"]
     if not feasible:
@@ -444,9 +448,10 @@ def pareto_section(study, rows, names) -> Section:
     legacy = {} if hasattr(FrozenTrial, "constraints") else {
         "constraints_func": lambda t: t.system_attrs.get("constraints", [0.0])}
     fig = plot_pareto_front(copy, target_names=names, **legacy)
-    fig.update_layout(title="Pareto front: imgs/s and NVML utilization (red: on the front; grey: infeasible)")
+    fig.update_layout(title=f"Pareto front: {view.rate(study)} and NVML utilization (red: on the front; grey: "
+                            "infeasible)")
     s.figure = fig
-    s.caption = ("Trials no other trial beats on both imgs/s and utilization. `autotune export --pick` chooses "
+    s.caption = ("Trials no other trial beats on both throughput and utilization. `autotune export --pick` chooses "
                  "from this front.")
     return s
 
@@ -457,10 +462,11 @@ def pareto_section(study, rows, names) -> Section:
 def build_sections(study) -> tuple[list[TrialRow], list[Section]]:
     rows = trial_rows(study)
     _, names = objective_label(study)
-    builders = [lambda: bottleneck_section(rows, view.devices(study)), lambda: history_section(study, rows, names),
-                lambda: importances_section(study, rows, names),
-                lambda: parallel_section(study, rows, names), lambda: util_section(rows),
-                lambda: spread_section(rows), lambda: failures_section(rows),
+    per = view.rate(study)
+    builders = [lambda: bottleneck_section(rows, view.devices(study), per),
+                lambda: history_section(study, rows, names), lambda: importances_section(study, rows, names),
+                lambda: parallel_section(study, rows, names), lambda: util_section(rows, per),
+                lambda: spread_section(rows, per), lambda: failures_section(rows),
                 lambda: pareto_section(study, rows, names)]
     sections = []
     for sid, build in zip(SECTIONS, builders, strict=True):
@@ -510,8 +516,8 @@ def _first_screen(study, storage_arg: str | None) -> str:
     from autotune.export import remeasures
 
     trials = view.views(study)
-    tuned = [tuple(line.split(": ", 1)) for line in headline(trials, view.devices(study), remeasures(study))
-             if line.startswith("the tuned configuration: ")]
+    lines = headline(trials, view.devices(study), remeasures(study), view.rate(study))
+    tuned = [tuple(line.split(": ", 1)) for line in lines if line.startswith("the tuned configuration: ")]
     items = "".join(f"<li><b>{html.escape(topic)}:</b> {_code(text)}</li>"
                     for topic, text in [*tuned, *conclusions(study, trials, storage=storage_arg)])
     return f'<section id="verdict"><ul class="verdict">{items}</ul></section>'
@@ -535,14 +541,16 @@ def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
     from autotune.export import remeasures
 
     items = [(line.split(" (", 1)[0].split(":", 1)[0], line.split(": ", 1)[-1] if ": " in line else line)
-             for line in headline(trials, view.devices(study), remeasures(study))]
+             for line in headline(trials, view.devices(study), remeasures(study), view.rate(study))]
     items += [("study", study.study_name), ("storage", storage_url or ""), ("objective", kind),
               ("trials", ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "none")]
     if best is not None:
         gain = f" — {best.imgs_per_s / base.imgs_per_s:.2f}× trial {base.label} ({baseline_words(base)}, " \
-               f"{base.imgs_per_s:,.1f})" if base and base.imgs_per_s else ""
+               f"{fmt_ips(base.imgs_per_s)})" if base and base.imgs_per_s else ""
         util = f", {best.util:.0f} % util" if best.util is not None else ""
-        items.append(("fastest", f"trial {best.label}: {best.imgs_per_s:,.1f} imgs/s{view.runs_words(best)}{util}"
+        per = view.rate(study)
+        items.append(("fastest", f"trial {best.label}: {fmt_ips(best.imgs_per_s)} {per}"
+                                 f"{view.runs_words(best, per)}{util}"
                                  f"{gain}; loss over its "
                                  f"windows {loss_words(best.attrs)}"))
     where = (f"{fp.get('gpu_count')} × {fp.get('gpu_model')}" if fp.get("gpu_count") else

@@ -273,3 +273,15 @@ def test_the_reports_first_screen_says_what_limits_the_job_what_to_run_and_how_s
     assert "then autotune train --config best.yaml" in first
     assert "how sure: the median of its latest windows" in first and "fresh process" in first
     assert "Parallel coordinates" not in first  # far below: the probe does see only the first screen
+
+
+def test_a_study_in_another_unit_is_reported_in_it(tmp_path):
+    """A user's script that counts tokens: every figure of its report said imgs/s (its axes, its lines, its hover
+    texts, the fastest trial's row)."""
+    from autotune.report import render_html
+
+    study = make_study(f"sqlite:///{tmp_path / 't.db'}", "lm", pareto=True)
+    study.set_user_attr("unit", "tokens")
+    page = unescaped(render_html(study))
+    assert "imgs/s" not in page, [page[max(0, i - 80):i + 20] for i in range(len(page)) if page.startswith("imgs/s", i)]
+    assert "Best tokens/s so far" in page and "tokens/s (global)" in page
