@@ -31,7 +31,7 @@ from autotune.hw.placement import gpu_count, place, to_nvml, visible_entries
 from autotune.runner.process import LineReader, ProcessTree
 from autotune.runner.torchrun import Torchrun, merge_args, program, run_env
 from autotune.runner.trial import TrialRun, follow, steady_windows
-from autotune.search.progress import fmt_duration
+from autotune.search.progress import fmt_duration, fmt_ips
 from autotune.study.view import per_second
 from autotune.verdict import FIXES, OK, Verdict, ending
 from trainer.config import TrainConfig, load_yaml_mapping
@@ -435,7 +435,7 @@ class ProgressView:
             parts.append(f"epoch {epoch}")
         if loss is not None:
             parts.append(f"loss {float(loss):.4f}")
-        parts.append(f"{self.rate:,.1f} {self.per}" if self.rate else "warming up")
+        parts.append(f"{fmt_ips(self.rate)} {self.per}" if self.rate else "warming up")
         return " ".join(parts)
 
     def close(self) -> None:
@@ -467,16 +467,16 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
     if ips is None:
         lines.append("measured: no timed window closed (the run was too short to measure throughput)")
     elif (s.get("windows") or 0) <= 1:
-        lines.append(f"measured: {ips:,.1f} {per} (one window: no spread to judge it by; a longer run measures "
+        lines.append(f"measured: {fmt_ips(ips)} {per} (one window: no spread to judge it by; a longer run measures "
                      "more)")
     else:
-        lines.append(f"measured: {ips:,.1f} {per} (median of {s.get('windows')} windows, spread "
+        lines.append(f"measured: {fmt_ips(ips)} {per} (median of {s.get('windows')} windows, spread "
                      f"{float(s.get('spread') or 0):.1%})")
         spread, target = float(s.get("spread") or 0), p.config.measure.spread_target
         if spread > target:
             warnings.append(f"the run's windows spread {spread:.1%}, more than measure.spread_target "
                             f"({target:.0%}): its pace changed along the way (epoch starts, another load on the "
-                            f"machine), so its median is a less certain figure; each window's imgs/s is in "
+                            f"machine), so its median is a less certain figure; each window's {per} is in "
                             f"{p.result_path}")
     lines.append(f"loss: {loss_line(s)}")
     g = r.gpu
@@ -505,20 +505,20 @@ def _compare(p: TrainPlan, ips: float | None, per: str, lines: list[str], warnin
     src = f"study {p.export.get('study')}, trial {p.export.get('trial')}"
     if again.get("imgs_per_s"):
         ref, what = float(again["imgs_per_s"]), "the export's re-measure in a fresh process"
-        name = f"re-measure ({src}, in a fresh process; the search measured {float(m['imgs_per_s']):,.1f})"
+        name = f"re-measure ({src}, in a fresh process; the search measured {fmt_ips(float(m['imgs_per_s']))})"
     else:
         ref, what = float(m["imgs_per_s"]), "the search measured"
         util = f", util {m['util_mean']:.0f} %" if m.get("util_mean") is not None else ""
         name = f"search ({src}{util})"
     if not p.comparable:
-        lines.append(f"{name}: {ref:,.1f} {per} at another world size: not compared")
+        lines.append(f"{name}: {fmt_ips(ref)} {per} at another world size: not compared")
         return None
     ratio = ips / ref
-    lines.append(f"{name}: {ref:,.1f} {per} -> this run: {ratio:.1%} of it")
+    lines.append(f"{name}: {fmt_ips(ref)} {per} -> this run: {ratio:.1%} of it")
     if ratio < 1 - SLOWER_WARNING:
-        warnings.append(f"this run is {1 - ratio:.1%} slower than {what} for the same config ({ips:,.1f} vs "
-                        f"{ref:,.1f} {per}): check that the host, GPUs, data location and concurrent load match the "
-                        f"search's (`autotune show`); each window's {per} is in {p.result_path}")
+        warnings.append(f"this run is {1 - ratio:.1%} slower than {what} for the same config ({fmt_ips(ips)} vs "
+                        f"{fmt_ips(ref)} {per}): check that the host, GPUs, data location and concurrent load match "
+                        f"the search's (`autotune show`); each window's {per} is in {p.result_path}")
     return ratio
 
 

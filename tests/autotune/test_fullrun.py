@@ -244,3 +244,17 @@ def test_the_verdict_gives_the_loss_and_flags_an_unsteady_or_slower_run(tmp_path
     diverged = {**steady, "loss_finite": False}
     lines, _, _ = tr.verdict(p, tr.TrainResult(returncode=0, summary=diverged, wall_s=60.0))
     assert any(line.startswith("loss: not finite (NaN/inf): the run diverged") for line in lines)
+
+
+
+def test_a_runs_figures_are_given_at_the_tables_precision(tmp_path):
+    """`autotune train` printed "measured: 61,726.8 samples/s" and "the search measured 50,829.0" below tables that
+    say 61,727 and 50,829; its progress line "step 8 61726.8 samples/s"."""
+    view = tr.ProgressView(out=io.StringIO(), enabled=False)
+    view.per, view.rate = "samples/s", 61_726.8
+    assert view._progress_line({"kind": "progress", "step": 8}, 8) == "step 8 61,727 samples/s"
+    p = tr.plan(tr.TrainOptions(config=export_yaml(tmp_path)))  # the search measured 100 imgs/s
+    run = {"imgs_per_s": 1_234.56, "spread": 0.02, "windows": 12, "epochs": 3, "steps": 60, "loss_start": 2.31,
+           "loss_end": 1.42, "loss": 1.40, "loss_finite": True}
+    lines, _, _ = tr.verdict(p, tr.TrainResult(returncode=0, summary=run, wall_s=60.0))
+    assert "measured: 1,235 imgs/s (median of 12 windows, spread 2.0%)" in lines, lines
