@@ -218,6 +218,7 @@ class Run:
             # What the loader really uses: DataLoader fills in its own prefetch depth when given none.
             self._applied["prefetch_factor"] = loader.prefetch_factor
         self._loader = Batches(self, loader, samples=samples, buffered=prefetched(loader))
+        self._closables.append(self._loader.close)
         return self._loader
 
     def _check_loader(self, loader):
@@ -726,6 +727,10 @@ class Batches:
         self.buffered = buffered
         """Batches the loader's workers have ready before the first step: the meter discards at least these."""
         self._stream = stream
+        self._iterators: list[weakref.ref] = []
+        """The loader's iterators this run started (an epoch's, the ceiling's first batch), whose workers ``close``
+        joins: one the trial ended inside lives on in the traceback that ended it."""
+
         self.first_samples: int | None = None
         """What the first batch it handed out holds, as it counts (``samples``): the steps must report the same."""
 
@@ -737,15 +742,29 @@ class Batches:
         return self._stream or self._run.request.mode == "ceiling"
 
     def close(self) -> None:
-        """Its loader closed (an image pipeline's ``close``), or its DataLoader's workers joined (persistent ones
-        otherwise live as long as the loader, which a framework's objects may keep past the run)."""
+        """Its loader closed (an image pipeline's ``close``), or its DataLoader's workers joined: persistent ones
+        live as long as the loader, which the script's frames or a framework's objects may keep past the run, and an
+        epoch's as long as its iterator. A worker process still running after a trial ends the live worker that ran
+        it (``trainer.worker.leftovers``): on 1xH200 every trial of a script with 16 persistent loader workers cost
+        the next one a fresh worker."""
         own = getattr(self._loader, "close", None)
         if callable(own):
             own()
             return
-        iterator = getattr(self._loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        iterators = [ref() for ref in self._iterators] + [getattr(self._loader, "_iterator", None)]
+        self._iterators.clear()
+        for iterator in iterators:
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+        if getattr(self._loader, "_iterator", None) is not None:
+            self._loader._iterator = None  # a later epoch of the loader starts its workers anew
+
+    def _iter(self) -> Iterator[Any]:
+        """``iter`` of the loader, remembered for ``close``."""
+        it = iter(self._loader)
+        with contextlib.suppress(TypeError):  # an iterator that takes no weak reference ends with its loader
+            self._iterators.append(weakref.ref(it))
+        return it
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -772,7 +791,7 @@ class Batches:
         run._mark_ready()
         channels_last = bool(run._value("channels_last"))
         if mode == "ceiling":
-            first = self._counted(to_device(next(iter(self._loader)), run.device, channels_last))
+            first = self._counted(to_device(next(self._iter()), run.device, channels_last))
             while True:
                 yield first
         for batch in self._epoch():
@@ -794,7 +813,7 @@ class Batches:
         if run._epoch_begins(self) and run.request.mode == "supply":
             return
         with run._boundary():
-            it = iter(self._loader)
+            it = self._iter()
             batch = next(it, _END)
         try:
             # A stream of epochs without end crosses no boundary its consumer waits at.

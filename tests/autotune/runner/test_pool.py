@@ -133,3 +133,18 @@ def test_pools_sharing_a_logs_folder_run_only_their_own_trials(jpegs, tmp_path, 
     assert len(second.of_kind("start")) == 1  # one job ran it
     starts = [line for line in (tmp_path / "a2" / "result.jsonl").read_text().splitlines() if '"start"' in line]
     assert len(starts) == 1, starts
+
+
+def test_a_scripts_loader_workers_end_with_its_trial_and_the_worker_serves_the_next(tmp_path, repo_on_pythonpath):
+    """A user's function whose own DataLoader keeps its workers between epochs: its loader measured alone, then end to
+    end, then again. Each trial left its loader's worker processes (and their feeder threads) behind, so the live
+    worker stopped after every one and the next trial paid a fresh one (1xH200, folder-fn: "trial 1 left 16
+    process(es) ... behind")."""
+    base = tiny_config(**{"data.kind": "script", "script.entry": "tests.helpers.scripts.seen:main",
+                          "script.applies": ["batch_size", "num_workers", "persistent_workers"],
+                          "loader.num_workers": 1, "loader.persistent_workers": True, "output_dir": str(tmp_path)})
+    with WorkerPool(tmp_path / "workers") as pool:
+        runs = [pool.run(job(base.with_overrides({"training.mode": mode}), tmp_path / f"t{i}"))
+                for i, mode in enumerate(("loader", "measure", "measure"))]
+    assert all(ok(r) for r in runs), [ending(r) for r in runs]
+    assert [r.worker for r in runs] == ["worker-1"] * 3
