@@ -762,6 +762,7 @@ class Batches:
     def _iter(self) -> Iterator[Any]:
         """``iter`` of the loader, remembered for ``close``."""
         it = iter(self._loader)
+        self._iterators = [ref for ref in self._iterators if ref() is not None]  # a run of many epochs
         with contextlib.suppress(TypeError):  # an iterator that takes no weak reference ends with its loader
             self._iterators.append(weakref.ref(it))
         return it
