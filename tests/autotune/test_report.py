@@ -208,6 +208,19 @@ def test_what_limits_the_job_is_the_smaller_of_the_ceiling_and_its_pipelines_sup
     assert dict(conclusions(none))["what limits it"].startswith("not measured: this study has no stage measurements")
 
 
+def test_a_ceiling_the_tuned_configuration_ran_above_is_not_named_what_limits_it(tmp_path):
+    """CPU ranks, a ceiling measured at batch 128 only, the tuned configuration at batch 512 faster than it: "what
+    limits it: the model's compute ...: 35,755 samples/s ...; the tuned configuration reaches 50,829, 142% of that"
+    (the headline above it said the ceiling bounds nothing at those settings)."""
+    from autotune.overview import conclusions
+
+    low = [("ceiling", {"training.precision": "fp16", "data.kind": "synthetic"}, 6000.0), STAGE_TRIALS[1]]
+    study = make_study(f"sqlite:///{tmp_path / 'low.db'}", stage_trials=low)
+    limit = dict(conclusions(study))["what limits it"]
+    assert "% of that" not in limit and "of it" not in limit, limit
+    assert "above it" in limit and "bounds nothing at its settings" in limit, limit
+
+
 def test_missing_study_is_one_line(tmp_path):
     r = report(tmp_path, "--study", "nope")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "autotune search" in r.stderr
