@@ -95,6 +95,23 @@ def test_the_supply_mode_measures_the_loader_alone_and_the_ceiling_mode_replays_
     assert len(set(seen["batch_sums"])) == 1  # the same batch every step
 
 
+def test_a_validation_loader_made_after_the_training_one_neither_stalls_nor_replaces_it(tmp_path):
+    """A second run.loader (a validation loader, 2 batches a rank, passed after each epoch) took the training
+    loader's place: trial 0 recorded its batch of 16 and its workers as the script's own, and the meter, cutting
+    epochs by the validation loader's, closed one window in 10,000 steps. Each stage mode, and a trial: measured,
+    the training loader's settings recorded, the validation passes out of the windows, and the run ends."""
+    for mode in ("measure", "supply", "ceiling"):
+        code, records, log, seen = torchrun(SEEN, tmp_path / mode, "--mode", "val", "--epochs", "1",
+                                            request=Request(mode=mode, measure=MEASURE, settings={}), timeout=120)
+        assert code == 0, log[-3000:]
+        summary = of(records, "summary")
+        assert summary and summary[0]["imgs_per_s"] > 0, (mode, records[-3:])
+        if mode != "supply":
+            applied = of(records, "settings")[0]["applied"]
+            assert (applied["batch_size"], applied["num_workers"]) == (8, 0), (mode, applied)
+            assert seen["steps"] > 0 and seen.get("val_batches", 0) % 2 == 0, seen
+
+
 @pytest.mark.parametrize(("mode", "says"), [
     ("no-report", "reported no step"),
     ("unread", "declares decode but the script never reads run.decode"),

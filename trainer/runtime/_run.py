@@ -129,6 +129,12 @@ class Run:
         self._pending = 0
         self._closables: list[Callable[[], None]] = []
         self._loader: Batches | None = None
+        """The training loader: the one the steps report on (``_adopt``); another (a validation loader) is passed
+        out of the meter's windows and cuts no epoch."""
+
+        self._feeding: Batches | None = None
+        """The loader that handed out the latest batch: at the first report, the training loader."""
+
         self._image_folder: dict[str, Any] | None = None
         """The image folder the script's own Dataset reads (``_folder.image_folder``), for its settings record."""
         self._iterated: weakref.WeakSet = weakref.WeakSet()
@@ -208,7 +214,8 @@ class Run:
         setting to a value it was not built with (its trials would measure the same thing under other names)."""
         from torch.utils.data import DataLoader
 
-        self._image_folder = image_folder(data.dataset if isinstance(data, DataLoader) else data)
+        before = dict(self._applied)
+        folder = image_folder(data.dataset if isinstance(data, DataLoader) else data)
         if isinstance(data, DataLoader):
             loader = self._check_loader(data)
         else:
@@ -217,9 +224,34 @@ class Run:
             loader = data_loader(data, loader_settings(**args), self.device, batch_size=batch_size, **kwargs)
             # What the loader really uses: DataLoader fills in its own prefetch depth when given none.
             self._applied["prefetch_factor"] = loader.prefetch_factor
-        self._loader = Batches(self, loader, samples=samples, buffered=prefetched(loader))
-        self._closables.append(self._loader.close)
-        return self._loader
+        batches = Batches(self, loader, samples=samples, buffered=prefetched(loader))
+        wrote = () if isinstance(data, DataLoader) else (*LOADER, "prefetch_factor")
+        return self._made(batches, before, {n: self._applied[n] for n in wrote if n in self._applied}, folder)
+
+    def _made(self, batches: Batches, before: dict[str, Any], applied: dict[str, Any],
+              folder: dict[str, Any] | None) -> Batches:
+        """A loader the script made, with the settings it applied (``applied``; ``before``: the run's record as it
+        was): the run's training loader if it is the first; another (a validation loader, most often) records
+        nothing unless the steps report on its batches (``_adopt`` at the first report)."""
+        batches.applied, batches.image_folder = applied, folder
+        self._closables.append(batches.close)
+        if self._loader is None:
+            self._adopt(batches)
+        else:
+            self._applied = before
+        return batches
+
+    def _adopt(self, batches: Batches) -> None:
+        """``batches`` is the training loader: its settings are the ones the run records."""
+        for name in self._loader.applied if self._loader is not None else ():
+            self._applied.pop(name, None)
+        self._loader = batches
+        self._applied.update(batches.applied)
+        self._image_folder = batches.image_folder
+
+    def _foreign(self, batches: Batches) -> bool:
+        """Whether ``batches`` is a loader the steps do not report on (a validation loader), once that is known."""
+        return self.meter is not None and self._loader is not batches
 
     def _check_loader(self, loader):
         """A DataLoader the script built itself: its settings are the script's, not searched; a setting the script
@@ -292,7 +324,12 @@ class Run:
         if unknown:
             raise TypeError(f"run.image_loader(): unknown argument {sorted(unknown)[0]!r}; it takes "
                             f"{', '.join((*LOADER, *IMAGES))}")
-        given = lambda name: self._apply(name, loader_args.get(name, _UNSET))
+        before, wrote = dict(self._applied), []
+
+        def given(name: str) -> Any:
+            wrote.append(name)
+            return self._apply(name, loader_args.get(name, _UNSET))
+
         decode = given("decode")
         data = DataConfig(kind="imagefolder", path=str(path), image_size=image_size, num_classes=num_classes,
                           decode=decode)
@@ -307,6 +344,7 @@ class Run:
                                  pin_memory=given("pin_memory"), persistent_workers=given("persistent_workers"))
         if workers:  # what the loader really uses (DataLoader's own depth when the script gave none)
             self._applied["prefetch_factor"] = loader.prefetch_factor or DATALOADER_PREFETCH
+            wrote.append("prefetch_factor")
         # A trial reads one endless stream of epochs (no epoch boundary inside its windows), as the built-in job's
         # measurements do; a plain or full run has the epochs of the script's loop.
         cfg = TrainConfig(data=data, loader=loader, training=TrainingConfig(
@@ -320,8 +358,7 @@ class Run:
         self._closables.append(pipeline.close)
         batches = Batches(self, pipeline, buffered=prefetched_batches(cfg), stream=self.in_search)
         batches.num_classes = classes_of(cfg)
-        self._loader = batches
-        return batches
+        return self._made(batches, before, {n: self._applied[n] for n in wrote}, None)
 
     def model(self, module: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:
         """The module on the run's device, in channels_last when the run asks, wrapped in DistributedDataParallel
@@ -497,6 +534,8 @@ class Run:
         own = self._own_loaders()
         if own:
             raise ScriptError(own)
+        if self._feeding is not None and self._feeding is not self._loader:
+            self._adopt(self._feeding)  # the steps report on another loader than the first made
         counted = getattr(self._loader, "first_samples", None)
         if self.in_search and counted is not None and counted != samples:
             # The loader alone (the supply) is measured in what the loader counts: it must be the report's unit.
@@ -727,6 +766,11 @@ class Batches:
         self.buffered = buffered
         """Batches the loader's workers have ready before the first step: the meter discards at least these."""
         self._stream = stream
+        self.applied: dict[str, Any] = {}
+        """The settings this loader's helper applied (``Run._made``): the run's record while it is the training
+        loader."""
+
+        self.image_folder: dict[str, Any] | None = None
         self._iterators: list[weakref.ref] = []
         """The loader's iterators this run started (an epoch's, the ceiling's first batch), whose workers ``close``
         joins: one the trial ended inside lives on in the traceback that ended it."""
@@ -791,11 +835,13 @@ class Batches:
             self._supply()  # ends the run (TrialDone)
         run._mark_ready()
         channels_last = bool(run._value("channels_last"))
-        if mode == "ceiling":
+        if mode == "ceiling" and not run._foreign(self):
             first = self._counted(to_device(next(self._iter()), run.device, channels_last))
             while True:
+                run._feeding = self
                 yield first
         for batch in self._epoch():
+            run._feeding = self
             yield self._counted(to_device(batch, run.device, channels_last))
 
     def _counted(self, batch: Any) -> Any:
@@ -811,6 +857,10 @@ class Batches:
         the next epoch's first; where its epochs are short, the windows are whole epochs, cut at each one's start.
         The loader alone gives no batch once measured at an epoch's start."""
         run = self._run
+        if run._foreign(self):  # a validation loader, once the steps report on another: no part of training
+            with run.meter.paused():
+                yield from self._pass()
+            return
         if run._epoch_begins(self) and run.request.mode == "supply":
             return
         with run._boundary():
@@ -836,10 +886,17 @@ class Batches:
             else:
                 batch = next(it, _END)
 
+    def _pass(self) -> Iterator[Any]:
+        """One pass over the loader, as it is."""
+        it = self._iter()
+        yield from it
+
     def _supply(self) -> None:
         """The loader alone, no model: batches to the device as fast as it delivers them, until the meter's windows
-        agree; then the summary, and the trial ends."""
+        agree; then the summary, and the trial ends. The loader the script iterates first is its training loader."""
         run = self._run
+        if run._loader is not self:
+            run._adopt(self)
         run._mark_ready()
         meter = run.meter = run._meter(continuous=False, buffered=self.buffered)
         checksum = torch.zeros((), device=run.device)

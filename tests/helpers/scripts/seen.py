@@ -20,7 +20,8 @@ def net():
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", default="ok", choices=["ok", "no-report", "unread", "fixed-loader", "crash", "short"])
+    p.add_argument("--mode", default="ok",
+                   choices=["ok", "no-report", "unread", "fixed-loader", "crash", "short", "val"])
     p.add_argument("--epochs", type=int, default=2)
     args = p.parse_args()
     declared = {"batch_size": 8}
@@ -34,6 +35,10 @@ def main():
         loader = run.loader(DataLoader(data, batch_size=run.batch_size, sampler=sampler, num_workers=0))
     else:
         loader = run.loader(data, batch_size=run.batch_size, sampler=sampler, drop_last=True)
+    val = None
+    if args.mode == "val":  # a validation loader after the training one, through the same helper, passed each epoch
+        held = TensorDataset(torch.randn(64, 3, 16, 16, generator=g), torch.randint(0, 4, (64,), generator=g))
+        val = run.loader(held, batch_size=16, num_workers=0, sampler=DistributedSampler(held, shuffle=False))
     model = run.model(net())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True)
     criterion = nn.CrossEntropyLoss()
@@ -62,6 +67,14 @@ def main():
                 break
         if args.mode == "short":
             break
+        if val is not None:
+            model.eval()
+            with torch.no_grad():
+                seen.setdefault("val_batches", 0)
+                for images, labels in val:
+                    criterion(model(images), labels)
+                    seen["val_batches"] += 1
+            model.train()
     if run.rank == 0 and os.environ.get("SEEN_OUT"):
         with open(os.environ["SEEN_OUT"], "w") as f:
             json.dump(seen, f)
