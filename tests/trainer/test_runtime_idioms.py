@@ -142,3 +142,24 @@ def test_an_image_loader_with_workers_records_the_prefetch_depth_its_dataloader_
     loader = run.image_loader(str(tiny_jpegs), image_size=32, batch_size=4, num_workers=1)
     next(iter(loader))
     assert run.settings()["prefetch_factor"] == 2
+
+
+def test_a_one_cycle_schedule_holds_its_end_in_a_trial_longer_than_the_scripts_epochs(group):
+    """A search's trial runs epochs until it is measured (``run.epochs``), past the steps a OneCycleLR was built for
+    from the script's own epochs: its ``step()`` raised "Tried to step 10626 times. The specified number of total
+    steps is 10625" and the trial crashed. In a trial the schedule holds its last rate; outside one the script's own
+    schedule is left as it is."""
+    run = Run(Request(mode="measure", settings={}), {}, unit="samples", writer=ResultWriter(None, 0), env=group)
+    try:
+        model = run.model(net())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=5)
+        rates = []
+        for _ in range(12):
+            with run.step(optimizer, scheduler):
+                run.backward(nn.functional.mse_loss(model(X), Y))
+            rates.append(optimizer.param_groups[0]["lr"])
+        assert scheduler.last_epoch == 5 and len(set(rates[4:])) == 1 and len(set(rates[:5])) == 5
+    finally:
+        run.close()
+        activate(None)

@@ -418,9 +418,17 @@ class Run:
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
+            if scheduler is not None and not self._schedule_ended(scheduler):
                 scheduler.step()
             self.stepped = True
+
+    def _schedule_ended(self, scheduler) -> bool:
+        """Whether a trial has run ``scheduler`` to its end: a schedule of a fixed length (OneCycleLR's
+        ``total_steps``) built from the script's epochs ends before a trial that runs epochs until it is measured
+        (``epochs``), and stepping it further raises. It then holds its last rate; outside a search the script's
+        own schedule is left as it is."""
+        total = getattr(scheduler, "total_steps", None)
+        return self.in_search and isinstance(total, int) and scheduler.last_epoch >= total
 
     def micro_step(self, *, stepped: bool | None = None) -> None:
         """A micro-step (a forward and backward) has ended; ``stepped``: whether the optimizer stepped after it
