@@ -1,2 +1,2 @@
-"""The study: its storage (``storage``), its creation and the sampler and pruner (``setup``, ``distinct``, ``pruning``), which
-trials count (``view``), and trials whose search is gone (``liveness``)."""
+"""The study: its storage (``storage``), its creation and the sampler and pruner (``setup``, ``distinct``,
+``pruning``), which trials count (``view``), and trials whose search is gone (``liveness``)."""
