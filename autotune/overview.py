@@ -158,9 +158,9 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
             out.append(("what limits it", f"{limit}; the tuned configuration reaches {fmt_ips(best.imgs_per_s)}, "
                                           f"{best.imgs_per_s / other.imgs_per_s:.0%} of that"))
     elif top is not None:
-        reach = ("" if best is None else f"; the tuned configuration reaches {best.imgs_per_s / top.imgs_per_s:.0%} "
-                 "of it" if ceiling_share(best.imgs_per_s, top.imgs_per_s) is not None else
-                 f"; the tuned configuration runs above it ({above(top)})")
+        share = ceiling_share(best.imgs_per_s, top.imgs_per_s) if best is not None else None
+        reach = ("" if best is None else f"; the tuned configuration reaches {share:.0%} of it" if share is not None
+                 else f"; the tuned configuration runs above it ({above(top)})")
         out.append(("what limits it", f"the {devices} run the model alone at {fmt_ips(top.imgs_per_s)} {per} (the "
                                       "ceiling); "
                     + (f"its input pipeline ({decode}) was not measured alone" if decode else
@@ -237,7 +237,8 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         if v.failure_class and v.outcome != "pruned":
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
         # The best is an answer (``view.answers``): a configuration run more than once is a new view of its first run.
-        mark = ("*" if best is not None and not v.part and v.number == best.number else "") + (BELOW if not v.part and v.number in below else "")
+        starred = best is not None and not v.part and v.number == best.number
+        mark = ("*" if starred else "") + (BELOW if not v.part and v.number in below else "")
         rows.append((f"{v.label}{mark}", v.stage,
                      v.outcome, fmt_ips(v.imgs_per_s) if v.imgs_per_s is not None else "-", gain, spread,
                      fmt_loss(a), f"{v.util:.0f}%" if v.util is not None else "n/a",

@@ -867,7 +867,7 @@ class Batches:
         run = self._run
         if run._foreign(self):  # a validation loader, once the steps report on another: no part of training
             with run.meter.paused():
-                yield from self._pass()
+                yield from self._iter()
             return
         if run._epoch_begins(self) and run.request.mode == "supply":
             return
@@ -893,11 +893,6 @@ class Batches:
                     batch = next(it, _END)
             else:
                 batch = next(it, _END)
-
-    def _pass(self) -> Iterator[Any]:
-        """One pass over the loader, as it is."""
-        it = self._iter()
-        yield from it
 
     def _supply(self) -> None:
         """The loader alone, no model: batches to the device as fast as it delivers them, until the meter's windows
