@@ -179,7 +179,8 @@ def _range_problems(spec: Declares, path: str, r: Range) -> list[str]:
         return [*p, f"{where}: give either choices or low/high, not both"]
     if r.choices is None and not has_range:
         return [*p, f"{where}: give choices: [...] or low: and high:"]
-    p += _choice_problems(where, path, r.choices) if r.choices is not None else _bound_problems(where, path, r, tp)
+    p += _choice_problems(where, path, r.choices, r.when) if r.choices is not None else \
+        _bound_problems(where, path, r, tp)
     if r.when is not None:
         try:
             c = Condition.parse(r.when)
@@ -192,7 +193,16 @@ def _range_problems(spec: Declares, path: str, r: Range) -> list[str]:
     return p
 
 
-def _choice_problems(where: str, path: str, choices: list[Any]) -> list[str]:
+def _choice_problems(where: str, path: str, choices: list[Any], when: str | None = None) -> list[str]:
+    """Each choice checked as a config would hold it: where the knob is searched only under ``A == value``, with A
+    so (CUDA graphs are a compile mode: checked against an eager default, each was refused)."""
+    under: dict[str, Any] = {}
+    try:
+        c = Condition.parse(when) if when else None
+    except ValueError:  # said by the caller
+        c = None
+    if c is not None and c.op == "==" and field_type(c.path) is not None:
+        under = {c.path: c.value}
     p = []
     if not choices:
         p.append(f"{where}: choices is empty")
@@ -203,7 +213,7 @@ def _choice_problems(where: str, path: str, choices: list[Any]) -> list[str]:
             p.append(f"{where}: choice {c!r} is not a plain value")
             continue
         try:
-            TrainConfig().with_overrides({path: norm_choice(c)})
+            TrainConfig().with_overrides({**under, path: norm_choice(c)})
         except ConfigError as e:
             p.extend(f"{where}: choice {c!r}: {x}" for x in e.problems)
     return p

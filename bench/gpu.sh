@@ -19,7 +19,9 @@
 #                  (bench/run.py) into hand.json if named. ~40 s per re-measure + TRAIN_S + ~30 s.
 #   RUN            any bench/run.py row by name
 #   search=N[@S]   as above, with a time budget of its own (S seconds, never past the call's deadline);
-#                  SEARCH_STUDY=NAME: another study of the same spec (a fresh search beside one already there)
+#                  SEARCH_STUDY=NAME: another study of the same spec (a fresh search beside one already there);
+#                  SEARCH_PATCH='{space: {training.compile_mode: {choices: [reduce-overhead]}}}': a YAML mapping
+#                  merged into the resnet50 spec (its copy in the state folder)
 #   script=N[@S]   a fresh search of the seed example script (examples/seed_ddp.py, a fresh torchrun per trial) on
 #                  the same JPEGs; script-fn=N[@S]: the same script as a function on a live worker (seed_ddp.py:main);
 #                  their studies are seed-script and seed-fn (final=seed-fn re-measures and trains its best);
@@ -56,7 +58,8 @@
 #                  (profile.json; PROFILE_MODES, default eager,compile,cudagraphs; ~4 min cold, not measured);
 #                  PROFILE_SET="data.decode=dali data.dali_threads=13 ...": the steps fed by that input pipeline on
 #                  the generated JPEGs instead of a synthetic batch, with the host's wait for each batch and the
-#                  device's idle share (issue #26: the best DALI trials ran the GPU 93-97 % busy, the ceiling 100 %)
+#                  device's idle share (issue #26: the best DALI trials ran the GPU 93-97 % busy, the ceiling 100 %),
+#                  each mode first on a synthetic batch (its compile then read back from the on-disk caches)
 #   pipeline       bench/pipeline_gpu.py: where the nvjpeg-gpu and hybrid paths' time goes (pipeline.json, ~2 min)
 #   dali           issue #26's rows: DALI's supply alone (hw_decoder_load 0.65, 0.5, 0.95) and end to end (eager,
 #                  compiled) beside nvJPEG's and the hybrid's, each with its loss, in dali.json (DALI_ROWS; ~35 s a
@@ -190,7 +193,28 @@ PY
       budget=$(( $(left) - margin ))
       [ -n "$secs" ] && [ "$secs" -lt "$budget" ] && budget=$secs
       case "$kind" in
-        search) name=${SEARCH_STUDY:-resnet50}; what=(--spec resnet50 --data "$data" "${search_set[@]}") ;;
+        search) name=${SEARCH_STUDY:-resnet50}; spec=resnet50
+          if [ -n "${SEARCH_PATCH:-}" ]; then  # the resnet50 spec with a YAML mapping merged into it
+            spec=$state/spec-$name.yaml
+            python3 - "$spec" "$SEARCH_PATCH" <<'PY' || exit 1
+import sys
+from importlib import resources
+import yaml
+
+def merge(into, patch):
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge(into[key], value)
+        else:
+            into[key] = value
+
+spec = yaml.safe_load(resources.files("autotune.studies").joinpath("resnet50.yaml").read_text())
+merge(spec, yaml.safe_load(sys.argv[2]))
+open(sys.argv[1], "w").write(yaml.safe_dump(spec, sort_keys=False))
+print(f"search: the resnet50 spec with {sys.argv[2]}: {sys.argv[1]}")
+PY
+          fi
+          what=(--spec "$spec" --data "$data" "${search_set[@]}") ;;
         script) name=seed-script; what=(--script examples/seed_ddp.py) ;;
         script-fn) name=seed-fn; what=(--script examples/seed_ddp.py:main) ;;
         folder) name=folder-fn; what=(--script examples/folder_ddp.py:main) ;;
@@ -233,7 +257,8 @@ sys.exit(0 if n else 1)" "$data/train" "$train" "$FOLDER_COPIES" || train=$data/
     profile)
       if [ -n "${DRY:-}" ]; then prof=(--cpu-smoke --modes "${PROFILE_MODES:-eager,compile}"); else
         prof=(--modes "${PROFILE_MODES:-eager,compile,cudagraphs}"); fi
-      if [ -n "${PROFILE_SET:-}" ]; then prof+=(--data "$data/train"); for kv in $PROFILE_SET; do prof+=(--set "$kv"); done; fi
+      if [ -n "${PROFILE_SET:-}" ]; then
+        prof+=(--data "$data/train" --synthetic-too); for kv in $PROFILE_SET; do prof+=(--set "$kv"); done; fi
       python3 bench/profile_step.py --out "$out/profile.json" "${prof[@]}" 2>&1 | quiet ;;
     pipeline)
       if [ -n "${DRY:-}" ]; then pipe=(--cpu-smoke); else pipe=(--hybrid 0.5 --workers 6 --train); fi

@@ -64,6 +64,9 @@ def parse_args(argv=None):
     p.add_argument("--top", type=int, default=15, help="kernels listed per mode")
     p.add_argument("--cpu-smoke", action="store_true", help="CPU, resnet18 at 32 px, batch 4, 2 steps")
     p.add_argument("--data", help="an ImageFolder: feed the steps from the job's input pipeline on it")
+    p.add_argument("--synthetic-too", action="store_true",
+                   help="with --data: each mode on a synthetic batch as well, first (the same graph: its compile is "
+                        "read back from the on-disk caches for the data's run)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a TrainConfig override for --data runs (data.decode=dali, data.dali_hw_decoder_load=1.0)")
     args = p.parse_args(argv)
@@ -73,8 +76,8 @@ def parse_args(argv=None):
     return args
 
 
-def step_config(args, mode: str) -> TrainConfig:
-    data = {"data.kind": "imagefolder", "data.path": args.data} if args.data else {}
+def step_config(args, mode: str, data_dir: str | None) -> TrainConfig:
+    data = {"data.kind": "imagefolder", "data.path": data_dir} if data_dir else {}
     sets = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.set)}
     return TrainConfig().with_overrides({
         "model.name": args.model, "data.image_size": args.size, "data.num_classes": args.classes,
@@ -122,8 +125,8 @@ def device_idle(events) -> float | None:
     return round(1 - busy / max(last - first, 1e-9), 4)
 
 
-def profile_mode(args, mode: str, device: torch.device) -> dict:
-    cfg = step_config(args, mode)
+def profile_mode(args, mode: str, device: torch.device, data_dir: str | None) -> dict:
+    cfg = step_config(args, mode, data_dir)
     t = cfg.training
     torch.manual_seed(0)
     fmt = torch.channels_last if t.channels_last else torch.contiguous_format
@@ -139,7 +142,7 @@ def profile_mode(args, mode: str, device: torch.device) -> dict:
     graphs = t.compile and t.compile_mode in ("reduce-overhead", "max-autotune")
     images = torch.randn(args.batch, 3, args.size, args.size, device=device).contiguous(memory_format=fmt)
     labels = torch.randint(0, args.classes, (args.batch,), device=device)
-    fed = Timed(build_pipeline(cfg, rank=0, world_size=1, device=device)) if args.data else None
+    fed = Timed(build_pipeline(cfg, rank=0, world_size=1, device=device)) if data_dir else None
 
     def one():
         batches = fed if fed is not None else iter([(images, labels)])
@@ -183,7 +186,7 @@ def profile_mode(args, mode: str, device: torch.device) -> dict:
         kernels[e.name][1] += 1
     total_us = sum(v[0] for v in kernels.values())
     top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:args.top]
-    return {"mode": mode, "step_ms": round(step_ms, 3), "imgs_per_s": round(args.batch * 1000 / step_ms, 1),
+    return {"mode": mode, "fed": "data" if data_dir else "synthetic", "step_ms": round(step_ms, 3), "imgs_per_s": round(args.batch * 1000 / step_ms, 1),
             "warmup_s": round(warm_s, 2), **compiled, "loss": float(loss.float().item()),
             "input_ms": None if input_ms is None else round(input_ms, 3),
             "device_idle": device_idle(prof.events()) if device.type == "cuda" else None,
@@ -207,16 +210,17 @@ def main(argv=None) -> int:
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         if mode not in MODES:
             raise SystemExit(f"--modes: unknown {mode!r}; use {', '.join(MODES)}")
-        r = profile_mode(args, mode, device)
-        results.append(r)
-        print(json.dumps({k: v for k, v in r.items() if k != "top"}), flush=True)
+        for data_dir in ([None] if args.data and args.synthetic_too else []) + [args.data]:
+            r = profile_mode(args, mode, device, data_dir)
+            results.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "top"}), flush=True)
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "model": args.model, "batch": args.batch, "size": args.size, "precision": args.precision,
            "channels_last": not args.no_channels_last, "data": args.data, "set": args.set}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"env": env, "modes": results}, indent=1))
     for r in results:
-        print(f"\n{r['mode']}: {r['step_ms']:.1f} ms/step ({r['imgs_per_s']:,.0f} imgs/s), device "
+        print(f"\n{r['mode']} ({r['fed']}): {r['step_ms']:.1f} ms/step ({r['imgs_per_s']:,.0f} imgs/s), device "
               f"{r['device_ms_per_step']:.1f} ms, {r['kernels_per_step']:.0f} kernels/step, loss {r['loss']:.3f}"
               + (f", compile {r['compile_s']:.0f} s" if "compile_s" in r else "")
               + (f", input wait {r['input_ms']:.1f} ms/step" if r["input_ms"] is not None else "")

@@ -69,6 +69,17 @@ END_TO_END: dict[str, tuple[str, dict]] = {  # the JPEGs, fp16, CL, batch 512: ~
     "e2e-dali": ("strong", {**E2E, "data.decode": "dali", "data.dali_threads": 8}),
     "e2e-dali-compile": ("strong", {**E2E, **COMPILED, "data.decode": "dali", "data.dali_threads": 8}),
 }
+# Issue #26: the best DALI trial of a fresh search on 1xH200 (6,728 imgs/s, 91 % of the compiled ceiling; its GPU idle
+# 3-7 % of the windows, the ceiling's never), compiled as the search runs it and with CUDA graphs, which launch the
+# step's kernels without the host: whether that idle share is the training thread's launches held up by DALI's
+# threads. Each beside the model alone the same way; cuDNN's search off, as the search's stages left it.
+DALI_BEST = {"data.decode": "dali", "data.dali_hw_decoder_load": 0.35, "data.dali_threads": 13, "data.dali_prefetch": 3}
+GRAPH_MODES = {"compile": COMPILED, "cudagraphs": {**COMPILED, "training.compile_mode": "reduce-overhead"}}
+LAUNCH: dict[str, tuple[str, dict]] = {
+    **{f"{row}-{mode}": ("strong", {**base, **how, "training.cudnn_benchmark": False, "optimizer.lr": 0.1})
+       for row, base in (("ceil-best", CEIL), ("e2e-dali-best", {**E2E, **DALI_BEST}))
+       for mode, how in GRAPH_MODES.items()},
+}
 # ---- issue #21: the DDP and NCCL knobs, each alone against DDP_BASE, on the best end-to-end config known
 # (e2e-hybrid-50: hybrid 50 %, fp16, channels_last, bs 512 per GPU, 12 workers per rank). Two changes that do not
 # change the step: the search's lr 0.1 (strong's 0.4 sent nvjpeg-gpu fp16 to NaN on 2xH200 in session 3, and a
@@ -127,6 +138,7 @@ PLAN: dict[str, tuple[str, dict]] = {
     **CEILINGS,
     **SUPPLIES,
     **END_TO_END,
+    **LAUNCH,
     **DDP_ROWS,
 }
 

@@ -106,6 +106,16 @@ def test_fingerprint_changes_with_what_makes_trials_comparable():
     assert a.fingerprint(2) != StudySpec.from_dict(_spec(space={"training.batch_size": [8, 32]})).fingerprint(2)
 
 
+def test_a_choice_that_needs_its_condition_is_checked_under_it():
+    """CUDA graphs need a compiled model: a spec searching the compile mode only where the model is compiled (the
+    knob's own space) was refused, each choice checked against an eager base."""
+    mode = {"choices": [None, "reduce-overhead"], "when": "training.compile == true"}
+    spec = StudySpec.from_dict(_spec(space={"training.compile": [False, True], "training.compile_mode": mode}))
+    assert spec.space["training.compile_mode"].choices == [None, "reduce-overhead"]
+    with pytest.raises(SpecError, match="needs training.compile=true"):  # no condition: still refused
+        StudySpec.from_dict(_spec(space={"training.compile_mode": ["reduce-overhead"]}))
+
+
 def test_space_shorthand_and_removal():
     spec = StudySpec.from_dict(_spec(default_space=True, space={"training.batch_size": [8, 16], "nccl.algo": None}))
     assert spec.space["training.batch_size"].choices == [8, 16]

@@ -2,7 +2,8 @@
 work of its own (sleeps only, so that a loaded test machine cannot change its rhythm): ``workers`` workers, all
 started together at each epoch's start, each making its batches one after the other in ``batch_s`` each, at most
 ``prefetch`` ahead of what was taken, served in order; an epoch's start spawns them (``spawn_s``) and its end joins
-them (``join_s``). On 1xH200, 16 PIL workers of a script's own loader behaved so: after each restart its batches
+them (``join_s``). ``persistent`` only says so to whoever reads ``persistent_workers``: a real loader's persistent
+workers still start an epoch's batches only when it begins, and all together. On 1xH200, 16 PIL workers of a script's own loader behaved so: after each restart its batches
 came in bursts of 16, one burst per 2.7 s."""
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from torch.utils.data import DataLoader
 
 class BurstyLoader(DataLoader):
     def __init__(self, *, batches: int, batch_size: int = 8, workers: int = 4, batch_s: float = 0.08,
-                 spawn_s: float = 0.06, join_s: float = 0.01, prefetch: int = 2):
+                 spawn_s: float = 0.06, join_s: float = 0.01, prefetch: int = 2, persistent: bool = False):
         with warnings.catch_warnings():  # "more workers than cores": this loader's workers are never started
             warnings.simplefilter("ignore", UserWarning)
             super().__init__(range(batches * batch_size), batch_size=batch_size, num_workers=workers,
-                             prefetch_factor=prefetch, drop_last=True)
+                             prefetch_factor=prefetch, drop_last=True, persistent_workers=persistent)
         self.batch_s, self.spawn_s, self.join_s = batch_s, spawn_s, join_s
         self.starts: list[float] = []
         """When each epoch began (``iter``): consecutive ones are an epoch's real wall time."""

@@ -376,6 +376,20 @@ def test_long_epochs_of_a_loader_restarted_every_epoch_keep_windows_of_whole_rou
     assert summary["imgs_per_s"] == pytest.approx(truth, rel=0.04), (summary, epochs)
 
 
+def test_an_epoch_no_window_reached_the_end_of_is_charged_its_start_with_persistent_workers_too():
+    """Epochs far longer than a trial (as a real data set's): no turn is measured, so the first epoch's start is
+    charged over an epoch. Persistent workers spare an epoch the spawn, not the wait for its first round: they begin
+    an epoch's batches only when it begins (on 1xH200 each epoch of a script's 16 persistent PIL workers began with
+    a 3.3-6.9 s wait for its first batch). Charging them nothing made persistence look free."""
+    from tests.helpers.bursty import BurstyLoader
+
+    loader = BurstyLoader(batches=100_000, batch_size=8, workers=4, batch_s=0.08, spawn_s=0.01, persistent=True)
+    records = _measure_own_loader(loader, mode="measure", step_s=0.01)
+    summary = next(r for r in records if r["kind"] == "summary")
+    assert len(loader.starts) == 1 and summary["epoch_start_s"] >= 0.08, summary
+    assert summary["imgs_per_s"] < summary["imgs_per_s_steady"]
+
+
 def test_the_rule_for_windows_of_whole_epochs():
     # Fewer than two windows of MIN_ROUNDS whole rounds between two turns: whole epochs.
     assert short_epochs(62, 16)  # 1xH200, a 32,000-image folder at batch 512: 3 rounds and 14 batches
