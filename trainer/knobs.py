@@ -280,7 +280,9 @@ _KNOBS = (
          doc="torch.compile; a cold compile costs about a minute on a GPU, so the stages measure it last, where "
              "the budget pays for it (on CPU ranks Inductor's C++ compile takes minutes: a spec adds it there)"),
     # None: torch's default mode; reduce-overhead: CUDA graphs for forward and backward; the autotuning modes cost
-    # minutes of compile per graph, so a spec adds them.
+    # minutes of compile per graph, so a spec adds them. Not in the default space: on 1xH200 (ResNet-50 compiled,
+    # fp16, batch 512) CUDA graphs ran the model alone 0.8 % faster (7,490 against 7,431 imgs/s) and fed by DALI
+    # 3.9 % slower (6,542 against 6,810).
     Knob(path="training.compile_mode", label="mode", scope="model", memory=True, graph=True,
          space=Range(choices=(None, "reduce-overhead"), when="training.compile == true"), default_space=False,
          runtime="compile_mode", applied_by="model",
