@@ -88,6 +88,11 @@ class DataConfig:
     dali_prefetch: int = 2
     """``decode: dali`` only: batches DALI's pipeline prepares ahead of the one training takes (its queue depth)."""
 
+    dali_gpu_huffman: bool = False
+    """``decode: dali`` only: the share of each batch not on the hardware engines has its Huffman decoding done with
+    the GPU's help (nvJPEG's hybrid Huffman decoder for every image: DALI's ``hybrid_huffman_threshold`` 0), rather
+    than on DALI's CPU threads, whose decoded coefficients are then copied to the device image by image."""
+
     crop_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as in torchvision."""
 

@@ -337,6 +337,14 @@ _KNOBS = (
     Knob(path="data.dali_prefetch", label="dali_q", scope="pipeline", first=3,
          space=Range(low=1, high=4, when="data.decode == dali"), runtime="dali_prefetch", runtime_default=2,
          applied_by="image_loader", doc="DALI: batches its pipeline prepares ahead (queue depth)"),
+    # On 1xH200 (session 12's profile, hw_load 0.35) the CPU-Huffman share of DALI's decode (65 % of the images)
+    # cost 5.3 ms of host-to-device copies a step (560 copies: coefficients, several times a JPEG's size) and the
+    # host waited 9 ms a step for its batch. Not measured with GPU Huffman yet: a spec adds it.
+    Knob(path="data.dali_gpu_huffman", label="gpu_huff", scope="pipeline",
+         space=Range(choices=(False, True), when="data.decode == dali"), default_space=False,
+         words=((True, "gpu_huffman"), (False, "cpu_huffman")), unmarked=(False,), runtime="dali_gpu_huffman",
+         runtime_default=False, applied_by="image_loader",
+         doc="DALI: Huffman decoding with the GPU's help for the images the hardware engines do not take"),
     Knob(path="ddp.bucket_cap_mb", label="bkt", scope="model", space=Range(low=5.0, high=200.0, log=True),
          graph=True, runtime="bucket_cap_mb", runtime_default=25.0, applied_by="model",
          doc="DDP gradient bucket size"),

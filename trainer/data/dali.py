@@ -54,6 +54,17 @@ def import_dali():
     return dali
 
 
+def decoder_args(cfg: TrainConfig, *, on_gpu: bool) -> dict:
+    """The JPEG decoder's arguments: on a GPU the ``mixed`` device, the hardware engines' share and where the rest is
+    Huffman-decoded (threshold 0: every image above it, all of them, with the GPU's help; DALI's default sends images
+    under a megapixel to its CPU threads); else DALI's CPU decoder."""
+    d = cfg.data
+    if not on_gpu:
+        return {"device": "cpu"}
+    return {"device": "mixed", "hw_decoder_load": d.dali_hw_decoder_load,
+            **({"hybrid_huffman_threshold": 0} if d.dali_gpu_huffman else {})}
+
+
 def _graph(dali, files: list[str], cfg: TrainConfig, *, train: bool, on_gpu: bool, rank: int, world_size: int):
     """The pipeline's operators: DALI's file reader over this rank's shard (each sample's label is its index into
     ``files``), decode (with the random crop when training), resize, crop-mirror-normalize to the run's layout;
@@ -68,7 +79,7 @@ def _graph(dali, files: list[str], cfg: TrainConfig, *, train: bool, on_gpu: boo
                                      num_shards=world_size, random_shuffle=False, shuffle_after_epoch=train,
                                      stick_to_shard=not train, pad_last_batch=True, seed=cfg.training.seed,
                                      name=READER)
-    decoder = {"device": "mixed", "hw_decoder_load": d.dali_hw_decoder_load} if on_gpu else {"device": "cpu"}
+    decoder = decoder_args(cfg, on_gpu=on_gpu)
     if train:
         images = fn.decoders.image_random_crop(encoded, output_type=types.RGB, random_area=list(d.crop_scale),
                                                random_aspect_ratio=list(d.crop_ratio), num_attempts=10, **decoder)

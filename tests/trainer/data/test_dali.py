@@ -39,8 +39,17 @@ def test_dali_missing_is_one_config_error_naming_the_extra_and_starts_nothing(fo
     assert e.value.problems == [MISSING] and threading.active_count() == before
 
 
+def test_the_decoder_takes_the_engines_share_and_where_the_rest_is_huffman_decoded():
+    from trainer.data.dali import decoder_args
+
+    assert decoder_args(dali_config(), on_gpu=False) == {"device": "cpu"}
+    assert decoder_args(dali_config(**{"data.dali_hw_decoder_load": 0.35}), on_gpu=True) == {
+        "device": "mixed", "hw_decoder_load": 0.35}  # DALI's own threshold: small images on its CPU threads
+    assert decoder_args(dali_config(**{"data.dali_gpu_huffman": True}), on_gpu=True)["hybrid_huffman_threshold"] == 0
+
+
 def test_a_script_receives_dalis_settings_and_its_queue_counts_as_prefetched():
-    assert {"dali_hw_decoder_load", "dali_threads", "dali_prefetch"} <= set(IMAGES)
+    assert {"dali_hw_decoder_load", "dali_threads", "dali_prefetch", "dali_gpu_huffman"} <= set(IMAGES)
     # DALI has no loader workers: its queue is what is ready before the first step.
     assert prefetched_batches(dali_config(**{"loader.num_workers": 0, "data.dali_prefetch": 3})) == 3
 
