@@ -233,8 +233,11 @@ def runs_words(v: TrialView, per: str = "imgs/s") -> str:
     if len(runs) >= 2:
         names = ", ".join(str(n) for n, _ in runs[:-1]) + f" and {runs[-1][0]}"
         words.append(f"mean of trials {names}: " + " / ".join(f"{ips:,.0f}" for _, ips in runs) + f" {per}")
-    if left:
-        words.append("left out, its windows unsettled: " + ", ".join(f"trial {n} {ips:,.0f}" for n, ips in left))
+    if left:  # read after the answer's own trial number: say whose runs these are
+        some = len(left) > 1
+        words.append(f"its run{'s' if some else ''} as trial{'s' if some else ''} "
+                     + ", ".join(f"{n} ({ips:,.0f})" for n, ips in left)
+                     + f" left out: {'their' if some else 'its'} windows never settled")
     return f" ({'; '.join(words)})" if words else ""
 
 

@@ -186,8 +186,8 @@ def test_a_configurations_unsettled_run_is_left_out_of_its_figure_where_a_settle
     vs = [dataclasses.replace(v, attrs={**v.attrs, "settled": v.number != 2}) for v in view.views(study)]
     (best,) = [a for a in view.answers(vs) if not a.baseline]
     assert best.imgs_per_s == pytest.approx(3200.0) and best.attrs[view.RUNS] == [[1, 3300.0], [3, 3100.0]]
-    assert view.runs_words(best) == (" (mean of trials 1 and 3: 3,300 / 3,100 imgs/s; left out, its windows "
-                                     "unsettled: trial 2 2,700)")
+    assert view.runs_words(best) == (" (mean of trials 1 and 3: 3,300 / 3,100 imgs/s; its run as trial 2 (2,700) "
+                                     "left out: its windows never settled)")
 
 
 def test_show_marks_the_best_when_its_figure_is_the_mean_of_its_runs():
