@@ -26,6 +26,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.search.progress import fmt_ips
 from autotune.study.storage import CONFIG_KEY, parts_name, trial_attrs
 from trainer.protocol import Failure
 
@@ -232,11 +233,11 @@ def runs_words(v: TrialView, per: str = "imgs/s") -> str:
     words = []
     if len(runs) >= 2:
         names = ", ".join(str(n) for n, _ in runs[:-1]) + f" and {runs[-1][0]}"
-        words.append(f"mean of trials {names}: " + " / ".join(f"{ips:,.0f}" for _, ips in runs) + f" {per}")
+        words.append(f"mean of trials {names}: " + " / ".join(fmt_ips(ips) for _, ips in runs) + f" {per}")
     if left:  # read after the answer's own trial number: say whose runs these are
         some = len(left) > 1
         words.append(f"its run{'s' if some else ''} as trial{'s' if some else ''} "
-                     + ", ".join(f"{n} ({ips:,.0f})" for n, ips in left)
+                     + ", ".join(f"{n} ({fmt_ips(ips)})" for n, ips in left)
                      + f" left out: {'their' if some else 'its'} windows never settled")
     return f" ({'; '.join(words)})" if words else ""
 

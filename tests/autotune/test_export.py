@@ -190,6 +190,14 @@ def test_a_configurations_unsettled_run_is_left_out_of_its_figure_where_a_settle
                                      "left out: its windows never settled)")
 
 
+def test_the_runs_of_an_answer_read_at_the_tables_precision():
+    """A CPU study's answer (68.5 imgs/s) named its left-out run "(75)": the table gives 75.3."""
+    study = make_study("throughput", [(64, 60.0, None, None), (256, 75.3, None, None), (256, 68.5, None, None)])
+    vs = [dataclasses.replace(v, attrs={**v.attrs, "settled": v.number != 1}) for v in view.views(study)]
+    (best,) = [a for a in view.answers(vs) if not a.baseline]
+    assert view.runs_words(best) == " (its run as trial 1 (75.3) left out: its windows never settled)"
+
+
 def test_show_marks_the_best_when_its_figure_is_the_mean_of_its_runs():
     study = make_study("throughput", [(64, 1000.0, None, None), (256, 3300.0, None, None), (128, 3000.0, None, None),
                                       (256, 3100.0, None, None)])
