@@ -8,7 +8,8 @@
 #
 # On the GPU machine a carried path replaces the ignored folder it lies in, so each call copies its part out of the
 # tree at once. Back to back while the machine is warm:
-#   call 1: carry [".whl-big/p1", ".whl-min"] (.whl-min: ../shared/gpu-wheels.sh's wheels less plotly's):
+#   call 1: carry [".whl-big/p1", ".whl-min"] (.whl-min: ../shared/gpu-wheels.sh's wheels less plotly's and
+#   greenlet's, which only SQLAlchemy's asyncio needs: with the tree, p1 and greenlet came to 64.1 MiB, over the limit):
 #     mkdir -p /tmp/parts && cp .whl-big/p*/* /tmp/parts/ && python3 -m pip install -q --no-index --no-deps \
 #       --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-min/*.whl && \
 #       export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit; bash bench/gpu.sh ...   (stages without DALI)
@@ -41,7 +42,7 @@ if [ -d .git ] && ! grep -qx "/.whl-big/" .git/info/exclude 2>/dev/null; then ec
 echo "$i parts:"; du -sh .whl-big/p*
 # The first call's wheels: Optuna's without plotly (only the report, made here, imports it).
 if [ -d .whl ]; then
-  rm -rf .whl-min && mkdir .whl-min && cp .whl/*.whl .whl-min/ && rm -f .whl-min/plotly-*
+  rm -rf .whl-min && mkdir .whl-min && cp .whl/*.whl .whl-min/ && rm -f .whl-min/plotly-* .whl-min/greenlet-*
   if [ -d .git ] && ! grep -qx "/.whl-min/" .git/info/exclude 2>/dev/null; then echo "/.whl-min/" >> .git/info/exclude; fi
   du -sh .whl-min
 fi
