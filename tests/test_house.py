@@ -62,10 +62,22 @@ def imports_in(module: ast.Module, package: str) -> set[str]:
     return found
 
 
+def with_packages(targets: set[str]) -> set[str]:
+    """The modules importing ``targets`` runs: each one's packages too (``autotune.search.progress`` runs
+    ``autotune.search``'s ``__init__`` first, and whatever that imports)."""
+    found = set(targets)
+    for t in targets:
+        parts = t.split(".")
+        found |= {p for i in range(1, len(parts)) if (p := ".".join(parts[:i])) in MODULES}
+    return found
+
+
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the project modules it imports. A module importing a package that contains it is left out: Python
-    has that package half-initialised already when the module runs (``trainer.data``'s own test forbids it there)."""
-    return {name: {t for t in imports(name) if t != name and not name.startswith(t + ".")} for name in MODULES}
+    """Module -> the project modules importing it runs. A module importing a package that contains it is left out:
+    Python has that package half-initialised already when the module runs (``trainer.data``'s own test forbids it
+    there)."""
+    return {name: {t for t in with_packages(imports(name)) if t != name and not name.startswith(t + ".")}
+            for name in MODULES}
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -126,6 +138,7 @@ def test_the_walk_sees_every_kind_of_import_and_finds_a_circle():
     assert imports_in(source, "trainer") == {"trainer.config", "trainer.knobs", "trainer", "trainer.data.files",
                                              "autotune.spec", "autotune.search.prepare._plan",
                                              "autotune.search.prepare"}
+    assert with_packages({"autotune.search.progress"}) == {"autotune", "autotune.search", "autotune.search.progress"}
     assert circles({"a": {"b"}, "b": {"c", "a"}, "c": set(), "d": {"a"}}) == [["a", "b"]]
     assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"d"}, "e": {"f"}, "f": {"e"}}) == [["a", "b", "c"],

@@ -6,6 +6,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from autotune.study.view import fmt_ips
 from trainer.knobs import knob
 
 
@@ -42,10 +43,6 @@ def fmt_duration(s: float | None) -> str:
         return "?"
     s = round(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-def fmt_ips(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
 
 
 PHASES = {"start": "set-up", "ready": "first step", "first_step": "warm-up", "warmup_done": "measuring",

@@ -26,7 +26,6 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search.progress import fmt_ips
 from autotune.study.storage import CONFIG_KEY, parts_name, trial_attrs
 from trainer.protocol import Failure
 
@@ -224,6 +223,11 @@ def _same_config(v: TrialView) -> str:
         return json.dumps({"params": v.params}, sort_keys=True, default=repr)
     return json.dumps({k: x for k, x in v.config.items() if k not in SAME_CONFIG_IGNORES}, sort_keys=True,
                       default=repr)
+
+
+def fmt_ips(x: float | None) -> str:
+    """A throughput as every table and line gives it: a decimal below 100, none above."""
+    return "-" if x is None else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
 
 
 def runs_words(v: TrialView, per: str = "imgs/s") -> str:
