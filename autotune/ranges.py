@@ -179,8 +179,7 @@ def _range_problems(spec: Declares, path: str, r: Range) -> list[str]:
         return [*p, f"{where}: give either choices or low/high, not both"]
     if r.choices is None and not has_range:
         return [*p, f"{where}: give choices: [...] or low: and high:"]
-    p += _choice_problems(where, path, r.choices, r.when) if r.choices is not None else \
-        _bound_problems(where, path, r, tp)
+    under: dict[str, Any] = {}  # what the condition holds the config at, where it names one value
     if r.when is not None:
         try:
             c = Condition.parse(r.when)
@@ -188,21 +187,17 @@ def _range_problems(spec: Declares, path: str, r: Range) -> list[str]:
                 p.append(f"{where}.when: {c.path}: no such TrainConfig setting")
             elif c.path == path:
                 p.append(f"{where}.when: a knob cannot depend on itself")
+            elif c.op == "==":
+                under = {c.path: c.value}
         except ValueError as e:
             p.append(f"{where}.when: {e}")
-    return p
+    return p + (_choice_problems(where, path, r.choices, under) if r.choices is not None else
+                _bound_problems(where, path, r, tp))
 
 
-def _choice_problems(where: str, path: str, choices: list[Any], when: str | None = None) -> list[str]:
-    """Each choice checked as a config would hold it: where the knob is searched only under ``A == value``, with A
-    so (CUDA graphs are a compile mode: checked against an eager default, each was refused)."""
-    under: dict[str, Any] = {}
-    try:
-        c = Condition.parse(when) if when else None
-    except ValueError:  # said by the caller
-        c = None
-    if c is not None and c.op == "==" and field_type(c.path) is not None:
-        under = {c.path: c.value}
+def _choice_problems(where: str, path: str, choices: list[Any], under: dict[str, Any]) -> list[str]:
+    """Each choice checked as a config would hold it, with ``under`` (the knob's condition, where it names one
+    value: CUDA graphs are a compile mode, and checked against an eager default each was refused)."""
     p = []
     if not choices:
         p.append(f"{where}: choices is empty")

@@ -19,9 +19,7 @@
 #                  (bench/run.py) into hand.json if named. ~40 s per re-measure + TRAIN_S + ~30 s.
 #   RUN            any bench/run.py row by name
 #   search=N[@S]   as above, with a time budget of its own (S seconds, never past the call's deadline);
-#                  SEARCH_STUDY=NAME: another study of the same spec (a fresh search beside one already there);
-#                  SEARCH_PATCH='{space: {training.compile_mode: {choices: [reduce-overhead]}}}': a YAML mapping
-#                  merged into the resnet50 spec (its copy in the state folder)
+#                  SEARCH_STUDY=NAME: another study of the same spec (a fresh search beside one already there)
 #   script=N[@S]   a fresh search of the seed example script (examples/seed_ddp.py, a fresh torchrun per trial) on
 #                  the same JPEGs; script-fn=N[@S]: the same script as a function on a live worker (seed_ddp.py:main);
 #                  their studies are seed-script and seed-fn (final=seed-fn re-measures and trains its best);
@@ -193,28 +191,7 @@ PY
       budget=$(( $(left) - margin ))
       [ -n "$secs" ] && [ "$secs" -lt "$budget" ] && budget=$secs
       case "$kind" in
-        search) name=${SEARCH_STUDY:-resnet50}; spec=resnet50
-          if [ -n "${SEARCH_PATCH:-}" ]; then  # the resnet50 spec with a YAML mapping merged into it
-            spec=$state/spec-$name.yaml
-            python3 - "$spec" "$SEARCH_PATCH" <<'PY' || exit 1
-import sys
-from importlib import resources
-import yaml
-
-def merge(into, patch):
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            merge(into[key], value)
-        else:
-            into[key] = value
-
-spec = yaml.safe_load(resources.files("autotune.studies").joinpath("resnet50.yaml").read_text())
-merge(spec, yaml.safe_load(sys.argv[2]))
-open(sys.argv[1], "w").write(yaml.safe_dump(spec, sort_keys=False))
-print(f"search: the resnet50 spec with {sys.argv[2]}: {sys.argv[1]}")
-PY
-          fi
-          what=(--spec "$spec" --data "$data" "${search_set[@]}") ;;
+        search) name=${SEARCH_STUDY:-resnet50}; what=(--spec resnet50 --data "$data" "${search_set[@]}") ;;
         script) name=seed-script; what=(--script examples/seed_ddp.py) ;;
         script-fn) name=seed-fn; what=(--script examples/seed_ddp.py:main) ;;
         folder) name=folder-fn; what=(--script examples/folder_ddp.py:main) ;;

@@ -73,18 +73,20 @@ END_TO_END: dict[str, tuple[str, dict]] = {  # the JPEGs, fp16, CL, batch 512: ~
 # 3-7 % of the windows, the ceiling's never), compiled as the search runs it and with CUDA graphs, which launch the
 # step's kernels without the host: whether that idle share is the training thread's launches held up by DALI's
 # threads. Each beside the model alone the same way; cuDNN's search off, as the search's stages left it.
+# What the search's trials run beside the knobs: its lr (0.1 per 256 images) and cuDNN's search off, as the stages
+# left it for ResNet-50 (it cost ~13 s of first step per fresh process and bought nothing measurable).
+AS_SEARCHED = {"optimizer.lr": 0.1, "training.cudnn_benchmark": False}
 DALI_BEST = {"data.decode": "dali", "data.dali_hw_decoder_load": 0.35, "data.dali_threads": 13, "data.dali_prefetch": 3}
 GRAPH_MODES = {"compile": COMPILED, "cudagraphs": {**COMPILED, "training.compile_mode": "reduce-overhead"}}
 LAUNCH: dict[str, tuple[str, dict]] = {
-    **{f"{row}-{mode}": ("strong", {**base, **how, "training.cudnn_benchmark": False, "optimizer.lr": 0.1})
+    **{f"{row}-{mode}": ("strong", {**base, **how, **AS_SEARCHED})
        for row, base in (("ceil-best", CEIL), ("e2e-dali-best", {**E2E, **DALI_BEST}))
        for mode, how in GRAPH_MODES.items()},
     # The same DALI trial with the Huffman decoding of the images off the hardware engines done with the GPU's help
     # (its profile: the CPU-Huffman share cost 5.3 ms of copies a step and the host waited 9 ms for each batch), at
     # the engines' share it had and at DALI's own 0.65; each beside its loader alone.
     **{f"{row}-gpuhuff{'' if h == 0.35 else f'-{round(100 * h)}'}": (
-        "strong", {**base, **DALI_BEST, "data.dali_gpu_huffman": True, "data.dali_hw_decoder_load": h,
-                   "training.cudnn_benchmark": False, "optimizer.lr": 0.1})
+        "strong", {**base, **DALI_BEST, "data.dali_gpu_huffman": True, "data.dali_hw_decoder_load": h, **AS_SEARCHED})
        for row, base in (("e2e-dali-best", {**E2E, **COMPILED}), ("supply-dali-best", {**LOADER, **E2E}))
        for h in (0.35, 0.65)},
     "supply-dali-best": ("strong", {**LOADER, **E2E, **DALI_BEST}),
@@ -94,9 +96,8 @@ LAUNCH: dict[str, tuple[str, dict]] = {
 # change the step: the search's lr 0.1 (strong's 0.4 sent nvjpeg-gpu fp16 to NaN on 2xH200 in session 3, and a
 # void row says nothing about a knob) and cudnn.benchmark off (it bought nothing measurable for ResNet-50 here and
 # cost ~13 s of first step per fresh process). Estimated ~35 s per row on 4 GPUs: ~5.5 min for the nine.
-DDP_BASE = {**E2E, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5, "loader.num_workers": 12,
-            "optimizer.lr": 0.1, "training.cudnn_benchmark": False}
-CEIL_DDP_BASE = {**CEIL, "optimizer.lr": 0.1, "training.cudnn_benchmark": False}
+DDP_BASE = {**E2E, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5, "loader.num_workers": 12, **AS_SEARCHED}
+CEIL_DDP_BASE = {**CEIL, **AS_SEARCHED}
 DDP_KNOBS: dict[str, dict] = {  # ddp.* defaults: bucket 25 MB, gradient_as_bucket_view off, static_graph off
     "base": {},
     "bucket-5": {"ddp.bucket_cap_mb": 5.0},
