@@ -174,7 +174,8 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     if best is None:
         out.append(("its settings", "none yet: no end-to-end trial has completed; run `autotune search`"))
         return out
-    settings = fmt_params(best.params) or fmt_params(shown_settings(best.attrs.get("overrides") or {}))
+    settings = (fmt_params(best.settings(view.searched(trials)))
+                or fmt_params(shown_settings(best.attrs.get("overrides") or {})))
     out.append(("its settings", f"trial {best.number}: {settings}" + (" (the baseline's own)" if best.baseline
                                                                      else "")))
     where = f" --study {study.study_name}" + (f" --storage {storage}" if storage else "")
@@ -227,13 +228,14 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
     summary = f"study {study.study_name}: {plural(len(trials), 'trial')} (" + ", ".join(
         f"{n} {LABELS[o]}" for o, n in counts.items() if n) + ")"
     shown = sorted(trials, key=lambda v: -(v.imgs_per_s or -1)) if sort == "imgs" or top else trials
+    searched = view.searched(trials)
     rows = [("#", "stage", "outcome", per, f"vs #{base.label if base else 0}", "spread", "loss", "util", "wall",
              "settings / why")]
     for v in shown[:top] if top else shown:
         a = v.attrs
         gain = f"{v.imgs_per_s / base.imgs_per_s:.2f}x" if v.feasible and base else ""
         spread = f"{v.spread:.1%}" + ("!" if unsettled(v) else "") if v.spread is not None else "-"
-        note = fmt_params(v.params, 90) or fmt_params(shown_settings(a.get("overrides") or {}), 90)
+        note = fmt_params(v.settings(searched), 90) or fmt_params(shown_settings(a.get("overrides") or {}), 90)
         if v.failure_class and v.outcome != "pruned":
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
         # The best is an answer (``view.answers``): a configuration run more than once is a new view of its first run.

@@ -90,6 +90,12 @@ LAUNCH: dict[str, tuple[str, dict]] = {
        for row, base in (("e2e-dali-best", {**E2E, **COMPILED}), ("supply-dali-best", {**LOADER, **E2E}))
        for h in (0.35, 0.65)},
     "supply-dali-best": ("strong", {**LOADER, **E2E, **DALI_BEST}),
+    # The same trial with more of the decode on the engines: the CPU-Huffman share's inverse DCT and colour
+    # conversion (3.4 ms of SM time a step at 0.35, beside the model's kernels) shrinks with it, yet the searches'
+    # trials at 0.5-0.95 came out 1-9 % below 0.35's. Each beside its loader alone: whether the engines keep up.
+    **{f"{row}-hw-{h}": ("strong", {**base, **DALI_BEST, "data.dali_hw_decoder_load": h / 100, **AS_SEARCHED})
+       for row, base in (("e2e-dali-best", {**E2E, **COMPILED}), ("supply-dali-best", {**LOADER, **E2E}))
+       for h in (50, 65, 80, 95)},
 }
 # ---- issue #21: the DDP and NCCL knobs, each alone against DDP_BASE, on the best end-to-end config known
 # (e2e-hybrid-50: hybrid 50 %, fp16, channels_last, bs 512 per GPU, 12 workers per rank). Two changes that do not

@@ -25,7 +25,6 @@ from autotune.search.prepare import Plan, SearchOptions, describe_model, generat
 from autotune.search.progress import Progress, fmt_ips
 from autotune.search.record import record
 from autotune.search.stages import Budget, StagePlanner, shown_settings
-from autotune.space import get_path
 from autotune.study import view
 from autotune.study.liveness import STALE_AFTER_S, reclaim_stale
 from autotune.study.setup import create_or_load, parts_study
@@ -213,18 +212,9 @@ class Engine:
 
 
 def _shown(space, trial, ev) -> dict:
-    """An end-to-end trial's settings as its line shows them: each searched knob, its param where the sampler drew
-    one, else what its config ran (trial 0 of a script runs its own batch and workers, which the space may not
-    hold)."""
-    config = ev.config.to_dict() if ev.config is not None else None
-    if config is None:
-        return dict(trial.params)
-    out = {}
-    for p in space.params:
-        value = trial.params.get(p.path, get_path(config, p.path))
-        if value is not None:
-            out[p.path] = value
-    return out
+    """An end-to-end trial's settings as its line shows them (``view.settings``)."""
+    return view.settings(trial.params, ev.config.to_dict() if ev.config is not None else {},
+                         (p.path for p in space.params))
 
 
 def abandon(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> None:

@@ -21,12 +21,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.study.storage import CONFIG_KEY, parts_name, trial_attrs
+from trainer.knobs import table
 from trainer.protocol import Failure
 
 IMAGE_LOADER = "image_loader"
@@ -103,12 +105,36 @@ class TrialView:
 
     def setting(self, dotted: str, default: Any = None) -> Any:
         """A setting of the trial's config (searched or not), by dotted path."""
-        node: Any = self.config
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return self.params.get(dotted, default)
-            node = node[part]
-        return node
+        found = _at(self.config, dotted)
+        return self.params.get(dotted, default) if found is _MISSING else found
+
+    def settings(self, paths: Iterable[str]) -> dict[str, Any]:
+        """Its searched settings as a person reads them (``settings``)."""
+        return settings(self.params, self.config, paths)
+
+
+_MISSING = object()
+
+
+def _at(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def settings(params: dict[str, Any], config: dict[str, Any], paths: Iterable[str]) -> dict[str, Any]:
+    """A trial's searched settings as a person reads them: each of ``paths`` (the knobs searched), its param where
+    the sampler drew one, else what its config ran (trial 0 of a script runs its own batch and workers, which the
+    space may not hold: no param); none where it ran without (an inactive knob)."""
+    out = {}
+    for path in paths:
+        value = params[path] if path in params else _at(config, path)
+        if value is not None and value is not _MISSING:
+            out[path] = value
+    return out
 
 
 def _outcome(t: FrozenTrial, stage: str) -> str:
@@ -225,6 +251,12 @@ def _same_config(v: TrialView) -> str:
                       default=repr)
 
 
+def searched(trials: list[TrialView]) -> list[str]:
+    """The knobs a study's trials drew, in the knob table's order (the order a search's lines give them)."""
+    drawn = {path for v in trials for path in v.params}
+    return [path for path in table().knobs if path in drawn]
+
+
 def fmt_ips(x: float | None) -> str:
     """A throughput as every table and line gives it: a decimal below 100, none above."""
     return "-" if x is None else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
@@ -289,8 +321,6 @@ OWN_LOADER = "its own loader"
 def own_loader(config: dict[str, Any] | None) -> bool:
     """Whether ``config`` is a user's script whose input pipeline is its own: ``data.decode`` names nothing it
     runs (only ``run.image_loader`` applies it)."""
-    from trainer.knobs import table
-
     script = (config or {}).get("script") or {}
     decode = table().supply
     return bool(script.get("path") or script.get("entry")) and (decode is None or
