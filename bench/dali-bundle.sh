@@ -2,8 +2,8 @@
 # NVIDIA DALI for the GPU machines in fewer parts than its wheels: ../shared/gpu-big-wheels.sh's wheels (~259 MB,
 # 5 parts of 56 MiB, one GPU call each) installed here for the GPU machines' Python 3.12, stripped of what a run
 # does not load (debug symbols, headers, other Pythons' extension modules, nvCOMP), packed with xz: ~145 MB, 3 parts
-# of at most 52 MiB, so the first part, Optuna's wheels without plotly (6 MiB: the report is not made there) and the
-# tree fit one call's 64 MiB and the first call already runs a search.
+# of at most 49 MiB, so the first part, Optuna's wheels without plotly (6 MiB: the report is not made there) and the
+# tree (7 MiB with the results committed under bench/) fit one call's 64 MiB and the first call already runs a search.
 # Usage, from the project root:  bash bench/dali-bundle.sh        (writes .whl-big/p1 .. p3, git-ignored)
 #
 # On the GPU machine a carried path replaces the ignored folder it lies in, so each call copies its part out of the
@@ -36,7 +36,7 @@ find . -name '*.so*' -type f -exec strip --strip-unneeded {} \; 2>/dev/null || t
 cd - >/dev/null
 rm -rf .whl-big && mkdir -p .whl-big
 tar -cf - -C "$work/site" . | xz -T0 -8 > "$work/dali.tar.xz"
-split -b 52M -d -a 1 "$work/dali.tar.xz" "$work/dali.tar.xz.part-"
+split -b 49M -d -a 1 "$work/dali.tar.xz" "$work/dali.tar.xz.part-"
 i=0; for f in "$work"/dali.tar.xz.part-*; do i=$((i+1)); mkdir -p .whl-big/p$i; mv "$f" .whl-big/p$i/; done
 if [ -d .git ] && ! grep -qx "/.whl-big/" .git/info/exclude 2>/dev/null; then echo "/.whl-big/" >> .git/info/exclude; fi
 echo "$i parts:"; du -sh .whl-big/p*
