@@ -195,6 +195,11 @@ class Knob:
     """Its value in the stages' first end-to-end trial of a pipeline its range is searched under (a candidate), where
     measurement found one value the likeliest fastest; ``UNSET``: the base's (the sampler weighs it afterwards)."""
 
+    first_share: float | None = None
+    """For a range that ends at the CPU cores per rank (``auto="cores"``): its value in that first end-to-end trial
+    as this share of its most (the pipeline alone still takes them all: what it can feed, with no model beside it);
+    ``None``: its most there too."""
+
     off: Any = UNSET
     """Its value where the condition of its range (``Range.when``) does not hold: what the setting is without the
     thing it needs (no prefetch depth and no kept workers without loader workers). A trial whose condition fails
@@ -322,13 +327,17 @@ _KNOBS = (
     # DALI's settings, searched only under its pipeline. hw_decoder_load: the share of each batch the hardware JPEG
     # engines decode, the rest on CUDA; DALI's own default is 0.65 (its H100 tuning). On 1xH200 (ResNet-50 compiled,
     # batch 512) the lowest of 0.5-0.95 fed the most end to end (6,401-6,848 imgs/s at 0.5, 6,288 at 0.8, 5,927 at
-    # 0.95), so the range reaches below it for the search to find where the trade turns: in a later search 0.35 ran
-    # 6,665-6,738, 0.5 6,662-6,702 and 0.25 6,185 (each with 8 threads or more).
+    # 0.95), so the range reaches below it for the search to find where the trade turns: in later searches 0.35 ran
+    # 6,665-6,856, 0.5 6,662-6,702 and 0.25 6,185 (each with 7 threads or more). One trial's settings at 0.35 / 0.65
+    # / 0.95: 6,851 / 6,596 / 6,274, though alone the engines fed 19,356 at 0.95 (13,763 at 0.35): the more they
+    # decode, the longer the model waits. The candidate starts at 0.35.
     Knob(path="data.dali_hw_decoder_load", label="hw_load", scope="pipeline",
-         space=Range(choices=(0.25, 0.35, 0.5, 0.65, 0.8, 0.95), when="data.decode == dali"), shown=2, first=0.5,
+         space=Range(choices=(0.25, 0.35, 0.5, 0.65, 0.8, 0.95), when="data.decode == dali"), shown=2, first=0.35,
          runtime="dali_hw_decoder_load", runtime_default=0.65, applied_by="image_loader",
          doc="DALI: the share of each batch its hardware JPEG decoder takes, the rest decoded with CUDA"),
-    Knob(path="data.dali_threads", label="dali_thr", scope="pipeline",
+    # All 16 cores of 1xH200 as DALI threads, end to end: 6,375 and 6,362 imgs/s (hw_load 0.5, compiled); 7-13 of
+    # them: 6,665-6,856 (0.35-0.5); 3-4: 3,474-6,185. Threads on every core starve the training process's own.
+    Knob(path="data.dali_threads", label="dali_thr", scope="pipeline", first_share=0.5,
          space=Range(low=1, high=AUTO, when="data.decode == dali"), auto="cores", runtime="dali_threads",
          runtime_default=4, applied_by="image_loader",
          doc="DALI: CPU threads per rank (file reads, header parsing, the CPU stages)"),
@@ -337,9 +346,10 @@ _KNOBS = (
     Knob(path="data.dali_prefetch", label="dali_q", scope="pipeline", first=3,
          space=Range(low=1, high=4, when="data.decode == dali"), runtime="dali_prefetch", runtime_default=2,
          applied_by="image_loader", doc="DALI: batches its pipeline prepares ahead (queue depth)"),
-    # On 1xH200 (session 12's profile, hw_load 0.35) the CPU-Huffman share of DALI's decode (65 % of the images)
-    # cost 5.3 ms of host-to-device copies a step (560 copies: coefficients, several times a JPEG's size) and the
-    # host waited 9 ms a step for its batch. Not measured with GPU Huffman yet: a spec adds it.
+    # On 1xH200 (hw_load 0.35) the CPU-Huffman share of DALI's decode (65 % of the images) cost 5.3 ms of
+    # host-to-device copies a step (560 copies: coefficients, several times a JPEG's size). With the GPU's help
+    # instead the same trial ran 5,557 imgs/s against 6,851, its pipeline alone 7,280 against 13,763: out of the
+    # default space; a spec adds it.
     Knob(path="data.dali_gpu_huffman", label="gpu_huff", scope="pipeline",
          space=Range(choices=(False, True), when="data.decode == dali"), default_space=False,
          words=((True, "gpu_huffman"), (False, "cpu_huffman")), unmarked=(False,), runtime="dali_gpu_huffman",

@@ -62,7 +62,7 @@ class Candidates:
 
     def settings(self, vs: list[TrialView], pipe: Pipe, pair: tuple | None = None) -> dict[str, Any]:
         """What a candidate of ``pipe`` fixes: the ceiling's choice at ``pair`` (default: the best), the pipeline,
-        its threads and the most loader workers, the least accumulation."""
+        its threads' share beside the model and the most loader workers, the least accumulation."""
         m = self.ask.measured
         best = (pair, None) if pair is not None else m.best_pair(vs)
         if best is not None:
@@ -71,7 +71,7 @@ class Candidates:
         else:  # no ceiling: the baseline's precision, layout and batch
             fixed = {d.path: m.plan.baseline.get(d.path, get_path(m.base, d.path)) for d in grid()}
         fixed.update(pipe.settings)
-        fixed.update(pipeline_settings(m, fixed.get("data.decode")))
+        fixed.update(pipeline_settings(m, fixed.get("data.decode"), end_to_end=True))
         if "loader.num_workers" in m.space:
             fixed["loader.num_workers"] = max(m.choices("loader.num_workers"))
         if persist_own_workers(m):

@@ -33,12 +33,19 @@ def ceiling_overrides(m: Measured, pair: tuple, batch: int, cudnn: bool | None) 
     return o
 
 
-def pipeline_settings(m: Measured, decode: str | None) -> dict[str, Any]:
+def pipeline_settings(m: Measured, decode: str | None, *, end_to_end: bool = False) -> dict[str, Any]:
     """A pipeline's own settings where the space searches them under ``decode`` (DALI's): its CPU threads at their
-    most, as the loader's workers are (what it can feed, before the sampler weighs the cores against the rest), and
-    each knob's measured likeliest fastest value (``Knob.first``) where it has one."""
+    most alone, as the loader's workers are (what it can feed, before the sampler weighs the cores against the rest),
+    end to end their share beside the model (``Knob.first_share``), and each knob's measured likeliest fastest value
+    (``Knob.first``) where it has one."""
     own = [p for p in m.space.values() if p.when is not None and p.when.path == "data.decode" and p.when.holds(decode)]
-    return {**{p.path: max(m.choices(p.path)) for p in own if p.knob.auto == "cores"},
+
+    def cores(p) -> int:
+        most = max(m.choices(p.path))
+        share = p.knob.first_share if end_to_end else None
+        return most if share is None else max(min(m.choices(p.path)), round(most * share))
+
+    return {**{p.path: cores(p) for p in own if p.knob.auto == "cores"},
             **{p.path: p.knob.first for p in own if p.knob.first is not UNSET and p.contains(p.knob.first)}}
 
 
