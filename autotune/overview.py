@@ -235,7 +235,9 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         a = v.attrs
         gain = f"{v.imgs_per_s / base.imgs_per_s:.2f}x" if v.feasible and base else ""
         spread = f"{v.spread:.1%}" + ("!" if unsettled(v) else "") if v.spread is not None else "-"
-        note = fmt_params(v.settings(searched), 90) or fmt_params(shown_settings(a.get("overrides") or {}), 90)
+        # A part's words are what tells it from the other parts (its line's), not its whole config.
+        note = (fmt_params(v.settings(searched), 90) if not v.part else "") or fmt_params(
+            shown_settings(a.get("overrides") or {}), 90)
         if v.failure_class and v.outcome != "pruned":
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
         # The best is an answer (``view.answers``): a configuration run more than once is a new view of its first run.

@@ -175,15 +175,20 @@ def test_trial_0_measured_again_runs_the_scripts_own_settings(tmp_path, two_core
         f"{config['loader']['num_workers']} worker(s); the script's own are 16 and 2"
 
 
-def test_shows_table_gives_trial_0_the_settings_its_line_gave(tmp_path, two_cores):
+def test_shows_table_gives_each_trial_the_settings_its_line_gave(tmp_path, two_cores):
     """The script's own 2 workers lie outside a 2-core machine's space [0 .. 1]: trial 0 has no param for them. Its
-    line said ``wk=2``; ``show``'s table and its "settings" line left the workers out."""
+    line said ``wk=2``; ``show``'s table and its "settings" line left the workers out. A stage measurement's row
+    keeps what tells it from the others (its line's), not its whole config (a ceiling on synthetic data "pil")."""
     sim = Sim(tmp_path, cpu_ranks(), 4)
-    line = next(ln for ln in sim.out.getvalue().splitlines()[1:] if ln.strip().startswith("bs="))
-    assert "wk=2" in line, sim.lines
-    text = overview.table(sim.study)
-    row = next(ln for ln in text.splitlines() if re.match(r"0\*?\S*\s+baseline\s", ln))
-    assert row.endswith(line.strip()), f"{row!r}\nagainst its line {line.strip()!r}"
+    lines = sim.out.getvalue().splitlines()
+    said = {re.match(r"trial\s+(\S+)", ln).group(1): nxt.strip() for ln, nxt in zip(lines, lines[1:])
+            if ln.startswith("trial ")}
+    assert "wk=2" in said["0"], sim.lines
+    rows = {ln.split()[0].rstrip("*"): ln for ln in overview.table(sim.study).splitlines()
+            if re.match(r"p?\d+\*?\S*\s+\w+\s", ln)}
+    assert any(label.startswith("p") for label in said), said
+    for label, settings in said.items():
+        assert rows[label].endswith(settings), f"{rows[label]!r}\nagainst its line {settings!r}"
 
 
 # ---- 5. the ceiling of CPU ranks -----------------------------------------------------------------------------------
