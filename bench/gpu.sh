@@ -97,6 +97,10 @@ fi
 # whole stage's output once).
 quiet() { grep --line-buffered -v "^W1\|^\*\*\*\|OMP_NUM_THREADS\|^  trial .* window\|^  trial .* warm-up\|^  trial .* measuring"; }
 left() { echo $(( t0 + call_s - $(date +%s) )); }
+#   rounds         bench/loader_rounds.py: examples/folder_ddp.py's own DataLoader (on the FOLDER_COPIES view when
+#                  set), every batch's arrival time alone and ahead of ResNet-50, by its workers (ROUNDS_RUNS, default
+#                  alone:16:2 model:16:2 alone:14:2 model:14:2 model:12:2 model:14:4 model:16:4; ROUNDS_S=30 s each):
+#                  how much windows of 2, 4 and 8 worker rounds swing, and the CPU's busy and steal time (rounds.json)
 # The studies and every trial's files (configs, logs, JSON lines; no checkpoint, no database copy) into $OUT: after
 # each stage that adds to them, so a call cut short keeps what its finished stages made.
 pack() {
@@ -237,6 +241,17 @@ sys.exit(0 if n else 1)" "$data/train" "$train" "$FOLDER_COPIES" || train=$data/
       if [ -n "${PROFILE_SET:-}" ]; then
         prof+=(--data "$data/train" --synthetic-too); for kv in $PROFILE_SET; do prof+=(--set "$kv"); done; fi
       python3 bench/profile_step.py --out "$out/profile.json" "${prof[@]}" 2>&1 | quiet ;;
+    rounds)
+      view=$data/train
+      if [ "${FOLDER_COPIES:-1}" -gt 1 ]; then
+        view=$scratch/folder-view-x$FOLDER_COPIES
+        python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; from remeasure import link_view
+sys.exit(0 if link_view(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])) else 1)" "$data/train" "$view" \
+          "$FOLDER_COPIES" || view=$data/train
+      fi
+      rr=(--seconds "${ROUNDS_S:-30}"); [ -n "${DRY:-}" ] && rr=(--seconds 3 --batch 8 --image-size 32)
+      python3 bench/loader_rounds.py "$view" --out "$out/rounds.json" "${rr[@]}" \
+        ${ROUNDS_RUNS:-alone:16:2 model:16:2 alone:14:2 model:14:2 model:12:2 model:14:4 model:16:4} 2>&1 | quiet ;;
     pipeline)
       if [ -n "${DRY:-}" ]; then pipe=(--cpu-smoke); else pipe=(--hybrid 0.5 --workers 6 --train); fi
       python3 bench/pipeline_gpu.py "$data/train" --out "$out/pipeline.json" --batch 512 "${pipe[@]}" 2>&1 | quiet ;;

@@ -32,14 +32,19 @@ def parse_args():
     return p.parse_args()
 
 
+def image_dataset(path: str, size: int) -> datasets.ImageFolder:
+    """The usual ImageFolder: PIL decode, random crop and flip, float32 normalized, all in the loader's workers."""
+    return datasets.ImageFolder(path, transform=v2.Compose([
+        v2.RandomResizedCrop(size), v2.RandomHorizontalFlip(), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]))
+
+
 def main():
     args = parse_args()
     cuda = torch.cuda.is_available()
     run = runtime.setup(unit="images", precision="fp16" if cuda else "fp32")
     size = args.image_size or (224 if cuda else 64)
-    dataset = datasets.ImageFolder(args.data or image_folder(), transform=v2.Compose([
-        v2.RandomResizedCrop(size), v2.RandomHorizontalFlip(), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]))
+    dataset = image_dataset(args.data or image_folder(), size)
     sampler = DistributedSampler(dataset)
     loader = run.loader(dataset, batch_size=64, sampler=sampler, num_workers=4, pin_memory=True, drop_last=True)
     net = models.get_model(args.model or ("resnet50" if cuda else "resnet18"), num_classes=len(dataset.classes))
