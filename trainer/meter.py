@@ -28,22 +28,27 @@ from trainer.protocol import STEPS_EVERY_S, Kind
 # Warm-up steps whose median sizes the first window: few enough to reflect the pace after the prefetch buffer.
 STEP_TIME_STEPS = 5
 
-MIN_ROUNDS = 2
-"""Fewest loader rounds in a window of whole rounds (``ThroughputMeter.whole_rounds``). On 1xH200, the rounds of 16
-PIL workers of a script's own loader took 2.96, 2.79 and 2.67 s back to back (the first after an epoch's start the
-slowest): windows of one round would differ by 10 % on that alone, twice the spread target."""
+MIN_ROUNDS = 4
+"""Fewest loader rounds in a window of whole rounds (``ThroughputMeter.whole_rounds``). A window ends with its last
+round, early or late, and the next window moves the other way. On 1xH200 the rounds of a script's 10-16 PIL workers
+ahead of ResNet-50 took 1.9-3.5 s in one run: windows of two rounds varied 2.6-19 % (coefficient of variation), of
+four rounds 1.9-10 % (bench/results/2026-12-03-h200-s14-call1-rounds.json); in two searches of that script, one
+end-to-end trial in nine settled within the 5 % spread target with windows of two rounds."""
+
+TURN_ROUNDS = 4
+"""Fewest whole rounds between two epoch turns for windows of whole rounds (``short_epochs``)."""
 
 
 def short_epochs(length: int, workers: int) -> bool:
     """Whether the epochs of a loader restarted every epoch (``length`` batches from ``workers`` workers) are
     measured in windows of whole epochs (``ThroughputMeter.epoch_windows``) rather than of whole rounds: where the
     rounds between two turns (``length // workers - 1``: the turn takes the last, partial round and the next epoch's
-    first) hold fewer than two windows of ``MIN_ROUNDS``. Each window is then one epoch's steady part or less, and
+    first) are fewer than ``TURN_ROUNDS``. The steady part between two turns is then shorter than one window, and
     the turn, a third of the epoch or more, is charged from as few samples: on 1xH200 (62 steps from 16 workers) such
     windows varied 17 % from epoch to epoch and never settled. A whole epoch holds every cost a real run pays for it,
-    and is at most ``2 * MIN_ROUNDS + 1`` rounds: about two and a half of the shortest windows of whole rounds, so
-    the rule itself bounds a window's time; longer epochs keep windows of whole rounds."""
-    return length // max(1, workers) - 1 < 2 * MIN_ROUNDS
+    and is at most ``TURN_ROUNDS + 1`` rounds, so the rule itself bounds a window's time; longer epochs keep windows of
+    whole rounds, a window running across a turn where it must (the turn is kept out of it and charged)."""
+    return length // max(1, workers) - 1 < TURN_ROUNDS
 
 
 @dataclass

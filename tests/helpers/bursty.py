@@ -17,12 +17,16 @@ from torch.utils.data import DataLoader
 
 class BurstyLoader(DataLoader):
     def __init__(self, *, batches: int, batch_size: int = 8, workers: int = 4, batch_s: float = 0.08,
-                 spawn_s: float = 0.06, join_s: float = 0.01, prefetch: int = 2, persistent: bool = False):
+                 spawn_s: float = 0.06, join_s: float = 0.01, prefetch: int = 2, persistent: bool = False,
+                 round_factors: tuple[float, ...] = (1.0,)):
         with warnings.catch_warnings():  # "more workers than cores": this loader's workers are never started
             warnings.simplefilter("ignore", UserWarning)
             super().__init__(range(batches * batch_size), batch_size=batch_size, num_workers=workers,
                              prefetch_factor=prefetch, drop_last=True, persistent_workers=persistent)
         self.batch_s, self.spawn_s, self.join_s = batch_s, spawn_s, join_s
+        self.round_factors = round_factors
+        """Each round's batches take ``batch_s`` times its factor, the factors cycled: rounds that vary (on 1xH200 a
+        round of 16 PIL workers took 1.9-3.5 s in one run)."""
         self.starts: list[float] = []
         """When each epoch began (``iter``): consecutive ones are an epoch's real wall time."""
 
@@ -51,7 +55,7 @@ class _Epoch:
         # free (the batch `depth` before it was taken), never before the workers are up.
         start = max(self.spawned, self.finish[i - workers] if i >= workers else 0.0,
                     self.taken[i - depth] if i >= depth else 0.0)
-        self.finish.append(start + sim.batch_s)
+        self.finish.append(start + sim.batch_s * sim.round_factors[i // workers % len(sim.round_factors)])
         wait = self.finish[i] - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
