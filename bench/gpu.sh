@@ -189,9 +189,9 @@ PY
         2>&1 | quiet ;;
     search=*|script=*|script-fn=*|folder=*|lightning=*|model=*)
       kind=${stage%%=*}; arg=${stage#*=}; n=${arg%@*}; secs=${arg#*@}; [ "$secs" = "$arg" ] && secs=
-      # The trial in flight when it runs out still ends inside the call: a script's own loader measured in whole
-      # epochs took ~100 s a trial (folder=, 1xH200), the others under 45 s.
-      margin=45; [ "$kind" = folder ] && margin=110
+      # The trial in flight when it runs out still ends inside the call: a script's own loader measured in windows
+      # of four rounds took ~125 s a trial (folder=, 1xH200), the others under 45 s.
+      margin=45; [ "$kind" = folder ] && margin=150
       budget=$(( $(left) - margin ))
       [ -n "$secs" ] && [ "$secs" -lt "$budget" ] && budget=$secs
       case "$kind" in
