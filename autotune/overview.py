@@ -11,7 +11,6 @@ import statistics
 
 from autotune.search.bounds import ceiling_share, pair_label, point_of, trainable_ceiling
 from autotune.search.progress import fmt_duration, fmt_ips, fmt_params
-from autotune.search.stages import shown_settings
 from autotune.study import view
 from autotune.study.view import TrialView
 
@@ -174,8 +173,7 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     if best is None:
         out.append(("its settings", "none yet: no end-to-end trial has completed; run `autotune search`"))
         return out
-    settings = (fmt_params(best.settings(view.searched(trials)))
-                or fmt_params(shown_settings(best.attrs.get("overrides") or {})))
+    settings = fmt_params(best.shown(view.searched(trials)))
     out.append(("its settings", f"trial {best.number}: {settings}" + (" (the baseline's own)" if best.baseline
                                                                      else "")))
     where = f" --study {study.study_name}" + (f" --storage {storage}" if storage else "")
@@ -235,9 +233,7 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         a = v.attrs
         gain = f"{v.imgs_per_s / base.imgs_per_s:.2f}x" if v.feasible and base else ""
         spread = f"{v.spread:.1%}" + ("!" if unsettled(v) else "") if v.spread is not None else "-"
-        # A part's words are what tells it from the other parts (its line's), not its whole config.
-        note = (fmt_params(v.settings(searched), 90) if not v.part else "") or fmt_params(
-            shown_settings(a.get("overrides") or {}), 90)
+        note = fmt_params(v.shown(searched), 90)
         if v.failure_class and v.outcome != "pruned":
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
         # The best is an answer (``view.answers``): a configuration run more than once is a new view of its first run.

@@ -33,7 +33,7 @@ MIN_ROUNDS = 4
 round, early or late, and the next window moves the other way. On 1xH200 the rounds of a script's 10-16 PIL workers
 ahead of ResNet-50 took 1.9-3.5 s in one run: windows of two rounds varied 2.6-19 % (coefficient of variation), of
 four rounds 1.9-10 % (bench/results/2026-12-03-h200-s14-call1-rounds.json); in two searches of that script, one
-end-to-end trial in nine settled within the 5 % spread target with windows of two rounds."""
+of the nine trials after trial 0 settled within the 5 % spread target with windows of two rounds."""
 
 TURN_ROUNDS = 4
 """Fewest whole rounds between two epoch turns for windows of whole rounds (``short_epochs``)."""

@@ -24,7 +24,7 @@ from autotune.search.evaluate import Evaluator
 from autotune.search.prepare import Plan, SearchOptions, describe_model, generate_data, prepare, summarize_data
 from autotune.search.progress import Progress, fmt_ips
 from autotune.search.record import record
-from autotune.search.stages import Budget, StagePlanner, shown_settings
+from autotune.search.stages import Budget, StagePlanner
 from autotune.study import view
 from autotune.study.liveness import STALE_AFTER_S, reclaim_stale
 from autotune.study.setup import create_or_load, parts_study
@@ -195,8 +195,8 @@ class Engine:
                    "infeasible": f"infeasible:{ev.failure}", "fail": f"FAIL:{ev.failure}"}[state]
         if ev.attrs.get("stopped_early"):
             outcome = "measured (stopped early)"
-        overrides = trial.user_attrs.get("overrides") or {}
-        shown = shown_settings(overrides) if part else _shown(self.plan.space, trial, ev)
+        mine = next(v for v in trials if v.part == part and v.number == trial.number)
+        shown = mine.shown(p.path for p in self.plan.space.params)
         self.progress.trial_done(number=label, stage=stage, params=shown, outcome=outcome,
                                  ips=ev.attrs.get("imgs_per_s"), util=ev.attrs.get("util_mean"),
                                  best=(best.label, best.imgs_per_s) if best else None,
@@ -209,12 +209,6 @@ class Engine:
         elif ev.failure is not None and state != "pruned":
             self.progress.say(f"      {ev.failure}: {ev.message} (log: {ev.attrs.get('log_path')})")
         return ev
-
-
-def _shown(space, trial, ev) -> dict:
-    """An end-to-end trial's settings as its line shows them (``view.settings``)."""
-    return view.settings(trial.params, ev.config.to_dict() if ev.config is not None else {},
-                         (p.path for p in space.params))
 
 
 def abandon(study: optuna.Study, trial: optuna.Trial, exc: BaseException) -> None:

@@ -112,6 +112,13 @@ class TrialView:
         """Its searched settings as a person reads them (``settings``)."""
         return settings(self.params, self.config, paths)
 
+    def shown(self, paths: Iterable[str]) -> dict[str, Any]:
+        """Its settings as its live line and ``show``'s row give them: a stage measurement's own words (what tells it
+        from the other parts, ``part_settings``; its whole config would call a ceiling on synthetic data 'pil'), an
+        end-to-end trial's searched settings among ``paths``, or its overrides' words where it ran none of them."""
+        own = part_settings(self.attrs.get("overrides") or {})
+        return own if self.part else (self.settings(paths) or own)
+
 
 _MISSING = object()
 
@@ -135,6 +142,12 @@ def settings(params: dict[str, Any], config: dict[str, Any], paths: Iterable[str
         if value is not None and value is not _MISSING:
             out[path] = value
     return out
+
+
+def part_settings(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A stage measurement's settings as a person reads them: the ones that tell it from the others (its mode, then
+    the knobs a stage line shows, ``trainer.knobs.Table.shown``)."""
+    return {k: overrides[k] for k in ("training.mode", *table().shown) if k in overrides}
 
 
 def _outcome(t: FrozenTrial, stage: str) -> str:

@@ -73,7 +73,7 @@ folder (``_folder``: 6), what limits the bound (``_limits``: 7-9), refine (``_re
 11).
 """
 
-from autotune.search.stages._ask import BLOCKED, REACH, shown_settings
+from autotune.search.stages._ask import BLOCKED, REACH
 from autotune.search.stages._budget import PARTS_SHARE, Budget
 from autotune.search.stages._confirm import CONFIRM_BAND, CONFIRM_TOP
 from autotune.search.stages._cudnn import CUDNN_KEEP, evidence
@@ -81,4 +81,4 @@ from autotune.search.stages._first import CEILING_DATA
 from autotune.search.stages._planner import StagePlanner
 
 __all__ = ["BLOCKED", "CEILING_DATA", "CONFIRM_BAND", "CONFIRM_TOP", "CUDNN_KEEP", "PARTS_SHARE", "REACH", "Budget",
-           "StagePlanner", "evidence", "shown_settings"]
+           "StagePlanner", "evidence"]

@@ -10,7 +10,6 @@ from autotune.search.bounds import Measured
 from autotune.search.stages._budget import Spend
 from autotune.search.stages._notes import Notes
 from autotune.study.view import TrialView
-from trainer.knobs import table
 
 REACH = 0.90
 """Candidates and refinement cover what is within this share of the best bound / the best trial."""
@@ -49,9 +48,3 @@ class Ask:
     def trial(self, params: dict[str, Any], attrs: dict[str, Any]) -> None:
         """Enqueue an end-to-end trial of ``params`` (the sampler draws what they leave out)."""
         self.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=False)
-
-
-def shown_settings(overrides: dict[str, Any]) -> dict[str, Any]:
-    """A stage measurement's settings as a person reads them: the ones that tell it from the others (its mode, then
-    the knobs a stage line shows, ``trainer.knobs.Table.shown``)."""
-    return {k: overrides[k] for k in ("training.mode", *table().shown) if k in overrides}
