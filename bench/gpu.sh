@@ -97,6 +97,15 @@ fi
 # whole stage's output once).
 quiet() { grep --line-buffered -v "^W1\|^\*\*\*\|OMP_NUM_THREADS\|^  trial .* window\|^  trial .* warm-up\|^  trial .* measuring"; }
 left() { echo $(( t0 + call_s - $(date +%s) )); }
+# The folder a script's own loader reads: with FOLDER_COPIES=K > 1 a hard-linked view holding every training JPEG K
+# times (epochs K times longer, as on a real data set), else the training folder itself.
+folder_view() {
+  local view=$scratch/folder-view-x${FOLDER_COPIES:-1}
+  if [ "${FOLDER_COPIES:-1}" -gt 1 ] && python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path
+from remeasure import link_view
+n = link_view(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])); print(f'folder: {n} JPEGs linked in {sys.argv[2]}')
+sys.exit(0 if n else 1)" "$data/train" "$view" "$FOLDER_COPIES" >&2; then echo "$view"; else echo "$data/train"; fi
+}
 #   rounds         bench/loader_rounds.py: examples/folder_ddp.py's own DataLoader (on the FOLDER_COPIES view when
 #                  set), every batch's arrival time alone and ahead of ResNet-50, by its workers (ROUNDS_RUNS, default
 #                  alone:16:2 model:16:2 alone:14:2 model:14:2 model:12:2 model:14:4 model:16:4; ROUNDS_S=30 s each):
@@ -204,10 +213,7 @@ PY
       esac
       extra=(); train=$data/train
       if [ "$kind" = folder ] && [ "${FOLDER_COPIES:-1}" -gt 1 ]; then
-        name=folder-fn-x$FOLDER_COPIES; train=$scratch/folder-view-x$FOLDER_COPIES
-        python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; from remeasure import link_view
-n = link_view(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])); print(f'folder: {n} JPEGs linked in {sys.argv[2]}')
-sys.exit(0 if n else 1)" "$data/train" "$train" "$FOLDER_COPIES" || train=$data/train
+        name=folder-fn-x$FOLDER_COPIES; train=$(folder_view)
       fi
       if [ "$kind" = script ] || [ "$kind" = script-fn ] || [ "$kind" = folder ] || [ "$kind" = lightning ]; then
         what+=(--trial-timeout "${TRIAL_TIMEOUT:-150}"); [ -n "${DRY:-}" ] && what+=(--nproc-per-node 1)
@@ -242,13 +248,7 @@ sys.exit(0 if n else 1)" "$data/train" "$train" "$FOLDER_COPIES" || train=$data/
         prof+=(--data "$data/train" --synthetic-too); for kv in $PROFILE_SET; do prof+=(--set "$kv"); done; fi
       python3 bench/profile_step.py --out "$out/profile.json" "${prof[@]}" 2>&1 | quiet ;;
     rounds)
-      view=$data/train
-      if [ "${FOLDER_COPIES:-1}" -gt 1 ]; then
-        view=$scratch/folder-view-x$FOLDER_COPIES
-        python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; from remeasure import link_view
-sys.exit(0 if link_view(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])) else 1)" "$data/train" "$view" \
-          "$FOLDER_COPIES" || view=$data/train
-      fi
+      view=$(folder_view)
       rr=(--seconds "${ROUNDS_S:-30}"); [ -n "${DRY:-}" ] && rr=(--seconds 3 --batch 8 --image-size 32)
       python3 bench/loader_rounds.py "$view" --out "$out/rounds.json" "${rr[@]}" \
         ${ROUNDS_RUNS:-alone:16:2 model:16:2 alone:14:2 model:14:2 model:12:2 model:14:4 model:16:4} 2>&1 | quiet ;;

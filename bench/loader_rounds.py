@@ -1,10 +1,12 @@
 """How steadily a script's own DataLoader feeds, by its worker count: every batch's arrival time from
 ``examples/folder_ddp.py``'s ImageFolder pipeline (PIL decode and float32 transforms in the workers, pinned,
 persistent workers), alone or ahead of ResNet-50 (fp16, channels_last, one GPU), with the machine's CPU time
-(busy, steal) over each run. From the arrival times, the rate of windows of 2, 4 and 8 worker rounds: how much a
-window's figure swings with its length and with the workers, the question behind windows that do not settle.
+(busy, steal) over each run. From the arrival times, how much windows of 2, 4 and 8 worker rounds swing (their
+coefficient of variation): with the window's length and with the workers, the question behind windows that do not
+settle.
 
     python bench/loader_rounds.py /data/train --out rounds.json alone:16:2 model:16:2 model:14:2 model:12:4
+    python bench/loader_rounds.py --summarize rounds.json      # the lines again, from the arrivals kept
 
 A run is ``consumer:workers:prefetch``; each lasts ``--seconds`` after its first batch.
 """
@@ -32,13 +34,13 @@ def cpu_times() -> list[int]:
         return [int(x) for x in f.readline().split()[1:9]]
 
 
-def window_rates(arrivals: list[float], batch: int, steps: int) -> list[float]:
-    """Images per second of consecutive windows of ``steps`` batches, each from one arrival to another."""
-    return [steps * batch / (arrivals[i + steps] - arrivals[i]) for i in range(0, len(arrivals) - steps, steps)]
-
-
-def spread(rates: list[float]) -> float | None:
-    return (max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 else None
+def round_cv(arrivals: list[float], *, batch: int, workers: int, rounds: int) -> float | None:
+    """The coefficient of variation of windows of ``rounds`` whole worker rounds, one window starting at every
+    round's end (each from one arrival to another): how much such a window's figure swings."""
+    steps = rounds * max(1, workers)
+    rates = [steps * batch / (arrivals[i + steps] - arrivals[i])
+             for i in range(0, len(arrivals) - steps, max(1, workers))]
+    return round(statistics.pstdev(rates) / statistics.mean(rates), 4) if len(rates) > 1 else None
 
 
 def one_run(data: str, spec: str, *, batch: int, size: int, seconds: float, device: torch.device) -> dict:
@@ -96,23 +98,36 @@ def one_run(data: str, spec: str, *, batch: int, size: int, seconds: float, devi
            "cpu_busy": round(1 - (ticks[3] + ticks[4]) / total, 3), "cpu_steal": round(ticks[7] / total, 4),
            "epoch_turns_s": turns, "loss_first": loss_first, "loss_last": float(loss.detach()) if loss is not None else None,
            "arrivals": [round(t, 4) for t in arrivals]}
-    for rounds in (2, 4, 8):
-        rates = window_rates(warm, batch, rounds * max(1, workers))
-        out[f"windows_{rounds}_rounds"] = [round(r, 1) for r in rates]
-        out[f"spread_{rounds}_rounds"] = round(spread(rates), 4) if spread(rates) is not None else None
     del loader
     return out
 
 
+def summarize(r: dict, batch: int) -> str:
+    """A run's line: its pace, the CPU's, and how much windows of 2, 4 and 8 rounds swing (from its arrivals, after
+    the first two rounds: the buffer the workers filled before the clock began)."""
+    warm = r["arrivals"][r["workers"] * 2:]
+    cv = " / ".join(str(round_cv(warm, batch=batch, workers=r["workers"], rounds=k)) for k in (2, 4, 8))
+    return (f"{r['run']:>12}: {r['imgs_per_s']} imgs/s, cpu busy {r['cpu_busy']:.0%} steal {r['cpu_steal']:.1%}; "
+            f"CV of windows of 2/4/8 rounds {cv}; turns {r['epoch_turns_s']}; "
+            f"loss {r['loss_first']} -> {r['loss_last']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("data", help="an ImageFolder")
-    p.add_argument("runs", nargs="+", help="consumer:workers:prefetch, consumer 'alone' or 'model'")
-    p.add_argument("--out", required=True)
+    p.add_argument("data", nargs="?", help="an ImageFolder")
+    p.add_argument("runs", nargs="*", help="consumer:workers:prefetch, consumer 'alone' or 'model'")
+    p.add_argument("--out", help="the runs' JSON")
+    p.add_argument("--summarize", metavar="JSON", help="print the lines of runs written before, and run none")
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--seconds", type=float, default=30.0)
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)
+    if a.summarize:
+        for r in json.loads(Path(a.summarize).read_text()):
+            print(summarize(r, a.batch))
+        return 0
+    if not (a.data and a.runs and a.out):
+        p.error("an ImageFolder, at least one run and --out (or --summarize JSON)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cudnn.benchmark = True
     results = []
@@ -120,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         r = one_run(a.data, spec, batch=a.batch, size=a.image_size, seconds=a.seconds, device=device)
         results.append(r)
         Path(a.out).write_text(json.dumps(results, indent=1))
-        print(f"{spec:>12}: {r['imgs_per_s']} imgs/s, cpu busy {r['cpu_busy']:.0%} steal {r['cpu_steal']:.1%}; "
-              f"spread of windows of 2/4/8 rounds {r['spread_2_rounds']} / {r['spread_4_rounds']} / "
-              f"{r['spread_8_rounds']}; turns {r['epoch_turns_s']}; loss {r['loss_first']} -> {r['loss_last']}",
-              flush=True)
+        print(summarize(r, a.batch), flush=True)
     return 0
 
 
