@@ -103,7 +103,8 @@ folder_view() {
   local view=$scratch/folder-view-x${FOLDER_COPIES:-1}
   if [ "${FOLDER_COPIES:-1}" -gt 1 ] && python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path
 from remeasure import link_view
-n = link_view(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])); print(f'folder: {n} JPEGs linked in {sys.argv[2]}')
+n = link_view(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
+print(f'folder: {n} JPEGs linked in {sys.argv[2]}')
 sys.exit(0 if n else 1)" "$data/train" "$view" "$FOLDER_COPIES" >&2; then echo "$view"; else echo "$data/train"; fi
 }
 #   rounds         bench/loader_rounds.py: examples/folder_ddp.py's own DataLoader (on the FOLDER_COPIES view when

@@ -96,7 +96,8 @@ def one_run(data: str, spec: str, *, batch: int, size: int, seconds: float, devi
     out = {"run": spec, "workers": workers, "prefetch": prefetch, "batches": len(arrivals),
            "imgs_per_s": round((len(warm) - 1) * batch / (warm[-1] - warm[0]), 1) if len(warm) > 1 else None,
            "cpu_busy": round(1 - (ticks[3] + ticks[4]) / total, 3), "cpu_steal": round(ticks[7] / total, 4),
-           "epoch_turns_s": turns, "loss_first": loss_first, "loss_last": float(loss.detach()) if loss is not None else None,
+           "epoch_turns_s": turns, "loss_first": loss_first,
+           "loss_last": float(loss.detach()) if loss is not None else None,
            "arrivals": [round(t, 4) for t in arrivals]}
     del loader
     return out
