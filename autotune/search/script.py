@@ -15,6 +15,7 @@ after trial in one live worker (the trainer calls the function).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.util
 import re
@@ -100,17 +101,21 @@ def parse_script(script: str) -> tuple[str | None, str | None]:
 
 
 def check(script: str) -> None:
-    """What can be told before anything runs: the file or module exists."""
+    """What can be told before anything runs: the file or module exists, its source parses, and it defines the
+    function named (read, not imported: a first run would take torchrun's start and the script's imports to say the
+    same)."""
     path, entry = parse_script(script)
     if path is not None:
         if not Path(path).is_file():
             raise ScriptError(f"--script {script}: no such file; give the path of a Python script that imports "
                               "trainer.runtime (examples/seed_ddp.py is one)")
+        _check_source(script, Path(path), None)
         return
-    module = entry.rsplit(":", 1)[0]
+    module, fn = entry.rsplit(":", 1)
     if module.endswith(".py"):
         if not Path(module).is_file():
             raise ScriptError(f"--script {script}: no such file {module}")
+        _check_source(script, Path(module), fn)
         return
     try:
         found = importlib.util.find_spec(module)
@@ -119,6 +124,40 @@ def check(script: str) -> None:
     if found is None:
         raise ScriptError(f"--script {script}: cannot find module {module}; is it on PYTHONPATH (or give the file: "
                           "path/to/file.py:function)?")
+    if found.origin and found.origin.endswith(".py"):
+        _check_source(script, Path(found.origin), fn)
+
+
+def _check_source(script: str, file: Path, fn: str | None) -> None:
+    """The script's source parses and, for an entry, binds ``fn`` at its top level (a ``def``, an assignment or an
+    import, also under a module-level ``if``/``try``/``with``); a star import could bind anything, so it passes."""
+    try:
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except SyntaxError as e:
+        raise ScriptError(f"--script {script}: {file.name}, line {e.lineno}: {e.msg}") from None
+    if fn is None:
+        return
+    names: set[str] = set()
+    star = False
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            star |= any(a.name == "*" for a in node.names)
+            names.update(a.asname or a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            todo += [*node.body, *node.orelse] if not isinstance(node, ast.With) else node.body
+            if isinstance(node, ast.Try):
+                todo += [*node.finalbody, *(s for h in node.handlers for s in h.body)]
+    if fn not in names and not star:
+        defs = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        have = f"its functions: {', '.join(defs)}" if defs else "it defines no function at its top level"
+        raise ScriptError(f"--script {script}: {file.name} has no function {fn} ({have})")
 
 
 def study_name(script: str) -> str:

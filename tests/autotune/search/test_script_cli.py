@@ -13,6 +13,7 @@ import optuna
 import pytest
 import yaml
 
+from autotune.search import script
 from autotune.study.storage import open_storage, trial_attrs
 from tests.helpers.cli import REPO, autotune, cli_env
 
@@ -137,3 +138,30 @@ def test_a_script_that_cannot_be_tuned_gets_one_line_exit_2_and_no_study(tmp_pat
     if kind == "import":  # the script's own traceback is in the log the line names
         log = Path(lines[0].rsplit("(log: ", 1)[1].rstrip(")"))
         assert "Traceback" in (log if log.is_absolute() else tmp_path / log).read_text()
+
+
+@pytest.mark.parametrize(("source", "target", "says"), [
+    ("def main():\n    pass\n\n\ndef helper():\n    pass\n", "train.py:mian",
+     "train.py has no function mian (its functions: helper, main)"),
+    ("import torch\nif True:\n    def main(:\n        pass\n", "train.py", "train.py, line 3: invalid syntax"),
+    ("import torch\nif True:\n    def main(:\n        pass\n", "train.py:main", "train.py, line 3: invalid syntax"),
+])
+def test_a_misnamed_entry_or_a_syntax_error_is_told_before_any_process_starts(tmp_path, monkeypatch, source, target,
+                                                                              says):
+    (tmp_path / "train.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(script.ScriptError) as e:
+        script.check(target)
+    assert str(e.value) == f"--script {target}: {says}"
+
+
+@pytest.mark.parametrize("source", [
+    "def main():\n    pass\n",
+    "import torch\ntry:\n    from fast import main\nexcept ImportError:\n    main = lambda: None\n",
+    "from elsewhere import *\n",
+    "class main:\n    pass\n",
+])
+def test_an_entry_bound_at_the_top_level_in_any_form_passes_the_check(tmp_path, monkeypatch, source):
+    (tmp_path / "train.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    script.check("train.py:main")
