@@ -31,7 +31,9 @@
 #                  examples/lightning_ddp.py:main, the same ResNet-50 as a Lightning DataModule (its train images
 #                  through run.image_loader), LightningModule and Trainer tuned through trainer.runtime.lightning,
 #                  trial after trial on a live worker, with stages (study lightning-fn; final=lightning-fn re-measures
-#                  and trains its best); against search=N@S in the same call for the ratio
+#                  and trains its best); against search=N@S in the same call for the ratio. SCRIPT_SPEC=FILE: these
+#                  script stages' searches with that spec (`--spec`: its space narrows or widens theirs), each study's
+#                  name followed by -FILE's stem
 #   model=NAME[@S] a fresh 16-trial search of a torchvision classifier by name (--model NAME) on the same JPEGs
 #   hand=ROWS      bench/run.py rows into hand.json; hand-NAME=ROWS: the same rows with --set model.name=NAME (and
 #                  the model family's optimizer: AdamW 1e-3 for convnext/vit/swin/maxvit)
@@ -219,6 +221,7 @@ PY
       if [ "$kind" = script ] || [ "$kind" = script-fn ] || [ "$kind" = folder ] || [ "$kind" = lightning ]; then
         what+=(--trial-timeout "${TRIAL_TIMEOUT:-150}"); [ -n "${DRY:-}" ] && what+=(--nproc-per-node 1)
         extra=(-- --data "$train"); [ -n "${DRY:-}" ] && extra+=(--model resnet18 --image-size 32)
+        if [ -n "${SCRIPT_SPEC:-}" ]; then what+=(--spec "$SCRIPT_SPEC"); name=$name-$(basename "$SCRIPT_SPEC" .yaml); fi
       fi
       if [ "$budget" -gt 30 ]; then
         python3 -m autotune search --storage "$db" --study "$name" --trials "$n" --timeout "$budget" "${what[@]}" \
