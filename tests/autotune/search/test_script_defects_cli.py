@@ -92,8 +92,12 @@ def test_a_supply_is_measured_once(searched):
 
 def test_a_4_trial_plain_script_search_gets_an_end_to_end_trial(searched):
     searched.needs_an_early_stop()
+    # Measured end to end: complete, or pruned after windows that measured it slower than the best (on 2 noisy
+    # cores the candidate was pruned in 2 of 6 runs, 995 imgs/s against trial 0's 1,231); the defect left no slot
+    # for one.
+    measured = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     e2e = [t for t in searched.study.get_trials() if trial_attrs(t).get("stage") != "baseline"
-           and t.state == optuna.trial.TrialState.COMPLETE and trial_attrs(t).get("imgs_per_s")]
+           and t.state in measured and trial_attrs(t).get("imgs_per_s")]
     assert e2e, searched.show
 
 
