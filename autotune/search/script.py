@@ -129,8 +129,10 @@ def check(script: str) -> None:
 
 
 def _check_source(script: str, file: Path, fn: str | None) -> None:
-    """The script's source parses and, for an entry, binds ``fn`` at its top level (a ``def``, an assignment or an
-    import, also under a module-level ``if``/``try``/``with``); a star import could bind anything, so it passes."""
+    """The script's source parses and, for an entry, binds ``fn`` outside any function or class (a ``def``, a class,
+    an assignment or an import, under a module-level ``if``/``try``/``with`` too). Where the module could bind names
+    unseen (a star import, ``globals()``, a module ``__getattr__``), it passes: a wrong refusal would stop a script that
+    runs."""
     try:
         tree = ast.parse(file.read_bytes(), filename=str(file))
     except SyntaxError as e:
@@ -138,26 +140,24 @@ def _check_source(script: str, file: Path, fn: str | None) -> None:
     if fn is None:
         return
     names: set[str] = set()
-    star = False
-    todo = list(tree.body)
+    todo: list[ast.AST] = [tree]
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            star |= any(a.name == "*" for a in node.names)
-            names.update(a.asname or a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-            todo += [*node.body, *node.orelse] if not isinstance(node, ast.With) else node.body
-            if isinstance(node, ast.Try):
-                todo += [*node.finalbody, *(s for h in node.handlers for s in h.body)]
-    if fn not in names and not star:
-        defs = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-        have = f"its functions: {', '.join(defs)}" if defs else "it defines no function at its top level"
-        raise ScriptError(f"--script {script}: {file.name} has no function {fn} ({have})")
+            continue  # what its body binds is not the module's
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(a.asname or a.name.split(".")[0] for a in node.names)  # a star import adds "*"
+        elif isinstance(node, ast.Name) and (isinstance(node.ctx, ast.Store) or node.id == "globals"):
+            names.add(node.id)
+        todo.extend(ast.iter_child_nodes(node))
+    if fn in names or names & {"*", "globals", "__getattr__"}:
+        return
+    defs = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    have = f"its functions: {', '.join(defs)}" if defs else "it defines no function at its top level"
+    raise ScriptError(f"--script {script}: {file.name} has no function {fn} ({have})")
 
 
 def study_name(script: str) -> str:

@@ -143,6 +143,8 @@ def test_a_script_that_cannot_be_tuned_gets_one_line_exit_2_and_no_study(tmp_pat
 @pytest.mark.parametrize(("source", "target", "says"), [
     ("def main():\n    pass\n\n\ndef helper():\n    pass\n", "train.py:mian",
      "train.py has no function mian (its functions: helper, main)"),
+    ("def helper():\n    mian = 1\n    return mian\n\n\nclass Job:\n    mian = 2\n", "train.py:mian",
+     "train.py has no function mian (its functions: helper)"),
     ("import torch\nif True:\n    def main(:\n        pass\n", "train.py", "train.py, line 3: invalid syntax"),
     ("import torch\nif True:\n    def main(:\n        pass\n", "train.py:main", "train.py, line 3: invalid syntax"),
 ])
@@ -160,6 +162,9 @@ def test_a_misnamed_entry_or_a_syntax_error_is_told_before_any_process_starts(tm
     "import torch\ntry:\n    from fast import main\nexcept ImportError:\n    main = lambda: None\n",
     "from elsewhere import *\n",
     "class main:\n    pass\n",
+    "import torch\nasync def other():\n    pass\nwith open(__file__) as f:\n    for main in [print]:\n        pass\n",
+    "import sys\nglobals()['main'] = lambda: None\n",
+    "def __getattr__(name):\n    return lambda: None\n",
 ])
 def test_an_entry_bound_at_the_top_level_in_any_form_passes_the_check(tmp_path, monkeypatch, source):
     (tmp_path / "train.py").write_text(source)
