@@ -129,10 +129,10 @@ def check(script: str) -> None:
 
 
 def _check_source(script: str, file: Path, fn: str | None) -> None:
-    """The script's source parses and, for an entry, binds ``fn`` outside any function or class (a ``def``, a class,
-    an assignment or an import, under a module-level ``if``/``try``/``with`` too). Where the module could bind names
-    unseen (a star import, ``globals()``, a module ``__getattr__``), it passes: a wrong refusal would stop a script that
-    runs."""
+    """The script's source parses and, for an entry, binds ``fn`` outside any function or class body (a ``def``, a
+    class, an import, any name stored at module level, under ``if``/``try``/``with``/``for`` alike). Where the module
+    could bind names unseen (a star import, ``globals()``, a module ``__getattr__``), it passes: a wrong refusal would
+    stop a script that runs."""
     try:
         tree = ast.parse(file.read_bytes(), filename=str(file))
     except SyntaxError as e:
