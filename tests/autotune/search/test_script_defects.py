@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import io
+import itertools
 import os
 import re
 import statistics
@@ -95,15 +96,6 @@ def script_plan(trials: int, *, root: Path | None = None, spec_file: Path | None
     return plan
 
 
-@pytest.fixture
-def two_cores(monkeypatch):
-    """The space of a 2-core machine (CI's), whatever this one has: loader workers [0 .. 1] per rank."""
-    import autotune.space
-
-    monkeypatch.setattr(autotune.space.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(autotune.space.os, "cpu_count", lambda: 2)
-
-
 class Sim:
     """A search of the script on a simulated machine: its lines (what ``autotune search`` prints), the study, the
     configs the pool was asked to run."""
@@ -181,7 +173,7 @@ def test_shows_table_gives_each_trial_the_settings_its_line_gave(tmp_path, two_c
     keeps what tells it from the others (its line's), not its whole config (a ceiling on synthetic data "pil")."""
     sim = Sim(tmp_path, cpu_ranks(), 4)
     lines = sim.out.getvalue().splitlines()
-    said = {re.match(r"trial\s+(\S+)", ln).group(1): nxt.strip() for ln, nxt in zip(lines, lines[1:])
+    said = {re.match(r"trial\s+(\S+)", ln).group(1): nxt.strip() for ln, nxt in itertools.pairwise(lines)
             if ln.startswith("trial ")}
     assert "wk=2" in said["0"], sim.lines
     rows = {ln.split()[0].rstrip("*"): ln for ln in overview.table(sim.study).splitlines()

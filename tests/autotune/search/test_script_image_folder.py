@@ -18,7 +18,7 @@ from torchvision.transforms import v2
 
 from autotune import overview
 from autotune.study import view
-from tests.autotune.search.test_script_defects import APPLIES, Sim, cpu_ranks, first_screen, two_cores  # noqa: F401
+from tests.autotune.search.test_script_defects import Sim, cpu_ranks, first_screen
 from tests.helpers.cli import REPO
 from trainer.runtime._folder import crop_size, image_folder
 
