@@ -104,8 +104,9 @@ def test_a_run_still_stepping_at_its_timeout_is_slow_and_a_hang_claims_only_the_
     began = [{"kind": "first_step", "t": 1001.0}]
     beats = [{"kind": "steps", "t": 1000.0 + t, "steps": n, "step_s": 4.0} for t, n in ((9, 4), (13, 5))]
     slow = verdict.ending(run(tmp_path, began + beats, stopped="hang", n_before_stop=3, waited_s=15.0))
-    assert slow.failure == "slow" and slow.reason.startswith("not stuck, but too slow for its timeout: still stepping") and "5 steps" in \
-        slow.reason and "--trial-timeout" in slow.fix
+    assert slow.failure == "slow" and "--trial-timeout" in slow.fix
+    assert slow.reason.startswith("not stuck, but too slow for its timeout: still stepping")
+    assert "5 steps" in slow.reason
     # Its last step record long before the stop: it stopped stepping (a hang), and it did report steps.
     stuck = verdict.ending(run(tmp_path, began + beats, stopped="hang", n_before_stop=3, waited_s=60.0))
     assert stuck.failure == "hang" and "no step reported" not in stuck.reason

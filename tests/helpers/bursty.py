@@ -3,8 +3,8 @@ work of its own (sleeps only, so that a loaded test machine cannot change its rh
 started together at each epoch's start, each making its batches one after the other in ``batch_s`` each, at most
 ``prefetch`` ahead of what was taken, served in order; an epoch's start spawns them (``spawn_s``) and its end joins
 them (``join_s``). ``persistent`` only says so to whoever reads ``persistent_workers``: a real loader's persistent
-workers still start an epoch's batches only when it begins, and all together. On 1xH200, 16 PIL workers of a script's own loader behaved so: after each restart its batches
-came in bursts of 16, one burst per 2.7 s."""
+workers still start an epoch's batches only when it begins, and all together. A script's own PIL loader on a GPU
+host behaves so: after each restart, its batches come in bursts, one batch per worker in each."""
 
 from __future__ import annotations
 

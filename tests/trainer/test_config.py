@@ -62,7 +62,7 @@ def test_each_bad_field_gets_its_message(overrides, message):
 
 
 def test_an_unknown_decode_path_lists_the_pipelines():
-    with pytest.raises(ConfigError, match="expected one of pil, torchvision-cpu, nvjpeg-gpu, hybrid, dali$"):
+    with pytest.raises(ConfigError, match=r"expected one of pil, torchvision-cpu, nvjpeg-gpu, hybrid, dali$"):
         TrainConfig().with_overrides({"data.decode": "bogus"})
 
 

@@ -88,10 +88,10 @@ def test_the_language_model_example_is_tuned_on_a_live_worker_in_tokens(tmp_path
 
 def test_the_examples_run_unchanged_under_plain_torchrun(tmp_path):
     env = {**cli_env(tmp_path), "OMP_NUM_THREADS": "1"}
-    for script, args in (("seed_ddp.py", ["--model", "resnet18", "--image-size", "32", "--epochs", "1"]),
-                         ("tiny_lm.py", [*LM_ARGS[1:], "--epochs", "1"])):
+    for example, args in (("seed_ddp.py", ["--model", "resnet18", "--image-size", "32", "--epochs", "1"]),
+                          ("tiny_lm.py", [*LM_ARGS[1:], "--epochs", "1"])):
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                               str(EXAMPLES / script), *args], env=env, cwd=tmp_path, capture_output=True, text=True,
+                               str(EXAMPLES / example), *args], env=env, cwd=tmp_path, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 

@@ -448,7 +448,7 @@ def test_a_240_s_search_weighs_compile_where_this_machine_compiled_its_graph_and
             "caches, compiled in 55 s; loading it is priced at 15% of that until a run says)") in again.out
     assert compiled(view.fastest(again.views)) and view.fastest(again.views).end_to_end
     # The compiled candidate after it ran the ceiling's graph on the same live worker: no second compile.
-    follows = [v for v in e2e(again) if compiled(v)][0]
+    follows = next(v for v in e2e(again) if compiled(v))
     assert follows.attrs["compile_reused"] is True and follows.attrs["compile_s"] == 0.0
     # Once a run from the caches said what it cost, that is the price.
     third = search(machine, spec=COMPILING, trials=24, timeout=240.0, trial_timeout=150.0, clock=SimClock())

@@ -1,7 +1,7 @@
 """The dali pipeline: without NVIDIA DALI, one config error naming the extra before anything starts; with it (on DALI's
 CPU operators: the mixed device needs a GPU), the Pipeline contract, disjoint shards reshuffled every epoch, the
-endless stream of a measure run, the validation shard, an unreadable image named, and a close that leaves no thread behind. The tests that need DALI skip without
-it (CI does not install it)."""
+endless stream of a measure run, the validation shard, an unreadable image named, and a close that leaves no thread
+behind. The tests that need DALI skip without it (CI does not install it)."""
 
 from __future__ import annotations
 

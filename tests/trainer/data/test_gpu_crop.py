@@ -25,7 +25,7 @@ def ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def reference(images, boxes, size, flip, *, dtype):
     out = []
-    for img, (top, left, h, w), f in zip(images, boxes.tolist(), flip.tolist()):
+    for img, (top, left, h, w), f in zip(images, boxes.tolist(), flip.tolist(), strict=True):
         r = F.resized_crop(img.to(dtype) if dtype != torch.uint8 else img, top, left, h, w, [size, size],
                            antialias=True)
         out.append(r.flip(-1) if f else r)
@@ -82,7 +82,7 @@ def test_antialias_taps_hold_every_weight_of_the_dense_filter():
 def test_grouping_by_crop_size_changes_nothing(decoded):
     # One big photo among small ones: grouped by crop size, each group padded to its own largest crop.
     big = torch.nn.functional.interpolate(decoded[0][None].float(), size=(900, 1300), mode="bilinear")[0]
-    images = [big.round().to(torch.uint8)] + decoded[1:12]
+    images = [big.round().to(torch.uint8), *decoded[1:12]]
     heights = torch.tensor([im.shape[1] for im in images])
     widths = torch.tensor([im.shape[2] for im in images])
     boxes = sample_crop_boxes(heights, widths, generator=torch.Generator().manual_seed(2))

@@ -73,7 +73,7 @@ def test_hybrid_worker_decodes_the_first_positions_like_torchvision_cpu(folder):
     items = ds.__getitems__(indices)
     torch.manual_seed(11)
     reference = TensorJPEGDataset(samples, transform)
-    for p, (item, (path, label)) in enumerate(zip(items, [samples[i] for i in indices])):
+    for p, (item, (path, label)) in enumerate(zip(items, [samples[i] for i in indices], strict=True)):
         assert item[1] == label
         if p < 2:
             image, expected_label = reference[indices[p]]

@@ -10,8 +10,8 @@ import threading
 import pytest
 import torch
 
-from tests.trainer.data.common import config, samples_of
 from tests.jobutil import kinds, run_job, tiny_config
+from tests.trainer.data.common import config, samples_of
 from trainer.config import ConfigError
 from trainer.data import build_pipeline
 from trainer.data.cpu import DeviceNormalize, LoaderPipeline, TensorJPEGDataset, cpu_transforms
@@ -28,7 +28,7 @@ def test_gpu_pipeline_refuses_a_cpu_device(folder):
 def test_nvjpeg_gpu_trains_on_the_gpu_and_validates_with_torchvision_cpu(folder):
     cfg = config(**{"data.decode": "nvjpeg-gpu", "data.path": str(folder), "data.val_fraction": 0.25,
                     "loader.num_workers": 0})
-    with pytest.raises(ConfigError, match="data.decode=nvjpeg-gpu needs a CUDA GPU"):
+    with pytest.raises(ConfigError, match=r"data\.decode=nvjpeg-gpu needs a CUDA GPU"):
         build_pipeline(cfg, rank=0, world_size=1, device=torch.device("cpu"))
     val = build_pipeline(cfg, rank=0, world_size=1, device=torch.device("cpu"), split="val")
     assert isinstance(val, LoaderPipeline) and isinstance(val.loader.dataset, TensorJPEGDataset)
@@ -52,7 +52,7 @@ def test_pipeline_epochs_labels_and_determinism(folder):
     order = list(pipe.sampler)
     assert torch.cat([lb for _, lb in first]).tolist() == [samples[i][1] for i in order[:32]]
     again = list(pipe)  # same epoch: the same files, crops and flips
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
     pipe.set_epoch(4)
     other = list(pipe)
     assert not torch.equal(first[0][0], other[0][0])
@@ -77,7 +77,7 @@ def test_pipeline_stops_cleanly_when_the_consumer_leaves_early(folder):
 def test_pipeline_reraises_a_loader_error(folder, tmp_path):
     samples = [(str(tmp_path / "missing.jpg"), 0)] * 16
     pipe = BatchedDecodePipeline(config(), samples, rank=0, world_size=1, device="cpu")
-    with pytest.raises(FileNotFoundError, match="missing.jpg"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.jpg"):
         for _ in pipe:
             pass
     pipe.close()
@@ -120,7 +120,7 @@ def test_hybrid_extremes_and_determinism(folder, fraction):
     first = list(pipe)
     assert len(first) == 4 and all(x.shape == (8, 3, 48, 48) and torch.isfinite(x).all() for x, _ in first)
     again = list(pipe)  # workers reseeded from (seed, epoch, rank): the same crops
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
     pipe.set_epoch(2)
     assert not torch.equal(first[0][0], next(iter(pipe))[0])
     pipe.close()

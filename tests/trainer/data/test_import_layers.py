@@ -73,7 +73,7 @@ def test_no_import_cycle():
 
     def visit(name):
         if name in path:
-            raise AssertionError("import cycle: " + " -> ".join(path[path.index(name):] + [name]))
+            raise AssertionError("import cycle: " + " -> ".join([*path[path.index(name):], name]))
         if name in done:
             return
         path.append(name)
