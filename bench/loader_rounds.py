@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from torchvision import models
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from folder_ddp import image_dataset  # noqa: E402
+from folder_ddp import image_dataset
 
 
 def cpu_times() -> list[int]:
@@ -89,7 +89,7 @@ def one_run(data: str, spec: str, *, batch: int, size: int, seconds: float, devi
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     cpu1 = cpu_times()
-    ticks = [b - a for a, b in zip(cpu0, cpu1)]
+    ticks = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
     total = sum(ticks) or 1
     arrivals = [t - arrivals[0] for t in arrivals]
     warm = arrivals[workers * 2:]  # the first two rounds: the buffer the workers filled before the clock began

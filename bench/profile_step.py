@@ -186,7 +186,8 @@ def profile_mode(args, mode: str, device: torch.device, data_dir: str | None) ->
         kernels[e.name][1] += 1
     total_us = sum(v[0] for v in kernels.values())
     top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:args.top]
-    return {"mode": mode, "fed": "data" if data_dir else "synthetic", "step_ms": round(step_ms, 3), "imgs_per_s": round(args.batch * 1000 / step_ms, 1),
+    return {"mode": mode, "fed": "data" if data_dir else "synthetic", "step_ms": round(step_ms, 3),
+            "imgs_per_s": round(args.batch * 1000 / step_ms, 1),
             "warmup_s": round(warm_s, 2), **compiled, "loss": float(loss.float().item()),
             "input_ms": None if input_ms is None else round(input_ms, 3),
             "device_idle": device_idle(prof.events()) if device.type == "cuda" else None,

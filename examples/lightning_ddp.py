@@ -34,7 +34,8 @@ class ImageData(pl.LightningDataModule):
     def setup(self, stage: str):
         self.train = datasets.ImageFolder(self.root, transform=v2.Compose([
             v2.RandomResizedCrop(self.size), v2.RandomHorizontalFlip(), v2.ToImage(),
-            v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]))
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])]))
 
     def train_dataloader(self):
         return DataLoader(self.train, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
