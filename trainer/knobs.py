@@ -275,9 +275,9 @@ _KNOBS = (
          graph=True, measured="ceiling", gpu_order=(True, False), cpu_order=(False, True),
          words=((True, "channels_last"), (False, "NCHW")), identity=True, shown=4, runtime="channels_last",
          runtime_default=False, applied_by="model", doc="NHWC memory format for model and inputs"),
-    # Eager first on both: a compile makes the first ceiling a minute long (ResNet-50 on 1xH200: 81 s of wall for a
-    # cold compile, for a ceiling 19 % above eager's), and the first end-to-end answer waits on that ceiling. From the
-    # on-disk caches the same graph compiled in 4.6-7.1 s in a fresh process against 55 s cold (1xH200).
+    # Eager first on both: a cold compile makes the first ceiling many times longer than an eager one, and the first
+    # end-to-end answer waits on that ceiling. From the on-disk caches a fresh process compiles the same graph in a
+    # small share of the cold time (once_cached_share; docs/benchmarks.md).
     Knob(path="training.compile", label="compile", scope="model", space=Range(choices=(False, True)), memory=True,
          default_space="gpu", measured="ceiling", gpu_order=(False, True), cpu_order=(False, True),
          words=((False, "eager"), (True, "compiled")), unmarked=(False,), once_s=60.0, once_attr="compile_s",
@@ -285,9 +285,8 @@ _KNOBS = (
          doc="torch.compile; a cold compile costs about a minute on a GPU, so the stages measure it last, where "
              "the budget pays for it (on CPU ranks Inductor's C++ compile takes minutes: a spec adds it there)"),
     # None: torch's default mode; reduce-overhead: CUDA graphs for forward and backward; the autotuning modes cost
-    # minutes of compile per graph, so a spec adds them. Not in the default space: on 1xH200 (ResNet-50 compiled,
-    # fp16, batch 512) CUDA graphs ran the model alone 0.8 % faster (7,490 against 7,431 imgs/s) and fed by DALI
-    # 3.9 % slower (6,542 against 6,810).
+    # minutes of compile per graph, so a spec adds them. Not in the default space: CUDA graphs barely speed up the
+    # model alone, and fed by a real input pipeline the job runs slower with them (docs/benchmarks.md).
     Knob(path="training.compile_mode", label="mode", scope="model", memory=True, graph=True,
          space=Range(choices=(None, "reduce-overhead"), when="training.compile == true"), default_space=False,
          runtime="compile_mode", applied_by="model",
@@ -312,8 +311,8 @@ _KNOBS = (
          space=Range(choices=(False, True), when="loader.num_workers > 0"), ceiling_value=False, off=False,
          runtime="persistent_workers", runtime_default=False, applied_by="loader", doc="workers kept across epochs"),
     # Decode on the GPU first where there is one (it does not compete with the loader workers for cores): DALI's fused
-    # decode + crop on the hardware engines and CUDA (what MLPerf's ResNet-50 feeds an H200 with), nvJPEG's CUDA
-    # decoder, then decode to tensors on the CPU, then PIL.
+    # decode + crop on the hardware engines and CUDA (what MLPerf's ResNet-50 submissions feed NVIDIA GPUs with),
+    # nvJPEG's CUDA decoder, then decode to tensors on the CPU, then PIL.
     Knob(path="data.decode", label="", scope="pipeline", memory=True,
          space=Range(choices=("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid", "dali")), gpu_only=_DECODE_ON_GPU,
          measured="supply", gpu_order=("dali", "nvjpeg-gpu", "hybrid", "torchvision-cpu", "pil"),
@@ -325,31 +324,28 @@ _KNOBS = (
          runtime="hybrid_cpu_fraction", runtime_default=0.5, applied_by="image_loader",
          doc="hybrid decode: the share of each batch the loader workers decode"),
     # DALI's settings, searched only under its pipeline. hw_decoder_load: the share of each batch the hardware JPEG
-    # engines decode, the rest on CUDA; DALI's own default is 0.65 (its H100 tuning). On 1xH200 (ResNet-50 compiled,
-    # batch 512) the lowest of 0.5-0.95 fed the most end to end (6,401-6,848 imgs/s at 0.5, 6,288 at 0.8, 5,927 at
-    # 0.95), so the range reaches below it for the search to find where the trade turns: in later searches 0.35 ran
-    # 6,665-6,856, 0.5 6,662-6,702 and 0.25 6,185 (each with 7 threads or more). One trial's settings at 0.35 / 0.65
-    # / 0.95: 6,851 / 6,596 / 6,274, though alone the engines fed 19,356 at 0.95 (13,763 at 0.35): the more they
-    # decode, the longer the model waits. The candidate starts at 0.35.
+    # engines decode, the rest on CUDA; DALI's own default is 0.65, and the best share depends on the machine. End to
+    # end a share below DALI's default feeds the model fastest, though the engines alone decode the most at the
+    # highest share: the more they decode, the longer the model waits (docs/benchmarks.md). So the range reaches
+    # below the default for the search to find where the trade turns, and the candidate starts at 0.35.
     Knob(path="data.dali_hw_decoder_load", label="hw_load", scope="pipeline",
          space=Range(choices=(0.25, 0.35, 0.5, 0.65, 0.8, 0.95), when="data.decode == dali"), shown=2, first=0.35,
          runtime="dali_hw_decoder_load", runtime_default=0.65, applied_by="image_loader",
          doc="DALI: the share of each batch its hardware JPEG decoder takes, the rest decoded with CUDA"),
-    # All 16 cores of 1xH200 as DALI threads, end to end: 6,375 and 6,362 imgs/s (hw_load 0.5, compiled); 7-13 of
-    # them: 6,665-6,856 (0.35-0.5); 3-4: 3,474-6,185. Threads on every core starve the training process's own.
+    # DALI threads on every core starve the training process of CPU; about half of the cores is faster end to end,
+    # and a few threads too few to feed the model (docs/benchmarks.md): the candidate starts at half.
     Knob(path="data.dali_threads", label="dali_thr", scope="pipeline", first_share=0.5,
          space=Range(low=1, high=AUTO, when="data.decode == dali"), auto="cores", runtime="dali_threads",
          runtime_default=4, applied_by="image_loader",
          doc="DALI: CPU threads per rank (file reads, header parsing, the CPU stages)"),
-    # A queue of 3 or 4 in each of the six fastest DALI trials of a 1xH200 search (6,288-6,848 imgs/s, compiled), of
-    # 1 or 2 in the three others with more than one thread (5,673-6,067): the candidate starts at 3.
+    # The fastest DALI configurations queue 3 or 4 batches, slower ones 1 or 2 (docs/benchmarks.md): the candidate
+    # starts at 3.
     Knob(path="data.dali_prefetch", label="dali_q", scope="pipeline", first=3,
          space=Range(low=1, high=4, when="data.decode == dali"), runtime="dali_prefetch", runtime_default=2,
          applied_by="image_loader", doc="DALI: batches its pipeline prepares ahead (queue depth)"),
-    # On 1xH200 (hw_load 0.35) the CPU-Huffman share of DALI's decode (65 % of the images) cost 5.3 ms of
-    # host-to-device copies a step (560 copies: coefficients, several times a JPEG's size). With the GPU's help
-    # instead the same trial ran 5,557 imgs/s against 6,851, its pipeline alone 7,280 against 13,763: out of the
-    # default space; a spec adds it.
+    # The CPU-Huffman share of DALI's decode costs host-to-device copies of coefficients, several times a JPEG's
+    # size; yet with the GPU's help instead both the job and its pipeline alone run slower (docs/benchmarks.md): out
+    # of the default space; a spec adds it.
     Knob(path="data.dali_gpu_huffman", label="gpu_huff", scope="pipeline",
          space=Range(choices=(False, True), when="data.decode == dali"), default_space=False,
          words=((True, "gpu_huffman"), (False, "cpu_huffman")), unmarked=(False,), runtime="dali_gpu_huffman",

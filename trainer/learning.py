@@ -18,14 +18,11 @@ from typing import Any, NamedTuple
 RISE_LIMIT = 1.5
 """A run whose loss at the end of its windows is this many times the loss at their start, or more, does not learn.
 
-Why 1.5: the committed GPU evidence (``bench/results/2026-11-30-h200x2-s3-search2-trials.tgz``, 30 ResNet-50 trials at
-SGD lr 0.1 on 2xH200, every one of which trained) has window losses that wobble up by at most 16.5 % from one window
-to the next (trial 20: 6.24 -> 7.27, then down to 4.89) and end at most 4.4 % above their lowest figure (trial 32:
-4.60 -> 4.80); the measured failure this rule is for rose from 4.7 to 162. 1.5 sits three times the largest honest
-wobble above the start, and below a doubling, which must void. On the CPU (2 gloo ranks, resnet18 at 32 px, batch
-4, one step per window) single-step losses scatter much more: at lr 0.01 the lower of the last two figures reached
-1.24x the start (pil) and 1.08x (torchvision-cpu); the test configs train at a learning rate that keeps them below
-this limit."""
+Why 1.5: the window losses of runs that train wobble up from one window to the next by far less than half and end
+only a little above their lowest figure, while a run that diverges rises by orders of magnitude (docs/benchmarks.md).
+1.5 sits well above the largest honest wobble above the start, and below a doubling, which must void. On the CPU
+(2 gloo ranks, resnet18 at 32 px, batch 4, one step per window) single-step losses scatter much more; the test configs
+train at a learning rate that keeps them below this limit."""
 
 
 class Verdict(NamedTuple):
