@@ -63,7 +63,8 @@ if __name__ == "__main__":
     code = main()
     # Skip interpreter finalization: gloo's worker threads can still hold tensors then, and one that reaches for
     # the GIL while Python tears down aborts the rank ("terminate called without an active exception", SIGABRT after
-    # a complete run: ~1 in 10 short CPU jobs). Everything the job writes is closed by now; only stdio needs a flush.
+    # a complete run, often enough in short CPU jobs). Everything the job writes is closed by now; only stdio needs a
+    # flush.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -283,9 +283,9 @@ def init_momentum_buffers(optimizer: torch.optim.SGD) -> None:
     The fused SGD kernel allocates the buffers uninitialized (``torch.empty_like``) on its first call and fills them
     only when that step runs. Under a GradScaler the first fp16 steps usually overflow and are skipped *on the
     device*, so the first call leaves the buffers holding whatever memory they got, and every later step pours it
-    into the weights (on 2xH200 every fp16 ResNet-50 run had a NaN loss from step 3). Zeros make the kernel's
-    ordinary update ``buf = momentum * buf + grad`` equal stock SGD's first step ``buf = grad`` (no dampening), and a
-    skipped step leaves them zero, as stock SGD leaves them absent."""
+    into the weights (an fp16 run's loss turns NaN within its first steps). Zeros make the kernel's ordinary update
+    ``buf = momentum * buf + grad`` equal stock SGD's first step ``buf = grad`` (no dampening), and a skipped step
+    leaves them zero, as stock SGD leaves them absent."""
     for group in optimizer.param_groups:
         if group["momentum"] == 0:
             continue

@@ -1,12 +1,12 @@
 """What compiling a graph cost on this machine, kept beside the on-disk caches it was compiled into, so that a later
 process can price a compile of the same graph before it runs one (the tuner's stages: ``autotune.search.stages``).
 
-A compile that loads its graph from Inductor's FX graph cache and AOTAutograd's cache costs a fraction of a cold one
-(ResNet-50 on 1xH200: 55 s cold, 4.6-7.1 s from the caches in a fresh process), and those caches outlive the
-process: what one search compiled, the next search, the export's re-measure and ``autotune train`` load. So the job
-(``trainer.compiled``) records every compile it pays — not a graph a live worker reused — with whether the caches
-served it, in ``<compile cache dir>/autotune-compiles/<graph>.json``: the records sit in the folder whose contents
-they describe, and a folder wiped takes them with it.
+A compile that loads its graph from Inductor's FX graph cache and AOTAutograd's cache costs a fraction of a cold one,
+also in a fresh process (docs/benchmarks.md), and those caches outlive the process: what one search compiled, the next
+search, the export's re-measure and ``autotune train`` load. So the job (``trainer.compiled``) records every compile it
+pays — not a graph a live worker reused — with whether the caches served it, in
+``<compile cache dir>/autotune-compiles/<graph>.json``: the records sit in the folder whose contents they describe, and
+a folder wiped takes them with it.
 
 Light (no torch): the tuner reads it.
 """

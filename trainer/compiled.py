@@ -3,21 +3,20 @@
 A trial worker runs trial after trial in one process. Dynamo keys its compiled code on the code objects it traced,
 guarded on the inputs' shapes and dtypes; since parameters are graph inputs (torch >= 2.5 always inlines built-in
 modules), a new model of the same architecture and shapes reuses the graphs a trial before it compiled, without a
-recompile (on 2 CPU cores here: a tiny conv net's next trial compiled nothing and gave the eager loss to the last
-digit). So a worker keeps Dynamo's caches while the graph a trial compiles stays the same (``graph_key``) and resets
-them when it changes: the caches then hold one graph's code, never reach Dynamo's recompile limit (after 8 entries
-per code object it falls back to eager, silently), and nothing a past trial compiled can decide how a later one
-runs. Graphs are compiled with static shapes (``dynamic=False``): a reused worker runs the same kernels a fresh
-process would, whatever batch sizes earlier trials had (automatic dynamic shapes would otherwise switch to a
-dynamic graph at the second batch size).
+recompile (a tiny conv net's next trial compiles nothing and gives the eager loss to the last digit). So a worker keeps
+Dynamo's caches while the graph a trial compiles stays the same (``graph_key``) and resets them when it changes: the
+caches then hold one graph's code, never reach Dynamo's recompile limit (after 8 entries per code object it falls back
+to eager, silently), and nothing a past trial compiled can decide how a later one runs. Graphs are compiled with static
+shapes (``dynamic=False``): a reused worker runs the same kernels a fresh process would, whatever batch sizes earlier
+trials had (automatic dynamic shapes would otherwise switch to a dynamic graph at the second batch size).
 
 CUDA graphs (``reduce-overhead``, ``max-autotune``) hold memory pools recorded against the trial's own parameters
 and buffers: those trials reset everything at their close, and the next one records again (its compile then comes
 from the on-disk caches below).
 
 On disk, Inductor's FX graph cache and AOTAutograd's cache (both on by default) keep compiled kernels across
-processes: a fresh worker that compiles a graph an earlier process compiled loads it (on 2 CPU cores, a tiny conv
-net: 20.4 s cold, 1.8 s from the cache; ResNet-50 on 1xH200: 55 s cold, 4.6-7.1 s from the caches).
+processes: a fresh worker that compiles a graph an earlier process compiled loads it, in a fraction of the cold
+compile's time (docs/benchmarks.md).
 ``training.compile_cache_dir`` says where; torch's default is ``/tmp/torchinductor_<user>``, shared by every process
 of the user on the machine. Where the config names the folder, each compile a run pays is recorded in it
 (``trainer.compile_costs``), so the tuner can price the next compile of the same graph by what it cost here.

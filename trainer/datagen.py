@@ -224,8 +224,8 @@ _noise_tiles: dict[int, np.ndarray] = {}
 
 
 def _noise_tile(seed: int) -> np.ndarray:
-    # Per-pixel Gaussian draws cost more than everything else together (~6 ms an image); a fixed tile per seed,
-    # sampled at a random offset per image, is free and keeps the output independent of which worker made it.
+    # Per-pixel Gaussian draws cost more than everything else together; a fixed tile per seed, sampled at a random
+    # offset per image, is free and keeps the output independent of which worker made it.
     tile = _noise_tiles.get(seed)
     if tile is None:
         rng = np.random.default_rng([seed, 2])

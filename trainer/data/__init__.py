@@ -106,8 +106,8 @@ def build_pipeline(cfg: TrainConfig, *, rank: int, world_size: int, device: torc
 def prefetched_batches(cfg: TrainConfig) -> int:
     """Batches ready before the first step whose work is already done: decoded by the loader workers, or decoded
     one ahead on the device. The workers of ``nvjpeg-gpu`` only read bytes: a buffer of bytes still
-    has its decode ahead of it, so it does not make a step faster and is not discarded (draining a deep one cost a
-    trial 10 s). DALI's queue holds batches decoded and augmented: its depth."""
+    has its decode ahead of it, so it does not make a step faster and is not discarded (draining a deep one would
+    cost a trial seconds of its budget). DALI's queue holds batches decoded and augmented: its depth."""
     if cfg.data.kind == "synthetic":
         return 0
     if cfg.data.decode == "dali":

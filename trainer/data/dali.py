@@ -1,17 +1,17 @@
 """The ``dali`` input pipeline: NVIDIA DALI reads, decodes and augments each batch
 (``pip install 'ddp-autotune[dali]'``).
 
-What MLPerf's ResNet-50 feeds an H200 with: decode and random crop fused in one operator on the ``mixed`` device
-(``fn.decoders.image_random_crop``: only the crop's part of each JPEG is decoded), the decode shared between the GPU's
-hardware JPEG engines and CUDA (``hw_decoder_load``: the engines' share), resize and crop-mirror-normalize on the GPU,
-all prefetched on DALI's own stream (``prefetch_queue_depth``) and handed to torch on the training stream.
+What MLPerf's ResNet-50 submissions feed NVIDIA GPUs with: decode and random crop fused in one operator on the
+``mixed`` device (``fn.decoders.image_random_crop``: only the crop's part of each JPEG is decoded), the decode shared
+between the GPU's hardware JPEG engines and CUDA (``hw_decoder_load``: the engines' share), resize and
+crop-mirror-normalize on the GPU, all prefetched on DALI's own stream (``prefetch_queue_depth``) and handed to torch on
+the training stream.
 
 The files are read by DALI's own file reader, sharded by rank and reshuffled every epoch as DistributedSampler does
 (its own permutation of the same seed, not the other pipelines' order). No Python runs per batch but the hand-over:
-measured on 1xH200 (ResNet-50 compiled, fp16, batch 512; ``bench/RESULTS.md``), files fed from Python threads through
-an external source left the device idle 34-42 % of a step (5,008-5,587 imgs/s), the reader 8-23 % (6,176-6,265),
-against 7,228 for the model alone. Validation images go through the same pipeline
-without augmentation (resize, centre crop).
+files fed from Python threads through an external source leave the device idle for a large share of a step, DALI's
+reader for much less (docs/benchmarks.md). Validation images go through the same pipeline without augmentation
+(resize, centre crop).
 
 On a CPU device the same graph runs on DALI's CPU operators (``device='cpu'``): the tests check shapes, labels,
 sharding and the close there; the mixed device needs a GPU.

@@ -1,11 +1,11 @@
 """The ``nvjpeg-gpu`` and ``hybrid`` input pipelines: loader workers read bytes; the rank's GPU
 decodes and augments.
 
-On the H200 machines one CPU core decodes + crops ~350 JPEGs/s while one GPU trains ResNet-50 at ~4,500-6,000
-imgs/s, so the CPU paths cannot keep up however many workers they get. nvJPEG decodes thousands of imgs/s in batches
-of 256; what remains is to keep everything after the decode batched too, and cheap in both device time and host
-(GIL) time, because it shares the GPU and the process with training. Each module states the measurements behind its
-choices (``bench/pipeline_gpu.py`` times every stage):
+One CPU core decodes and crops a small fraction of the JPEGs one GPU trains ResNet-50 on, so on a GPU machine the CPU
+paths cannot keep up however many workers they get (docs/benchmarks.md). nvJPEG keeps up when it decodes whole
+batches; what remains is to keep everything after the decode batched too, and cheap in both device time and host
+(GIL) time, because it shares the GPU and the process with training. Each module states why its choices are the fast
+ones (``bench/pipeline_gpu.py`` times every stage; docs/benchmarks.md has the figures):
 
 - ``datasets``: the worker side: one batch crosses the worker queue as a few tensors; ``hybrid``'s share is decoded
   in the workers.

@@ -6,10 +6,10 @@ computes it alone.
 - Crop + resize of all images is one row gather and two batched matmuls with antialiased bilinear weights,
   computed exactly as ``torch.nn.functional.interpolate(mode="bilinear", antialias=True)`` (what torchvision's
   ``resized_crop`` uses) computes them; the flip is folded into the horizontal weights and normalization into the
-  final write, which also produces the channels_last layout. A per-image Python loop after the decode cut
-  21,800 imgs/s to 4,400. The gather indexes whole crop rows (one offset per image, row and channel), and the
-  weights are computed only for the few taps each output reads, then scattered into the matmul operands; all
-  per-image host numbers reach the device in one pinned copy per batch.
+  final write, which also produces the channels_last layout: a per-image Python loop after the decode would be
+  several times slower (docs/benchmarks.md). The gather indexes whole crop rows (one offset per image, row and
+  channel), and the weights are computed only for the few taps each output reads, then scattered into the matmul
+  operands; all per-image host numbers reach the device in one pinned copy per batch.
 
 Everything here is device-agnostic (CPU tensors in tests, CUDA tensors in training).
 """
@@ -163,7 +163,7 @@ def batched_resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, si
     How: all images are concatenated into one flat uint8 buffer. A crop row of one channel is a contiguous run of
     that buffer, so ``flat.unfold(0, Wc, 1)`` (a view: row ``i`` is ``flat[i:i + Wc]``) indexed by one start
     offset per (image, row, channel) gathers every crop into B x Hc x 3 x Wc: the index has B * Hc * 3 entries,
-    not B * Hc * 3 * Wc (~400x fewer than a per-pixel index). Then two batched matmuls resample rows and columns.
+    not B * Hc * 3 * Wc (Wc times fewer than a per-pixel index). Then two batched matmuls resample rows and columns.
     Cells beyond a crop (padding to Hc, Wc) hold whatever pixels follow it: finite, and their weights are zero.
 
     Crops are padded to the largest in their group (rounded up to a multiple of 8, which keeps every matmul

@@ -2,7 +2,8 @@
 ``hybrid``, decode a fixed share of every batch and read the rest as bytes.
 
 - Workers return one batch as ONE uint8 tensor of concatenated file bytes + lengths + labels: every tensor that
-  crosses the worker queue costs a shared-memory handle, and 256 small ones per batch halved throughput.
+  crosses the worker queue costs a shared-memory handle, and one small tensor per image costs the loader much of its
+  throughput (docs/benchmarks.md).
 - ``hybrid`` moves a fixed share of every batch back to the workers (decoded and augmented there as in the
   ``torchvision-cpu`` path), so spare CPU cores take work off the GPU and the pipeline's thread.
 """

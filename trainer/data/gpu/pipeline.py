@@ -2,7 +2,8 @@
 batched augmentation (``crop``) on the device.
 
 Decode and augment run one batch ahead in a background thread (``_Producer``) on a high-priority side CUDA stream,
-handed over with an event: decoding synchronously on the training stream cost ~20 %.
+handed over with an event: decoding synchronously on the training stream would add the decode's time to every step
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
