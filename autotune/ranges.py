@@ -197,7 +197,7 @@ def _range_problems(spec: Declares, path: str, r: Range) -> list[str]:
 
 def _choice_problems(where: str, path: str, choices: list[Any], under: dict[str, Any]) -> list[str]:
     """Each choice checked as a config would hold it, with ``under`` (the knob's condition, where it names one
-    value: CUDA graphs are a compile mode, and checked against an eager default each was refused)."""
+    value: CUDA graphs are a compile mode, and checked against an eager default each would be refused)."""
     p = []
     if not choices:
         p.append(f"{where}: choices is empty")

@@ -1,10 +1,10 @@
 """Live trial workers: one ``torchrun -m trainer --serve`` process tree runs trial after trial.
 
-A fresh trial pays torchrun's start, ``import torch``, the CUDA context and the communicators (about 10 s on 2xH200,
-a quarter of a trial) before its first step; a worker pays them once. The pool keeps one worker alive and hands it
-each trial whose process-scope settings (``TrialJob.process_key``: NCCL environment, backend, world, GPUs) match its
-own (``TrialJob.runs_on``: the built-in job also runs on a user's function's worker); anything else, and a trial that
-must be measured in a fresh process (the baseline), gets a new worker.
+A fresh trial pays torchrun's start, ``import torch``, the CUDA context and the communicators (a sizeable share of a
+short trial; docs/benchmarks.md) before its first step; a worker pays them once. The pool keeps one worker alive and
+hands it each trial whose process-scope settings (``TrialJob.process_key``: NCCL environment, backend, world, GPUs)
+match its own (``TrialJob.runs_on``: the built-in job also runs on a user's function's worker); anything else, and a
+trial that must be measured in a fresh process (the baseline), gets a new worker.
 
 Isolation: a trial that fails in any way (OOM, NCCL error, hang, dead loader, interrupted) costs its worker: the
 worker exits by itself on an error, or is killed, and the next trial gets a fresh one. A pruned trial is cancelled

@@ -2,11 +2,10 @@
 most) while it repeats a trial that ran or runs.
 
 Where the stages hold most knobs (a refine trial holds the best's identity; a compiled one its graph too), the knobs
-left to TPE are a few discrete ones, and its model of the best region is sharp: in the 1xH200 search ``s10``
-(``bench/results``), 3 of its 12 draws repeated an earlier trial's configuration exactly (trials 13, 17 and 18), each
-a run of about 8 s that measured nothing new; asked again from that study's trials 0-16, TPE repeated one in 6 of 20
-seeds. A repeat is no exploration, and the leaders' repeats the search wants are the confirm stage's, which it
-enqueues whole (this sampler leaves a trial whose every searched knob is fixed as it is).
+left to TPE are a few discrete ones, and its model of the best region is sharp: TPE then often draws an earlier trial's
+configuration exactly, a run that measures nothing new (docs/benchmarks.md). A repeat is no exploration, and the
+leaders' repeats the search wants are the confirm stage's, which it enqueues whole (this sampler leaves a trial whose
+every searched knob is fixed as it is).
 """
 
 from __future__ import annotations

@@ -59,8 +59,8 @@ def optimizer_section(spec: StudySpec, o: SearchOptions) -> tuple[dict[str, Any]
 
     ``--optimizer``/``--lr`` win. Otherwise a model named on the command line, or a spec that sets no optimizer,
     gets its family's recipe (``trainer.learning.RECIPES``) where it has one: a spec's optimizer was chosen for the
-    spec's own model, and the job's default (SGD at 0.1) does not train every family (a transformer's loss went from
-    4.7 to 162 with it)."""
+    spec's own model, and the job's default (SGD at 0.1) does not train every family (a transformer's loss diverges
+    with it)."""
     base_opt = dict(spec.base.get("optimizer") or {}) if isinstance(spec.base.get("optimizer"), dict) else {}
     model = o.model or ((spec.base.get("model") or {}).get("name") if isinstance(spec.base.get("model"), dict)
                         else None) or TrainConfig().model.name
