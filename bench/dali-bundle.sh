@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# NVIDIA DALI for the GPU machines in fewer parts than its wheels: ../shared/gpu-big-wheels.sh's wheels (~259 MB,
-# 5 parts of 56 MiB, one GPU call each) installed here for the GPU machines' Python 3.12, stripped of what a run
-# does not load (debug symbols, headers, other Pythons' extension modules, nvCOMP), packed with xz: ~145 MB, 3 parts
-# of at most 49 MiB, so the first part, Optuna's wheels without plotly (6 MiB: the report is not made there) and the
-# tree (7 MiB with the results committed under bench/) fit one call's 64 MiB and the first call already runs a search.
+# NVIDIA DALI for an offline GPU machine that takes the project tree and at most 64 MiB of extra files with each
+# command, in fewer parts than its wheels: ../shared/gpu-big-wheels.sh's wheels (~259 MB, 5 parts of 56 MiB, one
+# command each) installed here for the GPU machine's Python 3.12, stripped of what a run does not load (debug symbols,
+# headers, other Pythons' extension modules, nvCOMP), packed with xz: ~145 MB, 3 parts of at most 49 MiB, so the first
+# part, Optuna's wheels without plotly (6 MiB: the report is not made there) and the tree (7 MiB with the results
+# committed under bench/) fit one command's 64 MiB and the first command already runs a search.
 # Usage, from the project root:  bash bench/dali-bundle.sh        (writes .whl-big/p1 .. p3, git-ignored)
 #
-# On the GPU machine a carried path replaces the ignored folder it lies in, so each call copies its part out of the
-# tree at once. Back to back while the machine is warm:
-#   call 1: carry [".whl-big/p1", ".whl-min"] (.whl-min: ../shared/gpu-wheels.sh's wheels less plotly's and
-#   greenlet's, which only SQLAlchemy's asyncio needs: with the tree, p1 and greenlet came to 64.1 MiB, over the limit):
+# On the GPU machine a path sent with a command replaces the ignored folder it lies in, so each command copies its
+# part out of the tree at once. Three commands on the same machine, one after the other:
+#   1, with .whl-big/p1 and .whl-min (.whl-min: ../shared/gpu-wheels.sh's wheels less plotly's and greenlet's, which
+#   only SQLAlchemy's asyncio needs: with greenlet's, the tree, p1 and .whl-min exceed 64 MiB):
 #     mkdir -p /tmp/parts && cp .whl-big/p*/* /tmp/parts/ && python3 -m pip install -q --no-index --no-deps \
 #       --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-min/*.whl && \
 #       export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit; bash bench/gpu.sh ...   (stages without DALI)
-#   call 2: carry [".whl-big/p2"]:  cp .whl-big/p*/* /tmp/parts/ && export ... ; bash bench/gpu.sh ...
-#   call 3: carry [".whl-big/p3"]:  the same, then DALI unpacked after the wheels (pip's --upgrade --target would
+#   2, with .whl-big/p2:  cp .whl-big/p*/* /tmp/parts/ && export ... ; bash bench/gpu.sh ...
+#   3, with .whl-big/p3:  the same, then DALI unpacked after the wheels (pip's --upgrade --target would
 #           replace a whole top-level folder, nvidia/ included), then the command:
 #     cp .whl-big/p*/* /tmp/parts/ && cat /tmp/parts/dali.tar.xz.part-* > /tmp/dali.tar.xz && \
 #       python3 -c "import tarfile; tarfile.open('/tmp/dali.tar.xz').extractall('/tmp/site')" && \
@@ -40,7 +41,7 @@ split -b 49M -d -a 1 "$work/dali.tar.xz" "$work/dali.tar.xz.part-"
 i=0; for f in "$work"/dali.tar.xz.part-*; do i=$((i+1)); mkdir -p .whl-big/p$i; mv "$f" .whl-big/p$i/; done
 if [ -d .git ] && ! grep -qx "/.whl-big/" .git/info/exclude 2>/dev/null; then echo "/.whl-big/" >> .git/info/exclude; fi
 echo "$i parts:"; du -sh .whl-big/p*
-# The first call's wheels: Optuna's without plotly (only the report, made here, imports it).
+# The first command's wheels: Optuna's without plotly (only the report, made here, imports it).
 if [ -d .whl ]; then
   rm -rf .whl-min && mkdir .whl-min && cp .whl/*.whl .whl-min/ && rm -f .whl-min/plotly-* .whl-min/greenlet-*
   if [ -d .git ] && ! grep -qx "/.whl-min/" .git/info/exclude 2>/dev/null; then echo "/.whl-min/" >> .git/info/exclude; fi
