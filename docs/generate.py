@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
-import os
 import sys
 from pathlib import Path
 
@@ -160,15 +159,20 @@ def flags_table(parser: argparse.ArgumentParser) -> list[str]:
     return lines
 
 
+def usage(parser: argparse.ArgumentParser) -> str:
+    """The parser's usage lines, wrapped at a fixed width (argparse wraps to the terminal's otherwise)."""
+    formatter = parser.formatter_class(prog=parser.prog, width=100)
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
+    return formatter.format_help().strip()
+
+
 def render_cli() -> str:
-    os.environ["COLUMNS"] = "100"  # argparse wraps usage lines to the terminal: fixed here, so the page is stable
-    sys.path.insert(0, str(ROOT))
     from autotune.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     lines = [GENERATED.format(source="`autotune.cli.build_parser()`"), "", "# Command-line reference", "",
-             markdown(parser.description), "", "```text", parser.format_usage().strip(), "```", ""]
+             markdown(parser.description), "", "```text", usage(parser), "```", ""]
     lines += ["Every command prints one line naming the fix when something is wrong (`--debug` shows the "
               "traceback) and exits with a status other than 0: 2 for a mistake in the input (a flag, a spec, a "
               "config, a missing file), 1 for a search whose every end-to-end trial failed (and for an unexpected "
@@ -177,7 +181,7 @@ def render_cli() -> str:
     lines += flags_table(parser)
     for name, p in sorted(sub.choices.items()):
         lines += ["", f"## autotune {name}", "", markdown(p.description or ""), "", "```text",
-                  p.format_usage().strip(), "```"]
+                  usage(p), "```"]
         lines += flags_table(p)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -189,6 +193,8 @@ PAGES = {CONFIG_MD: render_config, CLI_MD: render_cli}
 
 
 def main(argv: list[str] | None = None) -> int:
+    if str(ROOT) not in sys.path:  # run as `python docs/generate.py`: the tree's own autotune, not an installed one
+        sys.path.insert(0, str(ROOT))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 when a generated page is stale; write nothing")
     args = ap.parse_args(argv)
