@@ -11,9 +11,11 @@ applies, the mode, the measurement, the script: ``script_only``) — plus one ``
       torchrun: {nproc_per_node: 2, args: [], command: "torchrun --standalone --nproc-per-node 2 -m trainer ..."}
       env: {OMP_NUM_THREADS: '16', NCCL_NVLS_ENABLE: '0', ...}
       fingerprint: {gpu_model: ..., gpu_count: 2, driver: ..., torch: ..., cuda: ..., nccl: ..., cpu_count: 32}
-      measured: {imgs_per_s: 7146.0, spread: 0.012, util_mean: 91.0, baseline_imgs_per_s: 1681.0, gain: 4.25,
-                 runs: [[17, 7180.2], [23, 7111.8]],   # a configuration the search ran twice: its figure their mean
-                 remeasured: {imgs_per_s: 7101.3, ratio: 0.994, fresh_process: true}}
+      measured: {imgs_per_s: 7146.0, ci_half_width: 0.012, util_mean: 91.0, baseline_imgs_per_s: 1681.0,
+                 gain: 4.25, gain_half_width: 0.021,
+                 runs: [[17, 7180.2, 0.011], [23, 7111.8, 0.014]],  # run twice by the search: their runs combined
+                 remeasured: {imgs_per_s: 7101.3, ci_half_width: 0.009, ratio: 0.994, agrees: true,
+                              fresh_process: true}}
       lr_scaling: {rule: linear, from_lr: 0.1, from_global_batch: 256, to_lr: 0.4, to_global_batch: 1024}
 
 Learning rate: when the trial's global batch (micro-batch x accum x world) differs from the reference the spec's
@@ -28,24 +30,26 @@ from typing import Any
 import yaml
 
 from autotune.exceptions import StorageError
+from autotune.formatting import fmt_interval, fmt_ratio
 from autotune.hw.nvml import Nvml
 from autotune.hw.placement import gpu_count, to_nvml, visible_entries
 from autotune.outputs import write_atomic
 from autotune.runner.torchrun import Torchrun
 from autotune.runner.trial import TrialJob, run_trial
-from autotune.search.progress import fmt_ips
 from autotune.study import view
 from autotune.study.storage import record_on_study, study_record
 from autotune.study.view import TrialView
 from autotune.verdict import judge
 from trainer.config import TrainConfig
+from trainer.estimate import Interval
 from trainer.knobs import table
 from trainer.runtime.request import ENV_CONFIG, ENV_REQUEST
 
 PICKS = ("best", "fastest", "util", "balanced")
 
 GAP_WARNING = 0.03
-"""A fresh-process re-measure further than this from the search's figure is reported."""
+"""A fresh-process re-measure whose interval does not overlap the search's figure's, and that lies further than this
+from it, is reported."""
 
 REMEASURED_KEY = "autotune:remeasured:"
 """A study system attr per re-measured trial (``REMEASURED_KEY + number``): what ``autotune export`` measured for it
@@ -64,7 +68,7 @@ def pareto_front(trials: list[TrialView]) -> list[TrialView]:
 def pick_trial(study, pick: str = "best") -> TrialView:
     """``best``: the objective's best (pareto: the fastest on the front); ``fastest``: max imgs/s; ``util``: max
     utilization on the front; ``balanced``: the front's best product of normalized imgs/s and util; or a trial
-    number. A configuration run more than once is picked by the mean of its runs (``view.answers``)."""
+    number. A configuration run more than once is picked by its runs combined (``view.answers``)."""
     trials = view.views(study)
     ok = view.answers(trials)
     if pick.isdigit():
@@ -114,7 +118,8 @@ def scale_lr(config: dict[str, Any], *, reference_batch: int | None, world: int)
     return record, warn
 
 
-MEASURED_KEYS = ("imgs_per_s", "imgs_per_s_windows", "spread", "loss_start", "loss_end", "util_mean",
+MEASURED_KEYS = ("imgs_per_s", "ci_low", "ci_high", "ci_half_width", "precise", "imgs_per_s_windows", "loss_start",
+                 "loss_end", "util_mean",
                  "util_p50_per_gpu", "mem_used_max_mib", "power_mean_w", "sm_clock_mean_mhz", "sm_active_mean",
                  "peak_mem_bytes", "launch_s", "measure_s", "worker", view.RUNS)
 
@@ -145,9 +150,11 @@ def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
     measured["util_available"] = bool(a.get("util_available"))
     measured["per"] = view.rate(study)
     base = view.baseline(view.views(study))
-    if base is not None:
+    if base is not None and base.imgs_per_s:
+        gain = trial.interval.over(base.interval)
         measured.update(baseline_trial=base.number, baseline_imgs_per_s=base.imgs_per_s,
-                        gain=round(trial.imgs_per_s / base.imgs_per_s, 3) if base.imgs_per_s else None)
+                        baseline_half_width=base.half_width, gain=round(gain.value, 3),
+                        gain_half_width=round(gain.half_width, 4))
     versions = a.get("versions") or {}
     fingerprint = {**(study.user_attrs.get("fingerprint") or {}),
                    **{k: versions.get(k) for k in ("torch", "torchvision", "cuda", "cudnn", "nccl") if k in versions}}
@@ -210,9 +217,11 @@ def write(data: dict[str, Any], path: str | Path) -> Path:
     a, m = data["autotune"], data["autotune"]["measured"]
     again = m.get("remeasured") or {}
     head = (f"# Exported by `autotune export` from study {a['study']}, trial {a['trial']}: "
-            f"{fmt_ips(m.get('imgs_per_s', 0))} {m.get('per', 'imgs/s')}"
-            + (f" ({m['gain']:.2f}x trial {m['baseline_trial']})" if m.get("gain") else "")
-            + (f"; re-measured in a fresh process: {fmt_ips(again['imgs_per_s'])}" if again.get("imgs_per_s") else "")
+            f"{fmt_interval(m.get('imgs_per_s', 0), m.get('ci_half_width'), m.get('per', 'imgs/s'))}"
+            + (f" ({fmt_ratio(Interval(m['gain'], m.get('gain_half_width') or 0.0))} trial {m['baseline_trial']})"
+               if m.get("gain") else "")
+            + (f"; re-measured in a fresh process: {fmt_interval(again['imgs_per_s'], again.get('ci_half_width'))}"
+               if again.get("imgs_per_s") else "")
             + f".\n# Run: {a['torchrun']['command'].replace('<this file>', str(path))}\n"
               "# (or `autotune train --config " + str(path) + "`; the `autotune:` section is ignored by the job)\n")
     write_atomic(path, head + yaml.safe_dump(data, sort_keys=False))
@@ -225,7 +234,8 @@ def write(data: dict[str, Any], path: str | Path) -> Path:
 def remeasure(study, trial: TrialView, data: dict[str, Any], folder: Path, *, timeout_s: float = 600.0) -> str:
     """Measure the trial's configuration again in a fresh process on this machine, as the search measured it (same
     data, world and settings), and record both figures in ``data``. Returns the line to print: the two figures, and
-    a warning when they differ by more than ``GAP_WARNING``, or why it could not run here."""
+    a warning when they differ by more than their intervals and ``GAP_WARNING`` allow, or why it could not run
+    here."""
     nproc = data["autotune"]["torchrun"]["nproc_per_node"]
     fp = study.user_attrs.get("fingerprint") or {}
     nvml = Nvml()
@@ -248,26 +258,36 @@ def remeasure(study, trial: TrialView, data: dict[str, Any], folder: Path, *, ti
 
 def record_remeasure(study, trial: TrialView, data: dict[str, Any], s: dict[str, Any]) -> str:
     """A fresh-process measurement of ``trial`` (``s``: its job's summary) recorded in ``data`` and with the study,
-    set against the search's figure and trial 0's; returns the line to print."""
-    ips, searched = float(s["imgs_per_s"]), float(trial.imgs_per_s)
-    ratio = ips / searched
-    again = {"imgs_per_s": ips, "ratio": round(ratio, 4), "spread": s.get("spread"), "settled": s.get("settled"),
-             "loss_start": s.get("loss_start"), "loss_end": s.get("loss_end"), "fresh_process": True,
-             "search_worker": trial.attrs.get("worker")}
+    judged against the search's figure and its interval, and set against trial 0's; returns the line to print."""
+    per = view.rate(study)
+    fresh = Interval(float(s["imgs_per_s"]), float(s.get("ci_half_width") or 0.0))
+    searched = trial.interval
+    ratio = fresh.value / searched.value
+    # The same configuration measured twice agrees where the intervals overlap, or where the two lie within the gap
+    # a fresh process is allowed (its own noise the intervals of one process do not hold).
+    agrees = fresh.ties(searched) or abs(ratio - 1) <= GAP_WARNING
+    again = {"imgs_per_s": fresh.value, "ci_half_width": s.get("ci_half_width"), "precise": s.get("precise"),
+             "ratio": round(ratio, 4), "agrees": agrees, "loss_start": s.get("loss_start"),
+             "loss_end": s.get("loss_end"), "fresh_process": True, "search_worker": trial.attrs.get("worker")}
     base = view.baseline(view.views(study))
-    if base is not None and base.number != trial.number and ips < base.imgs_per_s:
+    if base is not None and base.number != trial.number and fresh.below(base.interval):
         # Trial 0 ran in a fresh process as well: this is the one comparison of like with like.
-        again["below_baseline"] = {"trial": base.number, "imgs_per_s": base.imgs_per_s}
+        again["below_baseline"] = {"trial": base.number, "imgs_per_s": base.imgs_per_s,
+                                   "ci_half_width": base.half_width}
     data["autotune"]["measured"]["remeasured"] = again
-    line = (f"re-measured in a fresh process: {fmt_ips(ips)} {view.rate(study)} = {ratio:.1%} of the search's "
-            f"{fmt_ips(searched)}{view.runs_words(trial, view.rate(study))}")
-    if abs(ratio - 1) > GAP_WARNING:
-        line += (f" — WARNING: more than {GAP_WARNING:.0%} apart; the search's figure for this config is not what a "
-                 "fresh job reaches here (another load on the machine, or a trial that profited from an earlier "
-                 "one in its worker): trust the re-measure")
+    line = (f"re-measured in a fresh process: {fmt_interval(fresh.value, fresh.half_width, per)} = {ratio:.1%} of "
+            f"the search's {fmt_interval(searched.value, searched.half_width)}{view.runs_words(trial, per)}")
+    if fresh.ties(searched):
+        line += ": inside its interval"
+    elif agrees:
+        line += f": within {GAP_WARNING:.0%} of it"
+    else:
+        line += (f" — WARNING: their intervals do not overlap and they lie more than {GAP_WARNING:.0%} apart; the "
+                 "search's figure for this config is not what a fresh job reaches here (another load on the machine, "
+                 "or a trial that profited from an earlier one in its worker): trust the re-measure")
     try:
         record_on_study(study, f"{REMEASURED_KEY}{trial.number}", {
-            k: again.get(k) for k in ("imgs_per_s", "ratio", "spread", "settled", "below_baseline")})
+            k: again.get(k) for k in ("imgs_per_s", "ci_half_width", "ratio", "agrees", "below_baseline")})
     except Exception as e:  # a read-only storage: the YAML still carries both figures
         line += f" (not recorded in the study: {type(e).__name__})"
     return line
@@ -280,8 +300,9 @@ def below_baseline_warning(trial: TrialView, data: dict[str, Any]) -> str | None
     if not below:
         return None
     per = data["autotune"]["measured"].get("per", "imgs/s")
-    return (f"trial {trial.number} re-measured at {fmt_ips(again['imgs_per_s'])} {per} in a fresh process, below "
-            f"trial {below['trial']} (the baseline, {fmt_ips(below['imgs_per_s'])}): here the tuned configuration is "
+    return (f"trial {trial.number} re-measured at {fmt_interval(again['imgs_per_s'], again.get('ci_half_width'), per)}"
+            f" in a fresh process, measurably below trial {below['trial']} (the baseline, "
+            f"{fmt_interval(below['imgs_per_s'], below.get('ci_half_width'))}): here the tuned configuration is "
             f"not faster than the baseline; export the baseline with `--pick {below['trial']}`, or search again on a "
             "quieter machine")
 

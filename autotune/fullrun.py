@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from autotune.exceptions import AutotuneError, LaunchError, Terminated
-from autotune.space import uninstalled
+from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, plural
 from autotune.hw.nvml import Nvml, Sampler, summarize
 from autotune.hw.placement import gpu_count, place, to_nvml, visible_entries
 from autotune.runner.process import LineReader, ProcessTree
 from autotune.runner.torchrun import Torchrun, merge_args, program, run_env
 from autotune.runner.trial import TrialRun, follow, steady_windows
-from autotune.search.progress import fmt_duration, fmt_ips
+from autotune.space import uninstalled
 from autotune.study.view import per_second
 from autotune.verdict import FIXES, OK, Verdict, ending
 from trainer.config import TrainConfig, load_yaml_mapping
@@ -466,18 +466,18 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
                     if last_val else "; no validation" if not script else "") + kept)
     if ips is None:
         lines.append("measured: no timed window closed (the run was too short to measure throughput)")
-    elif (s.get("windows") or 0) <= 1:
-        lines.append(f"measured: {fmt_ips(ips)} {per} (one window: no spread to judge it by; a longer run measures "
-                     "more)")
+    elif s.get("ci_half_width") is None:
+        lines.append(f"measured: {fmt_ips(ips)} {per} ({plural(s.get('windows') or 0, 'window')}: too few for an "
+                     "interval; a longer run measures more)")
     else:
-        lines.append(f"measured: {fmt_ips(ips)} {per} (median of {s.get('windows')} windows, spread "
-                     f"{float(s.get('spread') or 0):.1%})")
-        spread, target = float(s.get("spread") or 0), p.config.measure.spread_target
-        if spread > target:
-            warnings.append(f"the run's windows spread {spread:.1%}, more than measure.spread_target "
-                            f"({target:.0%}): its pace changed along the way (epoch starts, another load on the "
-                            f"machine), so its median is a less certain figure; each window's {per} is in "
-                            f"{p.result_path}")
+        half = s.get("ci_half_width")
+        lines.append(f"measured: {fmt_interval(ips, half, per)} (95 % interval, the whole run's samples over its "
+                     f"slowest rank's seconds, {s.get('windows')} windows)")
+        target = p.config.measure.precision
+        if half is not None and half > target:
+            warnings.append(f"the run's interval is ± {half:.1%}, wider than measure.precision ({target:.0%}): "
+                            f"its pace changed along the way (epoch starts, another load on the machine), so its "
+                            f"figure is less certain; each window's {per} is in {p.result_path}")
     lines.append(f"loss: {loss_line(s)}")
     g = r.gpu
     if g.get("util_available"):
@@ -486,7 +486,8 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
     else:
         lines.append(f"GPU: NVML utilization unavailable ({g.get('reason') or 'no sample inside a timed window'})")
     ratio = _compare(p, ips, per, lines, warnings)
-    summary = {"imgs_per_s": ips, "spread": s.get("spread"), "windows": s.get("windows"), "epochs": s.get("epochs"),
+    summary = {"imgs_per_s": ips, "ci_half_width": s.get("ci_half_width"), "windows": s.get("windows"),
+               "epochs": s.get("epochs"),
                "loss_start": s.get("loss_start"), "loss_end": s.get("loss_end"), "loss": s.get("loss"),
                "loss_finite": s.get("loss_finite"),
                "steps": s.get("steps"), "val": last_val, "gpu": g, "searched": m or None, "ratio": ratio,
@@ -497,24 +498,27 @@ def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[st
 
 def _compare(p: TrainPlan, ips: float | None, per: str, lines: list[str], warnings: list[str]) -> float | None:
     """This run against the export's figure: its fresh-process re-measure when it has one (the figure the export
-    said to trust: the search's may have profited from a warm worker), else the search's. Returns the ratio."""
+    said to trust: the search's may have profited from a warm worker), else the search's, each with its interval.
+    Returns the ratio."""
     m = p.export.get("measured") or {}
     again = m.get("remeasured") or {}
     if not m.get("imgs_per_s") or ips is None:
         return None
     src = f"study {p.export.get('study')}, trial {p.export.get('trial')}"
     if again.get("imgs_per_s"):
-        ref, what = float(again["imgs_per_s"]), "the export's re-measure in a fresh process"
-        name = f"re-measure ({src}, in a fresh process; the search measured {fmt_ips(float(m['imgs_per_s']))})"
+        ref, half, what = float(again["imgs_per_s"]), again.get("ci_half_width"), \
+            "the export's re-measure in a fresh process"
+        name = (f"re-measure ({src}, in a fresh process; the search measured "
+                f"{fmt_interval(float(m['imgs_per_s']), m.get('ci_half_width'))})")
     else:
-        ref, what = float(m["imgs_per_s"]), "the search measured"
+        ref, half, what = float(m["imgs_per_s"]), m.get("ci_half_width"), "the search measured"
         util = f", util {m['util_mean']:.0f} %" if m.get("util_mean") is not None else ""
         name = f"search ({src}{util})"
     if not p.comparable:
-        lines.append(f"{name}: {fmt_ips(ref)} {per} at another world size: not compared")
+        lines.append(f"{name}: {fmt_interval(ref, half, per)} at another world size: not compared")
         return None
     ratio = ips / ref
-    lines.append(f"{name}: {fmt_ips(ref)} {per} -> this run: {ratio:.1%} of it")
+    lines.append(f"{name}: {fmt_interval(ref, half, per)} -> this run: {ratio:.1%} of it")
     if ratio < 1 - SLOWER_WARNING:
         warnings.append(f"this run is {1 - ratio:.1%} slower than {what} for the same config ({fmt_ips(ips)} vs "
                         f"{fmt_ips(ref)} {per}): check that the host, GPUs, data location and concurrent load match "

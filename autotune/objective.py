@@ -1,12 +1,13 @@
 """What a trial is worth: the job's windows + the NVML samples → Optuna value(s), state and user attrs.
 
-* ``throughput`` (default): global imgs/s, the median over the timed windows (slowest rank's wall time).
+* ``throughput`` (default): global imgs/s, the estimate over the measured span (``trainer.estimate``: samples over
+  the slowest rank's seconds); its 95 % interval goes into the trial's attrs, Optuna's value stays the estimate.
 * ``pareto``: (imgs/s, NVML utilization %) maximized jointly; ``autotune export`` picks from the front.
 * ``weighted``: ``imgs_per_s**w_t * (util/100)**w_u * power_w**(-w_p)`` — a product of powers, so it does not
   depend on units and ``w_t = w_p = 1`` is images per joule.
 
-Why throughput is the default: utilization rewards slow kernels (on 2xH200 the fastest real-data config measured
-46 % while a slower one measured 59 %).
+Why throughput is the default: utilization rewards slow kernels, and the slowest configurations often show the
+highest utilization (docs/benchmarks.md).
 
 Failures: a config the job cannot run (``oom``, ``config``, ``diverged``: ``trainer.protocol.CONFIG_FAILURES``) is a
 *completed, infeasible* trial: an Optuna constraint above zero, which TPE ranks by violation, never by value, so it
@@ -17,11 +18,12 @@ learns "this combination fails" rather than "this pipeline is slow"; Optuna need
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from autotune.exceptions import SpecError
+from trainer.estimate import estimate
 from trainer.protocol import COMPILED_ONLY, Failure
 
 INFEASIBLE_VALUE = 0.0
@@ -74,31 +76,28 @@ class Objective:
         return [INFEASIBLE_VALUE] * len(self.directions)
 
 
+MEASURED = ("imgs_per_s", "imgs_per_s_windows", "ci_low", "ci_high", "ci_half_width", "ci_batches",
+            "ci_batch_windows", "steady_start", "imgs_per_s_steady", "epoch_turns", "epoch_turn_s", "precise",
+            "ended", "measured_s", "peak_mem_bytes", "loss_finite", "loss_start", "loss_end", "versions")
+"""What a trial keeps of its run's summary (``trainer.protocol.SummaryRecord``)."""
+
+
 def measured_attrs(windows: list[dict], summary: dict | None) -> dict[str, Any]:
-    """Throughput attrs. Prefer the job's summary (it decides the windows and the median); a run without one (killed
-    or pruned after some windows) falls back to the median of the windows that arrived."""
+    """Throughput attrs: the job's summary (the estimate, its interval and what it stands on), or for a run without
+    one (killed after some windows) the estimate of the windows that arrived."""
     if summary and summary.get("imgs_per_s") is not None:
-        out = {
-            "imgs_per_s": float(summary["imgs_per_s"]),
-            "imgs_per_s_windows": [float(x) for x in summary.get("imgs_per_s_windows", [])],
-            "spread": summary.get("spread"),
-            "peak_mem_bytes": summary.get("peak_mem_bytes"),
-            "loss_finite": summary.get("loss_finite"),
-            "loss_start": summary.get("loss_start"),
-            "loss_end": summary.get("loss_end"),
-            "settled": summary.get("settled"),
-        }
-        if summary.get("versions"):
-            out["versions"] = summary["versions"]
+        out = {k: summary[k] for k in MEASURED if summary.get(k) is not None}
+        out["imgs_per_s"] = float(out["imgs_per_s"])
         # What a compiled run paid for its compile: the stage planner prices a compile by it.
         out.update({k: summary[k] for k in COMPILED_ONLY if summary.get(k) is not None})
         return out
-    xs = [float(w["imgs_per_s"]) for w in windows if w.get("imgs_per_s") is not None]
-    if not xs:
+    timed = [SimpleNamespace(images=float(w.get("images") or 0), seconds=float(w.get("seconds") or 0),
+                             turn=bool(w.get("turn"))) for w in windows]
+    est = estimate(timed, final=True) if timed else None
+    if est is None:
         return {}
-    med = statistics.median(xs)
-    return {"imgs_per_s": med, "imgs_per_s_windows": xs,
-            "spread": (max(xs) - min(xs)) / med if med > 0 else None}
+    return {"imgs_per_s": est.value, "imgs_per_s_windows": [float(w.get("imgs_per_s") or 0) for w in windows],
+            **est.record(), "precise": False}
 
 
 def state_for(failure: Failure | None) -> str:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import statistics
 
-from autotune.search.bounds import ceiling_share, pair_label, point_of, trainable_ceiling
-from autotune.search.progress import fmt_duration, fmt_ips, fmt_params
+from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_params, fmt_pm, plural
+from autotune.search.bounds import Pipe, ceiling_share, pair_label, pipe_for, point_of, trainable_ceiling
 from autotune.study import view
+from autotune.study.found import found
 from autotune.study.view import TrialView
+from trainer.knobs import DALI_INSTALL
 
 
 def fmt_loss(attrs: dict) -> str:
@@ -24,11 +26,6 @@ def fmt_loss(attrs: dict) -> str:
     if end is None:
         return "-"
     return f"{start:.3g}->{end:.3g}" if start is not None else f"{end:.3g}"
-
-
-def plural(n: int, word: str) -> str:
-    """``1 trial``, ``2 trials``."""
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def why_failed(cls: str | None, message: str | None) -> str:
@@ -68,24 +65,21 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
         parts = sorted(feeds.items(), key=lambda kv: -kv[1].imgs_per_s)
         lines.append("what each input pipeline can feed (supply, the loader alone): " + " · ".join(
             f"{decode} {fmt_ips(v.imgs_per_s)}" for decode, v in parts) + f" {per}")
-    best, base = view.fastest(trials), view.baseline(trials)
+    best = view.fastest(trials)
     if best is not None:
-        share, of = "", ceiling_share(best.imgs_per_s, top.imgs_per_s) if top else None
+        share, of = "", ceiling_share(best.interval, top.interval) if top else None
         if of is not None:
             share = f" = {of:.0%} of the ceiling"
         elif top:  # a share above the whole says the measurement is no bound for this run, not that it beat one
             share = (f", above the ceiling measured (trial {top.label}, {fmt_ips(top.imgs_per_s)} at batch "
                      f"{top.setting('training.batch_size')}): the model alone bounds nothing at this run's settings")
-        gain = f", {best.imgs_per_s / base.imgs_per_s:.2f}x trial {base.label} ({baseline_words(base)}, " \
-               f"{fmt_ips(base.imgs_per_s)})" if base and base.imgs_per_s else ""
         again = (remeasured or {}).get(best.number)
         fresh = ""
         if again and again.get("imgs_per_s") is not None:
             fresh = f"; re-measured in a fresh process: {fmt_ips(again['imgs_per_s'])}"
             if again.get("below_baseline"):
                 fresh += f" {BELOW} below trial {again['below_baseline']['trial']}"
-        lines.append(f"the tuned configuration: trial {best.label}, {fmt_ips(best.imgs_per_s)} {per}"
-                     f"{view.runs_words(best, per)}{share}{gain}{fresh}")
+        lines.append(f"the tuned configuration: {found(trials, per, share=share)}{fresh}")
     return lines
 
 
@@ -94,20 +88,14 @@ def above(top: TrialView) -> str:
     return f"the model alone, measured at batch {top.setting('training.batch_size')}, bounds nothing at its settings"
 
 
-def baseline_words(base: TrialView) -> str:
-    """What the baseline trial is, for a line that names it: trial 0, or its re-measure in a fresh process."""
-    again = base.attrs.get("remeasure_of")
-    return "the baseline" + (f": trial {again} measured again in a fresh process" if again is not None else "")
-
-
 BELOW = "↓"
 """Marks a trial whose fresh-process re-measure (``autotune export``) fell below trial 0's figure."""
 
 
-def unsettled(v: TrialView) -> bool:
-    """The trial ran its measurement to the end and its windows never settled. A pruned trial was stopped before
-    the end: that it did not settle says nothing."""
-    return v.attrs.get("settled") is False and v.outcome != "pruned"
+def imprecise(v: TrialView) -> bool:
+    """The trial ran its measurement to its time cap with its interval still wider than the precision asked. A
+    pruned trial was stopped before the end: its interval says only that it was clearly slower."""
+    return v.precise is False and v.outcome != "pruned"
 
 
 def image_loader_line(trials: list[TrialView], per: str = "imgs/s") -> str | None:
@@ -123,7 +111,8 @@ def image_loader_line(trials: list[TrialView], per: str = "imgs/s") -> str | Non
     call = f'run.image_loader("{theirs.setting("data.path")}", image_size={theirs.setting("data.image_size")})'
     return (f"the script's own loader feeds {fmt_ips(own.imgs_per_s)} {per} (trial {own.label}); {call} would feed "
             f"{fmt_ips(theirs.imgs_per_s)} ({theirs.setting('data.decode')}, trial {theirs.label}) on the same files: "
-            "build its loader with that instead of run.loader(dataset, ...) (README: Tune your own script)")
+            "build its loader with that instead of run.loader(dataset, ...) (docs/scripts.md: the fix, not only the "
+            "limit)")
 
 
 def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | None = None) -> list[tuple[str, str]]:
@@ -134,30 +123,18 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
 
     trials = view.views(study) if trials is None else trials
     devices, per = view.devices(study), view.rate(study)
-    best, top, feeds = view.fastest(trials), trainable_ceiling(trials), view.supplies(trials)
+    best, top = view.fastest(trials), trainable_ceiling(trials)
     out: list[tuple[str, str]] = []
     synthetic = best is not None and best.setting("data.kind") == "synthetic"
     decode = view.pipeline(best) if best is not None and not synthetic else None
-    feed = feeds.get(decode) if decode is not None else None
+    feed = feed_of(trials, best) if decode is not None else None
     if synthetic:
         out.append(("what limits it", f"the model's compute on the {devices}: the data is synthetic (made on the "
                                       "device), so no input pipeline takes part"))
     elif top is not None and feed is not None:
-        limit, other = ((f"the input pipeline: {decode} alone feeds {fmt_ips(feed.imgs_per_s)} {per}, less than "
-                         f"the model alone computes on the {devices} ({fmt_ips(top.imgs_per_s)})", feed)
-                        if feed.imgs_per_s < top.imgs_per_s else
-                        (f"the model's compute on the {devices}: alone, on synthetic data, it runs at "
-                         f"{fmt_ips(top.imgs_per_s)} {per}, less than {decode} alone feeds "
-                         f"({fmt_ips(feed.imgs_per_s)})", top))
-        if other is top and ceiling_share(best.imgs_per_s, top.imgs_per_s) is None:
-            out.append(("what limits it", f"not the model's compute as measured: the tuned configuration reaches "
-                                          f"{fmt_ips(best.imgs_per_s)} {per}, above it ({above(top)}); "
-                                          f"{decode} alone feeds {fmt_ips(feed.imgs_per_s)}"))
-        else:
-            out.append(("what limits it", f"{limit}; the tuned configuration reaches {fmt_ips(best.imgs_per_s)}, "
-                                          f"{best.imgs_per_s / other.imgs_per_s:.0%} of that"))
+        out.append(("what limits it", limit_words(best, top, feed, decode, devices, per)))
     elif top is not None:
-        share = ceiling_share(best.imgs_per_s, top.imgs_per_s) if best is not None else None
+        share = ceiling_share(best.interval, top.interval) if best is not None else None
         reach = ("" if best is None else f"; the tuned configuration reaches {share:.0%} of it" if share is not None
                  else f"; the tuned configuration runs above it ({above(top)})")
         out.append(("what limits it", f"the {devices} run the model alone at {fmt_ips(top.imgs_per_s)} {per} (the "
@@ -179,23 +156,95 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     where = f" --study {study.study_name}" + (f" --storage {storage}" if storage else "")
     out.append(("run it", f"`autotune export best.yaml{where}` (measures it again in a fresh process), then "
                           "`autotune train --config best.yaml`"))
-    windows = len(best.attrs.get("imgs_per_s_windows") or [])
-    spread = f"spread {best.spread:.1%}" if best.spread is not None else "spread not recorded"
-    sure = (f"the median of its latest windows ({windows} measured), {spread}"
-            + ("; its windows never settled within the spread target, so the figure is less certain"
-               if unsettled(best) else "; its windows settled within the spread target" if best.attrs.get("settled")
-               else ""))
+    sure = sure_words(best)
     again = remeasures(study).get(best.number)
     if again and again.get("imgs_per_s") is not None:
-        sure += f"; in a fresh process it measured {fmt_ips(again['imgs_per_s'])} ({again['ratio']:.0%} of it)"
+        sure += (f"; in a fresh process it measured {fmt_interval(again['imgs_per_s'], again.get('ci_half_width'))}"
+                 f" ({again['ratio']:.0%} of it" + ("" if again.get("agrees", True) else
+                                                   ", further off than both intervals allow") + ")")
         if again.get("below_baseline"):
             b = again["below_baseline"]
-            sure += (f", below trial {b['trial']}'s {fmt_ips(b['imgs_per_s'])}: here it is not faster than the "
-                     "baseline")
+            sure += (f", measurably below trial {b['trial']}'s {fmt_ips(b['imgs_per_s'])}: here it is not faster "
+                     "than the baseline")
     else:
         sure += "; not yet measured again in a fresh process (`autotune export` does)"
     out.append(("how sure", sure))
     return out
+
+
+DECODE_SHARE_SAID = 0.05
+"""A decode on the GPUs taking at least this share of each sample's time beside the model is named as the limit."""
+
+UNEXPLAINED = 0.8
+"""A tuned configuration below this share of the bound its parts put on it is not explained by them: said so, and
+no limit named."""
+
+
+def feed_of(trials: list[TrialView], best: TrialView) -> Pipe | None:
+    """What ``best``'s input pipeline feeds alone, as the supplies measured it (a hybrid: derived from its ends where
+    it was not measured itself; a script's own loader: its own supply)."""
+    decode = view.pipeline(best)
+    if decode == view.OWN_LOADER:
+        v = view.supplies(trials).get(decode)
+        return None if v is None else Pipe(settings={}, point=v.imgs_per_s, upper=v.interval.high,
+                                           precise=v.precise is not False)
+    return pipe_for(trials, decode, best.setting("data.hybrid_cpu_fraction") if decode == "hybrid" else None)
+
+
+def limit_words(best: TrialView, top: TrialView, pipe: Pipe, decode: str, devices: str, per: str) -> str:
+    """What limits a job whose model alone (``top``, the ceiling) and input pipeline alone (``feed``, its supply)
+    were measured, with the fix where there is one: the pipeline, when it feeds less than the model takes; the GPUs'
+    time, when the pipeline decodes on them and its decode beside the model's steps takes a share of each sample
+    (``Pipe.with_model``); the model's compute otherwise. Where the tuned configuration reaches well below what the
+    parts allow, the parts do not explain it, and that is said instead of a limit."""
+    ceiling, supply = top.imgs_per_s, pipe.point
+    bound = pipe.with_model(ceiling)
+    share = pipe.decode_share(ceiling)
+    reach = best.imgs_per_s / bound
+    if best.interval.low > pipe.with_model(top.interval.high, reach=True):  # above the most the parts allow
+        return (f"not the parts as measured: the tuned configuration reaches {fmt_ips(best.imgs_per_s)} {per}, above "
+                f"what they allow ({fmt_ips(bound)}: {decode} alone {fmt_ips(supply)}, the model alone "
+                f"{fmt_ips(ceiling)}; {above(top)})")
+    if reach < UNEXPLAINED:
+        return (f"not explained by the parts: {decode} alone feeds {fmt_ips(supply)} {per} and the model alone runs "
+                f"{fmt_ips(ceiling)} on the {devices}, together allowing {fmt_ips(bound)}, and the tuned "
+                f"configuration reaches {fmt_ips(best.imgs_per_s)}, {reach:.0%} of that: something else holds it "
+                "back (the loader and the job contending for the CPU, a slow step the parts do not run); "
+                "bench/profile_step.py shows where a step's time goes")
+    if share >= DECODE_SHARE_SAID and bound < min(supply, ceiling):
+        fix = ("a larger share on DALI's hardware decoder (data.dali_hw_decoder_load) would free it"
+               if decode == "dali" else f"NVIDIA DALI's hardware decoder ({DALI_INSTALL}) or a larger CPU share of "
+                                        "the decode (data.decode: hybrid) would free it")
+        return (f"the {devices}' time, shared by the model and the decode: {decode} alone feeds {fmt_ips(supply)} "
+                f"{per} with the {devices} {100 * pipe.device_share:.0f} % busy decoding, and the model alone runs "
+                f"{fmt_ips(ceiling)}; side by side, decode on the {devices} takes {share:.0%} of each sample's time, "
+                f"which bounds a run at {fmt_ips(bound)}; the tuned configuration reaches "
+                f"{fmt_ips(best.imgs_per_s)}, {reach:.0%} of that. {fix[0].upper()}{fix[1:]}")
+    if supply < ceiling:
+        return (f"the input pipeline: {decode} alone feeds {fmt_ips(supply)} {per}, less than the model alone "
+                f"computes on the {devices} ({fmt_ips(ceiling)}); the tuned configuration reaches "
+                f"{fmt_ips(best.imgs_per_s)}, {best.imgs_per_s / supply:.0%} of that")
+    return (f"the model's compute on the {devices}: alone, on synthetic data, it runs at {fmt_ips(ceiling)} {per}, "
+            f"less than {decode} alone feeds ({fmt_ips(supply)}); the tuned configuration reaches "
+            f"{fmt_ips(best.imgs_per_s)}, {best.imgs_per_s / ceiling:.0%} of that")
+
+
+def sure_words(v: TrialView) -> str:
+    """How sure a figure is: its interval and what it stands on."""
+    if v.half_width is None:
+        return "its figure has no interval (measured before intervals were)"
+    a = v.attrs
+    text = f"{fmt_pm(v.half_width)} (95 % interval"
+    if a.get("ci_batches"):
+        text += f", from {a['ci_batches']} batches of {a.get('ci_batch_windows', 1)} windows"
+    if a.get("steady_start"):
+        text += f", the first {a['steady_start']} windows left out as warm-up"
+    text += ")"
+    if len(a.get(view.RUNS) or []) > 1:
+        text += "; its runs combined" + view.runs_words(v)
+    if imprecise(v):
+        text += "; wider than the precision asked: it reached its time cap (measure.max_s) first"
+    return text
 
 
 def cudnn_lines(study) -> list[str]:
@@ -227,12 +276,16 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         f"{n} {LABELS[o]}" for o, n in counts.items() if n) + ")"
     shown = sorted(trials, key=lambda v: -(v.imgs_per_s or -1)) if sort == "imgs" or top else trials
     searched = view.searched(trials)
-    rows = [("#", "stage", "outcome", per, f"vs #{base.label if base else 0}", "spread", "loss", "util", "wall",
-             "settings / why")]
+    # The gain column names the runs its baseline stands on: trial 0, with its re-measures where it has any.
+    against = "+".join(str(r[0]) for r in base.attrs.get(view.RUNS) or [[base.label]]) if base else "0"
+    rows = [("#", "stage", "outcome", per, "±", f"vs #{against}", "loss", "util", "wall", "settings / why")]
     for v in shown[:top] if top else shown:
         a = v.attrs
-        gain = f"{v.imgs_per_s / base.imgs_per_s:.2f}x" if v.feasible and base else ""
-        spread = f"{v.spread:.1%}" + ("!" if unsettled(v) else "") if v.spread is not None else "-"
+        gain = ""
+        if v.feasible and base:
+            ratio = v.interval.over(base.interval)
+            gain = f"{ratio.value:.2f}x" + ("=" if v.interval.ties(base.interval) and v is not base else "")
+        pm = f"{100 * v.half_width:.1f}%" + ("~" if imprecise(v) else "") if v.half_width is not None else "-"
         note = fmt_params(v.shown(searched), 90)
         if v.failure_class and v.outcome != "pruned":
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
@@ -240,21 +293,23 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         starred = best is not None and not v.part and v.number == best.number
         mark = ("*" if starred else "") + (BELOW if not v.part and v.number in below else "")
         rows.append((f"{v.label}{mark}", v.stage,
-                     v.outcome, fmt_ips(v.imgs_per_s) if v.imgs_per_s is not None else "-", gain, spread,
+                     v.outcome, fmt_ips(v.imgs_per_s) if v.imgs_per_s is not None else "-", pm, gain,
                      fmt_loss(a), f"{v.util:.0f}%" if v.util is not None else "n/a",
                      fmt_duration(a.get("wall_s")) if a.get("wall_s") is not None else "-", note))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.rjust(w) if i in (3, 4, 5, 7, 8) else c.ljust(w)
                        for i, (c, w) in enumerate(zip(r[:-1], widths, strict=True))) + "  " + r[-1] for r in rows]
     notes = []
-    if any(unsettled(v) for v in trials):
-        notes.append("! the trial's windows never settled: before its window limit, its latest windows and the one "
-                     "before them never agreed within the spread target (that window shows the pace had stopped "
-                     "changing); its figure is the median of its latest windows, and less certain")
+    notes.append("± the half-width of each figure's 95 % interval; = a ratio whose intervals overlap: a tie with the "
+                 "baseline, no measurable gain")
+    if any(imprecise(v) for v in trials):
+        notes.append("~ the trial reached its time cap (measure.max_s) with its interval wider than the precision "
+                     "asked (measure.precision): its figure is less certain, as the interval says")
     for n in sorted(below):
         r = again[n]
         notes.append(f"{BELOW} trial {n} re-measured in a fresh process (`autotune export`) at "
-                     f"{fmt_ips(r['imgs_per_s'])} {per}, below trial {r['below_baseline']['trial']}'s "
+                     f"{fmt_interval(r['imgs_per_s'], r.get('ci_half_width'), per)}, measurably below trial "
+                     f"{r['below_baseline']['trial']}'s "
                      f"{fmt_ips(r['below_baseline']['imgs_per_s'])}: its search figure does not hold here")
     first = [f"{topic}: {text}" for topic, text in conclusions(study, trials, storage=storage)]
     return "\n".join([summary, *headline(trials, view.devices(study), again, per), *first, *cudnn_lines(study), *lines,
@@ -303,11 +358,10 @@ def pruning(trials: list[TrialView]) -> list[str]:
     full = [float(v.attrs["measure_s"]) for v in trials if v.feasible and v.attrs.get("measure_s")]
     typical = statistics.median(full) if full else None
     saved = sum(max(0.0, typical - float(v.attrs.get("measure_s") or 0)) for v in pruned) if typical else None
-    lost = [v for v in pruned if best is not None and (v.attrs.get("imgs_per_s_windows") or [0])[-1]
-            > best.imgs_per_s]
-    text = f"pruning: {plural(len(pruned), 'trial')} stopped early"
+    lost = [v for v in pruned if best is not None and v.interval is not None and not v.interval.below(best.interval)]
+    text = f"pruning: {plural(len(pruned), 'trial')} stopped once measurably slower than the best"
     if saved is not None:
         text += f", about {saved:.0f} s of windows saved"
-    text += ("; none had a last window above the best feasible trial" if not lost else
-             f"; {len(lost)} had a last window above the best feasible trial: {[v.number for v in lost]}")
+    text += ("; each one's interval lies below the best's" if not lost else
+             f"; {len(lost)} of them no longer measurably slower than the best found since: {[v.number for v in lost]}")
     return [text + (f"; {not_launched}" if not_launched else "")]

@@ -4,10 +4,11 @@ search found and why.
 The first screen says what to do: the tuned configuration, what limits the job, the configuration's settings, the
 commands that export and run it, and how sure its figure is (``autotune.overview.conclusions``); then the study's
 summary. Sections: optimization history (best so far), parameter importances, parallel coordinates, throughput versus
-NVML utilization (coloured by precision, symbol by decode path: where users see that utilization alone misleads), window
-throughput per trial (how steady each measurement was), failure counts by class, and the Pareto front when the study
-is multi-objective. Optuna's own figures are used wherever Optuna has one. A section without data says why (a CPU
-study has no utilization) instead of failing the whole report.
+NVML utilization (coloured by precision, symbol by decode path: where users see that utilization alone misleads), each
+trial's figure with its 95 % interval as an error bar (how sure each measurement is, and which ones tie), failure
+counts by class, and the Pareto front when the study is multi-objective. Optuna's own figures are used wherever
+Optuna has one. A section without data says why (a CPU study has no utilization) instead of failing the whole
+report.
 
 The trials are read from their user attrs (what ``autotune search`` records); Optuna's plots are drawn from an
 in-memory copy of the study whose trials carry the search's feasibility as Optuna constraints, so infeasible trials
@@ -27,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.formatting import fmt_interval, fmt_ips, plural
 from autotune.outputs import write_atomic
-from autotune.overview import baseline_words, conclusions, fmt_loss, headline, loss_words, plural
-from autotune.search.progress import fmt_ips
+from autotune.overview import conclusions, fmt_loss, headline, loss_words
 from autotune.study import view
+from autotune.study.found import found
 from autotune.study.view import finite
 
 PRECISION_COLORS = {"fp32": "#1f77b4", "bf16": "#d62728", "fp16": "#2ca02c"}
@@ -41,12 +43,11 @@ FAILURE_COLORS = {"infeasible": "#ff7f0e", "fail": "#d62728", "pruned": "#7f7f7f
 UTIL_CAPTION = (
     "Why the objective is throughput and not utilization: NVML utilization is the share of time in which some kernel "
     "runs, not how much work the GPU does, so slow kernels (fp32, small batches, an input-bound loop that launches "
-    "small work) can look busier than fast ones: on 2×H200 the fastest real-data configuration measured 46 % "
-    "utilization while a slower one measured 59 %. Read this plot by its vertical axis; the horizontal one "
-    "explains, it does not rank."
+    "small work) can look busier than fast ones, and the fastest configuration is often not the busiest "
+    "(docs/benchmarks.md). Read this plot by its vertical axis; the horizontal one explains, it does not rank."
 )
 
-SECTIONS = ("bottleneck", "history", "importances", "parallel", "util", "spread", "failures", "pareto")
+SECTIONS = ("bottleneck", "history", "importances", "parallel", "util", "intervals", "failures", "pareto")
 """Section ids, in page order; each figure's div is ``plot-<id>``."""
 
 
@@ -63,12 +64,16 @@ class TrialRow:
     ``infeasible`` (OOM / invalid config / diverged), ``fail`` (environment), ``pruned``, ``running``, ``waiting``."""
 
     stage: str = "search"
-    settled: bool | None = None
+    precise: bool | None = None
+    """Its interval came within the precision asked (False: it reached its time cap first; None: not said)."""
+
     channels_last: bool = False
 
     imgs_per_s: float | None = None
     windows: list[float] = field(default_factory=list)
-    spread: float | None = None
+    half_width: float | None = None
+    """Its figure's 95 % interval as a share of it."""
+
     util: float | None = None
     precision: str = "?"
     decode: str = "?"
@@ -98,7 +103,7 @@ def trial_rows(study) -> list[TrialRow]:
         rows.append(TrialRow(
             number=v.number, part=v.part, outcome=outcome, stage=v.stage, imgs_per_s=v.imgs_per_s,
             windows=[x for x in map(finite, a.get("imgs_per_s_windows") or []) if x is not None],
-            spread=v.spread, util=v.util, settled=None if v.outcome == "pruned" else a.get("settled"),
+            half_width=v.half_width, util=v.util, precise=None if v.outcome == "pruned" else v.precise,
             # The trial's config says what ran, searched or not (a knob the spec fixed, a stage's setting).
             precision=str(v.setting("training.precision", "?")), decode=str(v.setting("data.decode", "?")),
             batch_size=v.setting("training.batch_size"), channels_last=bool(v.setting("training.channels_last")),
@@ -183,7 +188,8 @@ def bottleneck_section(rows: list[TrialRow], devices: str = "GPUs", per: str = "
             labels = [f"#{r.label} " + (f"{r.precision}{' CL' if r.channels_last else ''} bs {r.batch_size}"
                                          if stage_name == "ceiling" else f"{r.decode} bs {r.batch_size}")
                       for r in rs]
-            fig.add_trace(go.Bar(x=labels, y=[r.imgs_per_s for r in rs], name=stage_name, marker_color=color))
+            fig.add_trace(go.Bar(x=labels, y=[r.imgs_per_s for r in rs], name=stage_name, marker_color=color,
+                                 error_y=_error_bars(rs)))
     best = max((r for r in rows if r.outcome == "complete" and r.imgs_per_s), key=lambda r: r.imgs_per_s,
                default=None)
     if best is not None:
@@ -232,8 +238,8 @@ def history_section(study, rows, names) -> Section:
                                       f"{view.rate(study)}")
     s.figure = fig
     s.caption = ("Each point is a trial's value; infeasible trials (OOM, invalid config) are recorded with value 0 "
-                 "and drawn grey. The line is the best feasible value so far; the dotted line is the baseline (trial 0, "
-                 "or its re-measure in a fresh process when trial 0's windows never agreed).")
+                 "and drawn grey. The line is the best feasible value so far; the dotted line is the baseline (trial "
+                 "0, with its re-measure in a fresh process where its interval stayed wide).")
     return s
 
 
@@ -343,53 +349,55 @@ def util_section(rows, per: str = "imgs/s") -> Section:
     return s
 
 
-SPREAD_OUTCOMES = ("complete", "pruned", "infeasible", "fail")
-"""The trials the spread plot draws: end-to-end runs (a stage measurement's windows measure a part)."""
+INTERVAL_OUTCOMES = ("complete", "pruned")
+"""The trials the interval plot draws: end-to-end runs with a figure (a stage measurement's is a part's)."""
+
+
+def _error_bars(rows: list[TrialRow]) -> dict[str, Any]:
+    """Plotly's symmetric error bars for ``rows``: each figure's interval, in its own unit."""
+    return {"type": "data", "array": [(r.half_width or 0.0) * (r.imgs_per_s or 0.0) for r in rows], "visible": True}
 
 
 def _label(r: TrialRow) -> str:
-    """A trial on the spread plot's axis; ``!`` marks one whose windows never agreed."""
-    return f"#{r.label}{'!' if r.settled is False else ''}"
+    """A trial on the interval plot's axis; ``~`` marks one that reached its time cap with its interval wide."""
+    return f"#{r.label}{'~' if r.precise is False else ''}"
 
 
-def spread_section(rows, per: str = "imgs/s") -> Section:
+def intervals_section(rows, per: str = "imgs/s") -> Section:
     import plotly.graph_objects as go
 
-    s = Section(id="spread", title="Window throughput per trial")
-    measured = [r for r in rows if r.windows]
-    if not measured:
-        s.note = "No trial has measured a window yet."
+    s = Section(id="intervals", title="Each trial's figure and its interval")
+    drawn = [r for r in rows if r.outcome in INTERVAL_OUTCOMES and r.imgs_per_s is not None and not r.part]
+    if not drawn:
+        s.note = "No end-to-end trial has a figure yet."
         return s
-    drawn = [r for r in measured if r.outcome in SPREAD_OUTCOMES]
     fig = go.Figure()
-    for outcome in SPREAD_OUTCOMES:
+    for outcome in INTERVAL_OUTCOMES:
         rs = [r for r in drawn if r.outcome == outcome]
         if not rs:
             continue
-        # Relative to each trial's median, so a 2 % wobble at 9,000 imgs/s is as visible as one at 50 imgs/s.
-        xs, ys, hover = [], [], []
-        for r in rs:
-            med = statistics.median(r.windows)
-            for i, w in enumerate(r.windows):
-                xs.append(_label(r))
-                ys.append(100.0 * (w / med - 1.0) if med > 0 else 0.0)
-                unsettled = "; its windows never agreed" if r.settled is False else ""
-                hover.append(f"trial {r.number}, window {i}: {fmt_ips(w)} {per} (median {fmt_ips(med)}, spread "
-                             f"{(r.spread if r.spread is not None else 0):.1%}; loss {r.loss}{unsettled})")
-        fig.add_trace(go.Box(x=xs, y=ys, name=outcome, boxpoints="all", jitter=0.3, pointpos=0, hovertext=hover,
-                             hoverinfo="text", marker={"color": FAILURE_COLORS.get(outcome, "#1f77b4")}))
-    # The caption names a trial with a box in this plot: stage measurements are not drawn here.
-    worst = max((r for r in drawn if r.spread is not None), key=lambda r: r.spread, default=None)
-    fig.update_layout(title=f"Each timed window's {per} relative to its trial's median (the trial's value)",
-                      xaxis_title="trial", yaxis_title="window vs trial median (%)", yaxis_ticksuffix=" %",
-                      xaxis={"categoryorder": "array",
-                             "categoryarray": [_label(r) for r in drawn]})
+        hover = [f"trial {r.label}: {fmt_interval(r.imgs_per_s, r.half_width, per)}; loss {r.loss}"
+                 + ("; it reached its time cap with its interval wider than the precision asked"
+                    if r.precise is False else "") for r in rs]
+        fig.add_trace(go.Scatter(x=[_label(r) for r in rs], y=[r.imgs_per_s for r in rs], mode="markers",
+                                 name="measured" if outcome == "complete" else outcome, error_y=_error_bars(rs),
+                                 hovertext=hover, hoverinfo="text",
+                                 marker={"color": FAILURE_COLORS.get(outcome, "#1f77b4"), "size": 9}))
+    best = max((r for r in drawn if r.outcome == "complete"), key=lambda r: r.imgs_per_s, default=None)
+    if best is not None and best.half_width is not None:
+        fig.add_hrect(y0=best.imgs_per_s * (1 - best.half_width), y1=best.imgs_per_s * (1 + best.half_width),
+                      fillcolor="#2ca02c", opacity=0.12, line_width=0)
+    fig.update_layout(title=f"{per} of each end-to-end trial with its 95 % interval",
+                      xaxis_title="trial", yaxis_title=f"{per} (global)",
+                      xaxis={"categoryorder": "array", "categoryarray": [_label(r) for r in drawn]})
     s.figure = fig
-    s.caption = ("A trial's value is the median of its windows; spread = (max - min) / median, the height of its "
-                 "box. A tall box means an unsteady measurement (the job measures more windows while the spread "
-                 "exceeds its target; a trial marked ! never got windows that agreed, and its figure is the median of "
-                 "its latest ones)." + (f" Largest spread: trial {worst.number}, {worst.spread:.1%}." if worst
-                                           else ""))
+    widest = max((r for r in drawn if r.half_width is not None), key=lambda r: r.half_width, default=None)
+    s.caption = ("A trial's figure is its samples over the slowest rank's seconds across its steady windows; the bar "
+                 "is its 95 % interval. The green band is the fastest trial's interval: a trial whose bar reaches "
+                 "into it is a tie, and a trial whose whole bar lies below it is measurably slower (the pruner stops "
+                 "a trial as soon as that is known). ~ marks a trial that reached its time cap with its interval "
+                 "wider than the precision asked." + (f" Widest: trial {widest.label}, ± {widest.half_width:.1%}."
+                                                        if widest else ""))
     return s
 
 
@@ -466,7 +474,7 @@ def build_sections(study) -> tuple[list[TrialRow], list[Section]]:
     builders = [lambda: bottleneck_section(rows, view.devices(study), per),
                 lambda: history_section(study, rows, names), lambda: importances_section(study, rows, names),
                 lambda: parallel_section(study, rows, names), lambda: util_section(rows, per),
-                lambda: spread_section(rows, per), lambda: failures_section(rows),
+                lambda: intervals_section(rows, per), lambda: failures_section(rows),
                 lambda: pareto_section(study, rows, names)]
     sections = []
     for sid, build in zip(SECTIONS, builders, strict=True):
@@ -535,8 +543,7 @@ def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
                                                                    "running")}
     feasible = [r for r in rows if r.outcome == "complete" and r.imgs_per_s is not None]
     trials = view.views(study)
-    # The one baseline the headline names too: trial 0, or its settled re-measure in a fresh process.
-    best, base = view.fastest(trials), view.baseline(trials)
+    best = view.fastest(trials)
     fp = study.user_attrs.get("fingerprint") or {}
     from autotune.export import remeasures
 
@@ -545,23 +552,18 @@ def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
     items += [("study", study.study_name), ("storage", storage_url or ""), ("objective", kind),
               ("trials", ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "none")]
     if best is not None:
-        gain = f" — {best.imgs_per_s / base.imgs_per_s:.2f}× trial {base.label} ({baseline_words(base)}, " \
-               f"{fmt_ips(base.imgs_per_s)})" if base and base.imgs_per_s else ""
-        util = f", {best.util:.0f} % util" if best.util is not None else ""
-        per = view.rate(study)
-        items.append(("fastest", f"trial {best.label}: {fmt_ips(best.imgs_per_s)} {per}"
-                                 f"{view.runs_words(best, per)}{util}"
-                                 f"{gain}; loss over its "
-                                 f"windows {loss_words(best.attrs)}"))
+        util = f"; {best.util:.0f} % util" if best.util is not None else ""
+        items.append(("fastest", f"{found(trials, view.rate(study))}{util}; loss over its windows "
+                                 f"{loss_words(best.attrs)}"))
     where = (f"{fp.get('gpu_count')} × {fp.get('gpu_model')}" if fp.get("gpu_count") else
              f"CPU ({study.user_attrs.get('nproc_per_node', '?')} gloo ranks)")
     if fp.get("driver"):
         where += f", driver {fp['driver']}"
     items.append(("hardware", where))
     items.append(("generated", time.strftime("%Y-%m-%d %H:%M:%S %Z")))
-    med = [r.spread for r in feasible if r.spread is not None]
+    med = [r.half_width for r in feasible if r.half_width is not None]
     if med:
-        items.append(("median window spread", f"{statistics.median(med):.1%}"))
+        items.append(("median interval", f"± {statistics.median(med):.1%} (95 %)"))
     return "<table class=\"summary\">" + "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in items if v != "") + "</table>"
 

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from autotune.exceptions import SpecError
 from autotune.ranges import space_problems
-from trainer.config import ConfigError, TrainConfig, build_dataclass, load_yaml_mapping
+from trainer.config import ConfigError, TrainConfig, build_dataclass, drop_retired, load_yaml_mapping
 from trainer.knobs import Range
 
 
@@ -97,21 +97,18 @@ class SamplerSpec:
     """Parallel search workers avoid suggesting what a running trial already tries."""
 
 
+RETIRED = {"pruner": ("tolerance", "min_windows")}
+"""Spec settings earlier versions wrote that no longer mean anything (a stored study's spec still loads)."""
+
+
 @dataclass(kw_only=True)
 class PrunerSpec:
     kind: Literal["best", "none"] = "best"
-    """``best``: stop an end-to-end trial only when it cannot beat the best feasible complete trial — its latest
-    windows agree as the meter's settling rule asks (``measure.windows`` + 1 full windows within
-    ``measure.spread_target``) and all are below the best by more than ``tolerance``; a draw whose measured ceiling or
-    supply is already below the best is not launched. Infeasible, failed and pruned trials never set the bar, and
-    stage measurements and the baseline are never pruned (``autotune.study.pruning``)."""
-
-    tolerance: float = 0.05
-    """How far below the best the latest windows must all be."""
-
-    min_windows: int = 2
-    """Windows a trial always measures before it may be pruned; never fewer than the meter needs to call a pace
-    settled (``measure.windows`` + 1)."""
+    """``best``: stop an end-to-end trial as soon as its figure's interval lies below the best answer's (racing:
+    it is measurably slower); a draw whose measured ceiling or supply reaches no higher than the bottom of the
+    best's interval is not launched. Infeasible, failed and pruned trials never set the bar, and stage measurements,
+    the baseline and confirmations are never pruned (``autotune.study.pruning``). ``none``: every trial measures to
+    its end."""
 
 
 @dataclass(kw_only=True)
@@ -180,6 +177,8 @@ class StudySpec:
             raise SpecError([f"expected a mapping at the top level, got {type(data).__name__}"], source)
         if "name" not in data:
             problems.append("name: missing (a study name, e.g. name: my-study)")
+        data = drop_retired(data, RETIRED, "the pruner races intervals: a trial stops once its interval lies below "
+                                           "the best's")
         spec = _build(cls, {"name": "?", **data}, "", problems)
         spec.source = source
         # Badly typed fields were left at their defaults, so the cross-field pass can run too: all problems at once.
@@ -254,10 +253,6 @@ class StudySpec:
             p.append(f"budget.trial_timeout_s={b.trial_timeout_s}: must be > 0")
         if self.sampler.n_startup_trials < 0:
             p.append("sampler.n_startup_trials must be >= 0")
-        if not 0 < self.pruner.tolerance < 1:
-            p.append(f"pruner.tolerance={self.pruner.tolerance}: must be in (0, 1)")
-        if self.pruner.min_windows < 2:
-            p.append(f"pruner.min_windows={self.pruner.min_windows}: must be >= 2 (a pace needs two windows)")
         if self.stages.ceiling_window_s <= 0 or self.stages.candidates < 1:
             p.append("stages.ceiling_window_s must be > 0 and stages.candidates >= 1")
         if self.data.generate is not None:

@@ -35,7 +35,7 @@ def tiny_config(**overrides) -> TrainConfig:
     loss verdict may rightly void (``trainer.learning.RISE_LIMIT``)."""
     base = {"model.name": "resnet18", "data.image_size": 32, "training.batch_size": 4, "loader.num_workers": 1,
             "optimizer.lr": 0.002,
-            "measure.warmup_min_steps": 2, "measure.max_windows": 5,
+            "measure.warmup_min_steps": 2, "measure.precision": 0.05, "measure.max_s": 1.5,
             "measure.window_s": 0.3, "ddp.timeout_s": 60.0}
     base.update(overrides)
     return TrainConfig().with_overrides(base)

@@ -312,13 +312,9 @@ class NcclConfig:
 
 @dataclass(kw_only=True)
 class MeasureConfig:
-    """The measurement protocol: a few steps discarded, then back-to-back windows until the latest ones agree.
-
-    Whether the step time has settled is judged on the windows themselves, not on a separate warm-up test: windows
-    of a few seconds average out an input pipeline's bursts (a worker finishing a whole batch), which short spans of
-    steps cannot, and the time spent deciding is mostly time measured anyway. Settled means the result's windows and
-    the one before them agree; every window before the result's counts as warm-up and is left out of the result and
-    of the utilization."""
+    """The measurement protocol: a few steps discarded, then short timed windows until the figure's 95 % interval
+    is tight enough (``trainer.estimate``). Where the warm-up ends is found from the windows themselves: a loader
+    catching up or a late recompile shows in them, and the time spent finding it is mostly time measured anyway."""
 
     warmup_min_steps: int = 10
     """Steps always discarded before the first window (cudnn.benchmark, allocator, loader start-up), on top of the
@@ -327,20 +323,16 @@ class MeasureConfig:
     warmup_max_s: float = 120.0
     """The discarded steps end after this long even if fewer ran (recorded as ``warmup_capped``)."""
 
-    window_s: float = 3.0
-    """Target length of one timed window."""
+    window_s: float = 0.25
+    """Target length of one timed window: the unit the interval's batches are made of (each window ends with a
+    device sync)."""
 
-    windows: int = 3
-    """The result stands on the latest this many windows once they and the one before them agree within
-    ``spread_target``."""
+    precision: float = 0.02
+    """The measurement ends once its 95 % interval's half-width is at most this share of the figure."""
 
-    max_windows: int = 8
-    """Windows are measured until the latest ``windows`` + 1 agree, up to this many in all (all but the latest
-    ``windows`` count as warm-up). A run that never settles stands on its latest half and is recorded with
-    ``settled`` false. A train run measures windows to its end and stands on all of them."""
-
-    spread_target: float = 0.05
-    """(max - min) / median of the window throughputs considered steady."""
+    max_s: float = 30.0
+    """Seconds of windows at most: a measurement that reaches them ends with its interval as it is (wider than
+    ``precision``). A train run measures to its end."""
 
     def problems(self) -> list[str]:
         p = []
@@ -348,9 +340,10 @@ class MeasureConfig:
             p.append(f"measure.warmup_min_steps={self.warmup_min_steps}: must be >= 0")
         if self.window_s <= 0:
             p.append(f"measure.window_s={self.window_s}: must be > 0")
-        if self.windows < 1 or self.max_windows < self.windows:
-            p.append(f"measure.windows={self.windows}, max_windows={self.max_windows}: need 1 <= windows <= "
-                     "max_windows")
+        if not 0 < self.precision < 1:
+            p.append(f"measure.precision={self.precision}: must be between 0 and 1 (0.02: ±2 %)")
+        if self.max_s < self.window_s:
+            p.append(f"measure.max_s={self.max_s}: must be at least measure.window_s ({self.window_s})")
         return p
 
 
@@ -435,7 +428,7 @@ class TrainConfig:
         problems: list[str] = []
         # `autotune export` adds an `autotune:` section (torchrun args, env, fingerprint, figures): not the job's.
         data = {k: v for k, v in (data or {}).items() if k != "autotune"}
-        data = _drop_removed(_drop_retired(data), problems)
+        data = _drop_removed(drop_retired(data), problems)
         cfg = build_dataclass(cls, data, "", problems)
         # Every problem at once: a badly typed setting was left at its default, so the cross-field checks can run
         # too; only their lines about a setting already reported are dropped (they would judge the default).
@@ -558,19 +551,23 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
 
 
 # Settings earlier versions wrote (into an exported best.yaml, a study's stored trial configs) that no longer mean
-# anything: the warm-up settle test, replaced by judging settling on the windows themselves. Such files still load.
-RETIRED_SETTINGS = {"measure": ("settle_steps", "settle_span_s", "settle_tolerance")}
+# anything: rules for when a measurement has settled, replaced by its interval. Such files still load.
+RETIRED_SETTINGS = {"measure": ("settle_steps", "settle_span_s", "settle_tolerance", "windows", "max_windows",
+                                "spread_target")}
+RETIRED_WHY = "a measurement ends on its interval: measure.precision and measure.max_s"
 
 
-def _drop_retired(data: dict[str, Any]) -> dict[str, Any]:
+def drop_retired(data: dict[str, Any], retired: dict[str, tuple[str, ...]] = RETIRED_SETTINGS,
+                 why: str = RETIRED_WHY) -> dict[str, Any]:
+    """``data`` without the ``retired`` settings (section -> keys), each one dropped said once (``why``)."""
     import warnings
 
-    for section, keys in RETIRED_SETTINGS.items():
+    for section, keys in retired.items():
         sub = data.get(section)
         if isinstance(sub, dict) and (old := [k for k in keys if k in sub]):
             data = {**data, section: {k: v for k, v in sub.items() if k not in old}}
-            warnings.warn(f"ignoring {', '.join(f'{section}.{k}' for k in old)}: retired (settling is now judged on "
-                          "the measurement windows)", FutureWarning, stacklevel=3)
+            warnings.warn(f"ignoring {', '.join(f'{section}.{k}' for k in old)}: retired ({why})", FutureWarning,
+                          stacklevel=3)
     return data
 
 

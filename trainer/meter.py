@@ -1,19 +1,21 @@
-"""Throughput measurement: a few steps discarded, then timed windows of global imgs/s until the latest agree.
+"""Throughput measurement: a few steps discarded, then short timed windows until the figure is known well enough.
 
 All ranks run the same state machine and agree on every decision through small all-reduces, so they always close a
-window on the same step. A window's throughput is the images of all ranks over the wall time of the *slowest* rank.
-Device synchronization happens only at window boundaries (and on every discarded warm-up step), so the measured steps
-keep their normal host/device overlap. Step time has settled when the latest ``windows`` windows and the one before
-them agree within ``spread_target``; the result is those ``windows``, and every window before them was warm-up (a
-loader catching up, a late recompile), so settling costs one window beyond the result's. A script's own loader,
-restarted every epoch, is measured in windows of whole worker rounds with each epoch's turn charged beside them, or,
-where its epochs are short (``short_epochs``), in windows of whole epochs.
+window on the same step. A window's figure is the samples of all ranks over the wall time of the *slowest* rank.
+Devices synchronize only at window edges (and on every discarded warm-up step), so the measured steps keep their
+normal host/device overlap. What the windows say, and when they say it well enough, is ``trainer.estimate``'s: the
+figure over the steady span with its 95 % interval, the span's start found from the data; the measurement ends once
+the interval's half-width is at most ``measure.precision``, or after ``measure.max_s`` with the interval as it is.
+A train run measures to its end and stands on every window.
+
+A script's own DataLoader, restarted at each epoch, turns at each epoch's end (``turn_begins`` to ``turn_ends``,
+from the runtime): the turn is a window of its own, marked, and its cost is charged at the rate it recurs over the
+real epoch (``epoch_steps``), one process with the steady windows beside it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,32 +25,12 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import MeasureConfig
+from trainer.estimate import Estimate, estimate, stop
 from trainer.protocol import STEPS_EVERY_S, Kind
 
-# Warm-up steps whose median sizes the first window: few enough to reflect the pace after the prefetch buffer.
-STEP_TIME_STEPS = 5
-
-MIN_ROUNDS = 4
-"""Fewest loader rounds in a window of whole rounds (``ThroughputMeter.whole_rounds``). A window ends with its last
-round, early or late, and the next window moves the other way. On 1xH200 the rounds of a script's 10-16 PIL workers
-ahead of ResNet-50 took 1.9-3.5 s in one run: windows of two rounds varied 2.6-19 % (coefficient of variation), of
-four rounds 1.9-10 % (bench/results/2026-12-03-h200-s14-call1-rounds.json); in two searches of that script, one
-of the nine trials after trial 0 settled within the 5 % spread target with windows of two rounds."""
-
-TURN_ROUNDS = 4
-"""Fewest whole rounds between two epoch turns for windows of whole rounds (``short_epochs``)."""
-
-
-def short_epochs(length: int, workers: int) -> bool:
-    """Whether the epochs of a loader restarted every epoch (``length`` batches from ``workers`` workers) are
-    measured in windows of whole epochs (``ThroughputMeter.epoch_windows``) rather than of whole rounds: where the
-    rounds between two turns (``length // workers - 1``: the turn takes the last, partial round and the next epoch's
-    first) are fewer than ``TURN_ROUNDS``. The steady part between two turns is then shorter than one window, and
-    the turn, a third of the epoch or more, is charged from as few samples: on 1xH200 (62 steps from 16 workers) such
-    windows varied 17 % from epoch to epoch and never settled. A whole epoch holds every cost a real run pays for it,
-    and is at most ``TURN_ROUNDS + 1`` rounds, so the rule itself bounds a window's time; longer epochs keep windows of
-    whole rounds, a window running across a turn where it must (the turn is kept out of it and charged)."""
-    return length // max(1, workers) - 1 < TURN_ROUNDS
+PACE_STEPS = 5
+"""Fewest warm-up steps whose mean pace sizes the first window (one from every loader worker at least: a loader's
+workers hand over their batches in bursts, one per round)."""
 
 
 @dataclass
@@ -69,8 +51,8 @@ class Window:
     """Steps of the window whose loss was NaN or inf on some rank. The loss is computed before the GradScaler
     scales anything, so a healthy fp16 run has none: a non-finite loss is a forward pass that overflowed."""
 
-    epochs: int = 0
-    """Whole epochs it holds (``ThroughputMeter.epoch_windows``); 0: it was cut at steps."""
+    turn: bool = False
+    """It holds an epoch's turn of the script's own loader, and only that (``ThroughputMeter.turn_begins``)."""
 
     @property
     def imgs_per_s(self) -> float:
@@ -87,7 +69,7 @@ class ThroughputMeter:
     device: torch.device
     emit: Callable[[dict[str, Any]], None]
     continuous: bool = False
-    """Train mode: keep measuring windows for the whole run instead of finishing after the protocol."""
+    """Train mode: keep measuring windows for the whole run instead of finishing once the figure is known."""
 
     prefetched_steps: int = 0
     """Steps the input pipeline can serve from batches prefetched before training started; always discarded."""
@@ -99,32 +81,19 @@ class ThroughputMeter:
     """Asked at every window's end (on every rank; any rank's yes ends the run there): the tuner cancels a pruned
     trial of a live worker this way, without killing the worker."""
 
+    epoch_steps: int | None = None
+    """Steps in one real epoch of a loader whose turns are marked (``turn_begins``): each turn is charged once per
+    that many steps' samples."""
+
+    first_turn_s: float | None = None
+    """The first epoch's start, measured alone before any step: charged per epoch where no turn is measured."""
+
+    clock: Callable[[], float] = time.perf_counter
+    """The timer of the windows (a test drives the meter on a clock of its own)."""
+
     cancelled: bool = False
-
-    epoch_starts: list[float] = field(default_factory=list)
-    """Seconds of each epoch boundary of a script's own loader met while measuring (``epoch_boundary``): its workers
-    joined and spawned anew, its first batches prefetched. Kept out of the windows, charged by ``charge_epochs``."""
-
-    whole_rounds: bool = False
-    """Windows of whole loader rounds (``span_steps`` steps, at least ``MIN_ROUNDS`` of them), opened at a round's
-    end. A loader whose workers all start together (at each epoch's start) hands over its batches in bursts, one
-    round at a time: a window that ends inside a burst reads its steps as free or as a whole round's wait, a window
-    of whole rounds reads their pace whatever the bursts. Set with ``turn_begins``/``turn_ends`` (the runtime)."""
-
-    epoch_windows: bool = False
-    """Windows of whole epochs of a script's own loader (``short_epochs``), cut at each epoch's start
-    (``epoch_begins``: before its loader's workers spawn), as many epochs as ``window_s`` asks, one at least: an
-    epoch's end, restart and first round fall inside, so a window's figure is what a run pays per epoch and nothing
-    is charged beside it. The warm-up ends at an epoch's start; one that outlasts ``warmup_max_s`` there says the
-    epochs are too long to be windows, and the meter goes on as without (``whole_rounds``, ``epoch_boundary``).
-    Set by the runtime where every rank's epoch has as many batches, so they all cut on the same step."""
-
-    epochs_per_window: int = 1
-
-    epoch_turns: list[dict[str, float]] = field(default_factory=list)
-    """Each epoch's turn measured inside the windows (``turn_begins`` to ``turn_ends``): its ``seconds``, and the
-    ``steps`` and this rank's ``images`` it served. Kept out of the windows, charged net of what those steps take at
-    the steady pace (``turn_costs``)."""
+    ended: str | None = None
+    """Why the measurement ended: ``precise``, ``capped`` (``trainer.estimate.stop``) or ``cancelled``."""
 
     steps_total: int = 0
     """Every ``step()`` so far, warm-up included."""
@@ -135,47 +104,39 @@ class ThroughputMeter:
     step_time_s: float = 0.0
     steps_per_window: int = 1
     windows: list[Window] = field(default_factory=list)
+    latest: Estimate | None = None
+    """The estimate after the latest window (None while the windows are too few for one)."""
+
     _step_times: list[float] = field(default_factory=list)
-    _t_start: float = field(default_factory=time.perf_counter)
-    _t_last: float = field(default_factory=time.perf_counter)
+    _t_start: float | None = None
+    _t_last: float | None = None
+    _t_measure: float = 0.0
     _win_steps: int = 0
     _win_images: int = 0
     _win_t0_wall: float = 0.0
     _win_t0: float = 0.0
     _win_paused: float = 0.0
+    _in_turn: bool = False
     _loss: torch.Tensor | None = None
     _loss_at_open: torch.Tensor | None = None
     _win_nonfinite: torch.Tensor | None = None
     _t_said: float = field(default_factory=time.monotonic)
     _t_step: float = field(default_factory=time.monotonic)
-    _charge: dict[str, Any] | None = None
-    _epoch_end_s: float = 0.0
-    _turn: dict[str, Any] | None = None
-    _round_pos: int = 0
-    """Steps since the last round's end that the windows know of: the start, or the end of an epoch's turn."""
-    _win_epochs: int = 0
-    _t_epoch: float = field(default_factory=time.perf_counter)
 
-    @property
-    def in_rounds(self) -> bool:
-        """Whether the batches come in rounds of the loader's workers: windows of whole rounds (a script's own
-        loader restarted every epoch), or a buffer the workers filled (they make the batches: all started together,
-        they hand them over a round at a time, one burst per round)."""
-        return self.whole_rounds or self.prefetched_steps >= self.span_steps > 1
-
-    @property
-    def pace_steps(self) -> int:
-        """The steps whose pace sizes the first window: a whole round where batches come in rounds (inside one,
-        a burst makes single steps free or slow), else the last few."""
-        return max(1, self.span_steps) if self.in_rounds else STEP_TIME_STEPS
+    def __post_init__(self) -> None:
+        self._t_start = self._t_last = self.clock()
 
     @property
     def min_steps(self) -> int:
         """Steps discarded at least: the warm-up minimum, and the prefetch buffer plus the steps whose pace sizes
         the first window. A loader serves buffered steps at once: a first window sized on them would be aimed at
         ten times the steps a loader-bound run makes in ``window_s``."""
-        buffered = self.prefetched_steps + max(STEP_TIME_STEPS, self.pace_steps) if self.prefetched_steps else 0
-        return max(self.cfg.warmup_min_steps, buffered)
+        buffered = self.prefetched_steps + self.pace_steps if self.prefetched_steps else 0
+        return max(1, self.cfg.warmup_min_steps, buffered)
+
+    @property
+    def pace_steps(self) -> int:
+        return max(PACE_STEPS, self.span_steps)
 
     @property
     def done(self) -> bool:
@@ -183,26 +144,21 @@ class ThroughputMeter:
 
     def step(self, loss: torch.Tensor | None = None, images: int | None = None) -> None:
         """Call after every optimizer step (every batch in loader mode) with the step's loss (a device tensor; read
-        only at window boundaries, where the device is synchronized anyway) and, when it is not ``images_per_step``,
+        only at window edges, where the device is synchronized anyway) and, when it is not ``images_per_step``,
         how many images (samples, tokens) this rank consumed in it."""
         if loss is not None:
             self._loss = loss
         self.steps_total += 1
         images = self.images_per_step if images is None else int(images)
-        if self.state == "measure" and loss is not None:  # counted on the device (no sync), read at the window's end
-            bad = (~torch.isfinite(loss.detach())).any().to(torch.int32)
-            self._win_nonfinite = bad if self._win_nonfinite is None else self._win_nonfinite + bad
-        if self._turn is not None:  # an epoch's turn: neither a warm-up step nor a window's
-            self._turn["steps"] += 1
-            self._turn["images"] += images
-        elif self.state == "warmup":
-            self._round_pos += 1
+        if self.state == "warmup":
             self._warmup_step()
         elif self.state == "measure":
-            self._round_pos += 1
+            if loss is not None:  # counted on the device (no sync), read at the window's end
+                bad = (~torch.isfinite(loss.detach())).any().to(torch.int32)
+                self._win_nonfinite = bad if self._win_nonfinite is None else self._win_nonfinite + bad
             self._win_steps += 1
             self._win_images += images
-            if self._win_steps >= self.steps_per_window and not self.epoch_windows:
+            if not self._in_turn and self._win_steps >= self.steps_per_window:
                 self._close_window()
         now, self._t_step = self._t_step, time.monotonic()
         if self.state != "done" and self._t_step - self._t_said >= STEPS_EVERY_S:
@@ -216,163 +172,74 @@ class ThroughputMeter:
     @contextlib.contextmanager
     def paused(self):
         """Validation or a checkpoint runs inside: that time is not training. A warm-up step's clock skips it; an
-        open window leaves it out of its seconds (``paused_s``), so windows run across epoch boundaries: a train
-        run's windows measure its whole pace, an epoch's loader restart included, even when epochs are short."""
+        open window leaves it out of its seconds (``paused_s``)."""
         sync(self.device)
-        start = time.perf_counter()
+        start = self.clock()
         try:
             yield
         finally:
             sync(self.device)
-            seconds = time.perf_counter() - start
-            if self._turn is not None:  # the turn's clock skips it too: it is no part of the epoch's turn
-                self._turn["t0"] += seconds
+            seconds = self.clock() - start
             if self.state == "warmup":
                 self._t_last += seconds
             elif self.state == "measure":
                 self._win_paused += seconds
 
-    @contextlib.contextmanager
-    def epoch_boundary(self, *, end: bool = False):
-        """An epoch's end (``end``: its loader's workers joined) or the next one's start (workers spawned, first
-        batches prefetched) inside a measurement: paused like validation (the windows stay steady whatever an
-        epoch's length), and its seconds kept, an end's added to the start after it (``epoch_starts``), to charge
-        over a real epoch (``charge_epochs``). In a train run's continuous windows it is part of the pace: nothing
-        is paused."""
-        # A turn holds it already; a window of whole epochs holds it too.
-        if self.continuous or self.epoch_windows or self.state == "done" or self._turn is not None:
-            yield
-            return
-        start = time.perf_counter()
-        with self.paused():
-            yield
-        seconds = time.perf_counter() - start
-        if end:
-            self._epoch_end_s = seconds
-        else:
-            self.epoch_starts.append(seconds + self._epoch_end_s)
-            self._epoch_end_s = 0.0
-
     def turn_begins(self) -> None:
-        """An epoch's turn begins: its loader is about to serve the epoch's last, partial round of worker batches
-        (or, with a whole last round, to find the epoch over), then joins its workers and starts the next epoch's.
-        Until ``turn_ends`` every step is kept out of the windows (their clock stops, their steps and images are not
-        counted) and out of warm-up; the turn's own seconds, steps and images are kept (``epoch_turns``). Begun and
-        ended on the same steps on every rank (the runtime checks that every rank's epoch has as many batches), so
-        the ranks' windows still close on the same step. In a train run's continuous windows it is part of the pace:
-        nothing is kept out; nor in windows of whole epochs, which hold their turns."""
-        if self.continuous or self.epoch_windows or self.state == "done" or self._turn is not None:
+        """An epoch's turn begins: the script's own loader is about to serve its epoch's last, partial round of
+        worker batches, then joins its workers and starts the next epoch's. While measuring, the window open so far
+        closes here and the turn is a window of its own, closed by ``turn_ends``. Called on the same step on every
+        rank (the runtime checks that every rank's epoch has as many batches). A train run's windows hold their
+        turns as they come: nothing is marked."""
+        if self.continuous or self.state == "done" or self._in_turn:
             return
-        sync(self.device)
-        self._turn = {"t0": time.perf_counter(), "steps": 0, "images": 0, "state": self.state}
-
-    def turn_ends(self) -> None:
-        """The epoch's turn ends: the new epoch's first round of worker batches (one per worker, all started
-        together) has been served, and its loader is back at a round's end: windows of whole rounds go on from
-        here. A turn that began and ended while measuring is kept for the charge."""
-        turn, self._turn = self._turn, None
-        if turn is None:
-            return
-        sync(self.device)
-        now = time.perf_counter()
-        self._round_pos = 0
-        if self.state == "warmup":
-            self._t_last = now  # no warm-up step's time
-        elif self.state == "measure":
-            self._win_paused += now - max(turn["t0"], self._win_t0)
-            if turn["state"] == "measure":
-                self.epoch_turns.append({"seconds": now - turn["t0"], "steps": turn["steps"],
-                                         "images": turn["images"]})
-
-    def epoch_begins(self, images: int = 0) -> None:
-        """An epoch of the script's own loader begins (before its ``iter``), on the same step on every rank; windows
-        of whole epochs (``epoch_windows``) are cut here. ``images``: what this rank's steps consumed before it but
-        have not yet counted (an accumulation that runs over the epoch's end): the ending epoch's. The first
-        epoch's start, before any step, and the warm-up's are not a window's: the first epoch spawns its workers
-        cold, so the first window is the epoch after the warm-up's last."""
-        if not self.epoch_windows or self.state == "done" or not self.steps_total:
-            return
-        if self.state == "warmup":
-            sync(self.device)
-            now = time.perf_counter()
-            epoch_s, self._t_epoch = now - self._t_epoch, now
-            not_done = allreduce([float(self.warmup_steps < max(1, self.min_steps))], dist.ReduceOp.MAX,
-                                 self.device)[0]
-            if not not_done:
-                self._measure_from(now, capped=False, epoch_s=epoch_s)
-            return
-        self._win_images += images
-        self._win_epochs += 1
-        if self._win_epochs >= self.epochs_per_window:
+        self._in_turn = True
+        if self.state == "measure" and self._win_steps:
             self._close_window()
 
-    def turn_costs(self) -> list[float]:
-        """What each epoch turn cost this rank beyond the steady pace: its seconds less the seconds its steps take
-        at the steady windows' pace (this rank's share of it). A turn starts at a round's end and ends at one, so
-        this is what an epoch of the loader pays for its end and its start: the partial last round, the workers
-        joined and spawned anew, their first batches made before any arrives (empty without a steady figure)."""
-        rates = [w.imgs_per_s for w in self.steady()]
-        steady = statistics.median(rates) / _world() if rates else 0.0
-        if steady <= 0:
-            return []
-        return [t["seconds"] - t["images"] / steady for t in self.epoch_turns]
-
-    def charge_epochs(self, *, epoch_images: int | None, start_s: float | None, measured: int | None = None) -> None:
-        """What a real run pays per epoch, charged to the figure: ``start_s`` seconds of boundary (the slowest
-        rank's) once every ``epoch_images`` images (all ranks'), on top of the steady windows' pace. The summary's
-        ``imgs_per_s`` is then the charged figure; ``imgs_per_s_steady`` the windows' own. ``measured``: how many
-        epoch boundaries ``start_s`` stands on (default: those this meter met). Windows of whole epochs hold their
-        boundaries already: nothing is charged."""
-        if epoch_images and start_s and not self.epoch_windows:
-            met = len(self.epoch_turns) or len(self.epoch_starts)
-            self._charge = {"epoch_images": int(epoch_images), "epoch_start_s": round(start_s, 6),
-                            "epoch_starts": met if measured is None else measured}
-            if self.epoch_turns:  # this rank's, each net of its steps at the steady pace
-                self._charge["epoch_turns_s"] = [round(c, 4) for c in self.turn_costs()]
+    def turn_ends(self) -> None:
+        """The turn ends: the new epoch's first round of worker batches (one per worker, all started together) has
+        been served. Its window closes, marked."""
+        if not self._in_turn:
+            return
+        if self.state == "measure" and self._win_steps:
+            self._close_window(turn=True)
+        self._in_turn = False
+        if self.state == "warmup":
+            self._t_last = self.clock()  # no warm-up step's pace
 
     # ---- warm-up -----------------------------------------------------------------------------------------------
 
     def _warmup_step(self) -> None:
         sync(self.device)
-        now = time.perf_counter()
-        self._step_times.append(now - self._t_last)
+        now = self.clock()
+        if not self._in_turn:
+            self._step_times.append(now - self._t_last)
         self._t_last = now
         self.warmup_steps += 1
         # Steps served from the loader's prefetch buffer are fast and say nothing about the steady state, and the
         # first step carries cudnn autotuning and the communicators' set-up: at least one step is always discarded.
-        done = self.warmup_steps >= max(1, self.min_steps)
-        if self.whole_rounds:  # the first window opens at a round's end
-            done = done and self._round_pos % max(1, self.span_steps) == 0
-        if self.epoch_windows:  # ... or at an epoch's start (epoch_begins)
-            done = False
+        # A turn in progress finishes first: the first window is a steady one.
+        done = self.warmup_steps >= self.min_steps and not self._in_turn
         capped = now - self._t_start >= self.cfg.warmup_max_s
         # Every rank must leave warm-up on the same step: when all are done, or any has hit the time cap.
         not_done, any_capped = allreduce([float(not done), float(capped)], dist.ReduceOp.MAX, self.device)
-        if not_done and not any_capped:
+        if not_done and not (any_capped and not self._in_turn):
             return
-        # Windows of whole epochs leave warm-up here only when capped before an epoch's start: an epoch longer than
-        # the warm-up may take is too long to be a window.
-        self.epoch_windows = False
         self._measure_from(now, capped=bool(not_done))
 
-    def _measure_from(self, now: float, *, capped: bool, epoch_s: float = 0.0) -> None:
+    def _measure_from(self, now: float, *, capped: bool) -> None:
         """The warm-up's end (on the same step on every rank): the first window aimed at ``window_s`` from the
-        slowest rank's pace, in steps, or in epochs from its last epoch's seconds (``epoch_s``)."""
-        if self.in_rounds:  # the last round's pace
-            recent = self._step_times[-self.pace_steps:]
-            local = sum(recent) / len(recent)
-        else:
-            local = statistics.median(self._step_times[-STEP_TIME_STEPS:])
-        self.step_time_s, epoch_s = allreduce([local, epoch_s], dist.ReduceOp.MAX, self.device)
+        slowest rank's pace over the last warm-up steps."""
+        recent = self._step_times[-self.pace_steps:] or [now - self._t_start]
+        self.step_time_s = allreduce([sum(recent) / len(recent)], dist.ReduceOp.MAX, self.device)[0]
         self.warmup_capped = capped
-        self.steps_per_window = self._fit(round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
-        if self.epoch_windows:
-            self.epochs_per_window = max(1, round(self.cfg.window_s / max(epoch_s, 1e-9)))
-        self._say({"kind": "warmup_done", "t": time.time(), "steps": self.warmup_steps,
+        self.steps_per_window = max(self.span_steps, round(self.cfg.window_s / max(self.step_time_s, 1e-9)))
+        self._say({"kind": Kind.WARMUP_DONE, "t": time.time(), "steps": self.warmup_steps,
                    "seconds": round(now - self._t_start, 4), "step_time_s": self.step_time_s,
-                   "capped": self.warmup_capped, "steps_per_window": self.steps_per_window,
-                   **({"epochs_per_window": self.epochs_per_window} if self.epoch_windows else {})})
+                   "capped": self.warmup_capped, "steps_per_window": self.steps_per_window})
         self.state = "measure"
+        self._t_measure = now
         self._open_window()
 
     # ---- windows -----------------------------------------------------------------------------------------------
@@ -381,113 +248,81 @@ class ThroughputMeter:
         # A copy, queued on the device: the training loop may reuse the tensor it handed over.
         self._loss_at_open = self._loss.detach().clone() if self._loss is not None else None
         sync(self.device)
-        self._win_t0_wall, self._win_t0, self._win_steps, self._win_paused = time.time(), time.perf_counter(), 0, 0.0
-        self._win_images = self._win_epochs = 0
+        self._win_t0_wall, self._win_t0, self._win_steps, self._win_paused = time.time(), self.clock(), 0, 0.0
+        self._win_images = 0
         self._win_nonfinite = None
 
-    def _reaim(self, count: int, seconds: float) -> int:
-        """How many of a window's ``count`` units (steps or epochs), which took ``seconds``, fill ``window_s``: at
-        most 2x either way."""
-        aim = round(count * self.cfg.window_s / max(seconds, 1e-9))
-        return min(2 * count, max(count // 2, aim))
-
-    def _close_window(self) -> None:
+    def _close_window(self, *, turn: bool = False) -> None:
         sync(self.device)
-        seconds = time.perf_counter() - self._win_t0 - self._win_paused
+        now = self.clock()
+        seconds = now - self._win_t0 - self._win_paused
         t1_wall = time.time()
-        # Slowest rank's duration; earliest start and latest end, so the tuner clips GPU samples to the true span.
-        stop = float(bool(self.stop_requested and self.stop_requested()))
+        stop_asked = float(bool(self.stop_requested and self.stop_requested()))
         bad = float(self._win_nonfinite.item()) if self._win_nonfinite is not None else 0.0
-        # Non-finite steps: the worst rank's count, in the same collective as the slowest rank's duration.
-        slowest, neg_t0, t1, stop, bad = allreduce([seconds, -self._win_t0_wall, t1_wall, stop, bad],
-                                                    dist.ReduceOp.MAX, self.device)
+        # The slowest rank's duration and time measured so far, the worst rank's non-finite steps, the earliest start
+        # and latest end (the tuner clips GPU samples to the true span): one collective, so every rank decides alike.
+        slowest, elapsed, neg_t0, t1, stop_asked, bad = allreduce(
+            [seconds, now - self._t_measure, -self._win_t0_wall, t1_wall, stop_asked, bad], dist.ReduceOp.MAX,
+            self.device)
         losses = [float(x.float().item()) if x is not None else 0.0 for x in (self._loss_at_open, self._loss)]
         images, *loss_sums = allreduce([float(self._win_images), *losses], dist.ReduceOp.SUM, self.device)
         start, end = ((x / _world() for x in loss_sums) if self._loss is not None else (None, None))
         w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=int(images),
                    seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end,
-                   loss_nonfinite=int(bad), epochs=self._win_epochs if self.epoch_windows else 0)
+                   loss_nonfinite=int(bad), turn=turn)
         self.windows.append(w)
-        self._say({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps, "images": w.images,
-                   "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3),
+        self.latest = None if self.continuous else self.estimate()
+        self._say({"kind": Kind.WINDOW, "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps,
+                   "images": w.images, "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3),
                    "loss_start": _round(w.loss_start), "loss_end": _round(w.loss_end),
-                   "loss_nonfinite": w.loss_nonfinite, "paused_s": round(self._win_paused, 6),
-                   "epochs": w.epochs})
-        # Re-aim the next window at window_s from what this one really took (every rank computes the same number),
-        # by at most 2x either way: one burst of buffered batches must not make the next window ten times too long.
-        self.steps_per_window = self._fit(self._reaim(w.steps, w.seconds))
-        if w.epochs:  # the same in whole epochs, one at least
-            self.epochs_per_window = max(1, self._reaim(w.epochs, w.seconds))
-        self.cancelled = bool(stop)
-        if self.cancelled or (not self.continuous and self._protocol_complete()):
+                   "loss_nonfinite": w.loss_nonfinite, "paused_s": round(self._win_paused, 6), "turn": turn,
+                   "estimate": _estimate_record(self.latest)})
+        if not turn:  # the next window aimed at window_s from this one's pace, by at most 2x either way
+            aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))
+            spw = self.steps_per_window
+            self.steps_per_window = max(self.span_steps, min(2 * spw, max(spw // 2, aim)))
+        self.cancelled = bool(stop_asked)
+        self.ended = "cancelled" if self.cancelled else None if self.continuous else stop(
+            self.latest, precision=self.cfg.precision, elapsed_s=elapsed, max_s=self.cfg.max_s)
+        if self.ended:
             self.state = "done"
             return
         self._open_window()
 
-    def _fit(self, steps: int) -> int:
-        """A window's steps: at least one batch from every loader worker; whole rounds of them where the loader's
-        batches come in rounds (``whole_rounds``)."""
-        span = max(1, self.span_steps)
-        if not self.whole_rounds:
-            return max(span, steps)
-        return max(MIN_ROUNDS, round(steps / span)) * span
+    # ---- the figure --------------------------------------------------------------------------------------------
 
-    def _protocol_complete(self) -> bool:
-        return len(self.windows) >= self.cfg.max_windows or self.settled
+    def epoch_images(self) -> float | None:
+        """Samples of all ranks in one real epoch (``epoch_steps`` steps at the windows' samples per step)."""
+        steps = sum(w.steps for w in self.windows)
+        if not self.epoch_steps or not steps:
+            return None
+        return self.epoch_steps * sum(w.images for w in self.windows) / steps
 
-    @property
-    def settled(self) -> bool:
-        """The latest ``windows`` windows and the one before them agree within the spread target, and each is a real
-        window: at least half of ``window_s`` (the first ones are aimed from warm-up steps and can be short). The
-        window before is the evidence that the pace had already settled when the result's windows began, and is
-        not part of the result: without it, a slow ramp (loader workers, caches, clocks warming up) reads as steady
-        while it lasts (on the CPU demo, one re-measure 6 % below a long reference run)."""
-        tail = self.windows[-(self.cfg.windows + 1):]
-        return (len(tail) == self.cfg.windows + 1 and self.spread(tail) <= self.cfg.spread_target
-                and all(w.seconds >= self.cfg.window_s / 2 for w in tail))
+    def estimate(self, *, final: bool = False) -> Estimate | None:
+        """The figure of the windows so far and its interval (``trainer.estimate.estimate``): the steady span's,
+        epoch turns charged; a train run's over every window."""
+        return estimate(self.windows, epoch_images=self.epoch_images(), first_turn_s=self.first_turn_s,
+                        truncate=not self.continuous, final=final)
 
-    def steady(self) -> list[Window]:
-        """The windows the result stands on: the latest ``windows`` of them once they agree (earlier ones were still
-        warming up), else the latest half (at least ``windows``): the earlier half is presumed warm-up. A train run
-        stands on all of them: its figure is the whole run's pace, epoch boundaries and all."""
-        if self.continuous:
-            return list(self.windows)
-        if self.settled:
-            return self.windows[-self.cfg.windows:]
-        return self.windows[-max(self.cfg.windows, len(self.windows) // 2):]
-
-    @staticmethod
-    def spread(windows: list[Window]) -> float:
-        rates = [w.imgs_per_s for w in windows]
-        if len(rates) < 2:
-            return 0.0
-        med = statistics.median(rates)
-        return (max(rates) - min(rates)) / med if med > 0 else float("inf")
+    def used(self, est: Estimate | None) -> list[Window]:
+        """The windows the figure stands on: from the steady span's start."""
+        return self.windows[est.start:] if est is not None else list(self.windows)
 
     def summary(self) -> dict[str, Any]:
-        used = self.steady()
-        rates = [w.imgs_per_s for w in used]
-        steady = statistics.median(rates) if rates else None
-        charged = {}
-        if self._charge and steady:
-            # An epoch's images at the steady pace, plus its boundary: the rate a real run of such epochs sees.
-            epoch_s = self._charge["epoch_images"] / steady + self._charge["epoch_start_s"]
-            charged = {**self._charge, "imgs_per_s_steady": round(steady, 3)}
-            steady = self._charge["epoch_images"] / epoch_s
+        est = self.estimate(final=True)
+        used = self.used(est)
         return {
-            "imgs_per_s": round(steady, 3) if steady else None,
-            **charged,
+            "imgs_per_s": round(est.value, 3) if est else None,
+            **(est.record() if est else {}),
+            "precise": bool(est and est.half_width <= self.cfg.precision),
+            "ended": self.ended or ("run" if self.continuous else None),
             "imgs_per_s_windows": [round(w.imgs_per_s, 3) for w in self.windows],
+            "turn_windows": [w.index for w in self.windows if w.turn],
             "windows_used": [w.index for w in used],
-            "imgs_per_s_min": round(min(rates), 3) if rates else None,
-            "imgs_per_s_max": round(max(rates), 3) if rates else None,
-            "spread": round(self.spread(used), 5),
             "windows": len(self.windows),
-            # Windows of whole epochs (each window's record says how many): their figure is a run's, nothing charged.
-            "epoch_windows": self.epoch_windows,
+            "measured_s": round(sum(w.seconds for w in self.windows), 3),
             "warmup_steps": self.warmup_steps,
             "warmup_capped": self.warmup_capped,
-            "settled": self.settled,
             "cancelled": self.cancelled,
             "step_time_s": self.step_time_s,
             # The loss over the windows the figure stands on: a figure is only worth something if the run learns.
@@ -495,6 +330,13 @@ class ThroughputMeter:
             "loss_end": _round(used[-1].loss_end) if used else None,
             "loss_nonfinite_in_windows": sum(w.loss_nonfinite for w in used),
         }
+
+
+def _estimate_record(est: Estimate | None) -> dict[str, Any] | None:
+    """The running estimate a window record carries (the tuner races trials on it)."""
+    if est is None:
+        return None
+    return {"imgs_per_s": round(est.value, 3), "half_width": round(est.half_width, 5), "start": est.start}
 
 
 def sync(device: torch.device) -> None:

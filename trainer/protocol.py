@@ -191,9 +191,13 @@ class WindowRecord(TypedDict):
     paused_s: float
     """Time inside the window spent paused (validation, a checkpoint): not in ``seconds``."""
 
-    epochs: int
-    """Whole epochs it holds where a script's own loader with short epochs is measured in windows of whole epochs
-    (their restarts inside); 0: it was cut at steps."""
+    turn: bool
+    """It holds an epoch's turn of a script's own loader (its last partial round, its workers started anew, its
+    first round), charged once per real epoch rather than taken as a pace."""
+
+    estimate: dict[str, float] | None
+    """The figure so far (``imgs_per_s``), its interval's relative half-width (``half_width``) and the steady span's
+    first window (``start``); None while the windows are too few for one (and in a train run)."""
 
 
 class SummaryRecord(TypedDict, total=False):
@@ -207,20 +211,43 @@ class SummaryRecord(TypedDict, total=False):
     """What the figures count: images for the built-in job, a user's script's own unit otherwise."""
 
     imgs_per_s: float | None
-    """Median of the windows the result stands on (``windows_used``), in ``unit`` per second."""
+    """The estimate (``trainer.estimate``): the samples of the steady span's windows over the slowest rank's
+    seconds, an epoch's turns charged once per real epoch; in ``unit`` per second."""
+
+    ci_low: float
+    ci_high: float
+    ci_half_width: float
+    """The 95 % interval, and its half-width as a share of the figure."""
+
+    ci_batches: int
+    ci_batch_windows: int
+    ci_lag1: float
+    """The batch means the interval stands on: how many, of how many windows each, their lag-1 autocorrelation."""
+
+    steady_start: int
+    """The steady span's first window (MSER): the windows before it were warm-up."""
+
+    imgs_per_s_steady: float
+    """The steady windows' own figure, before epoch turns are charged."""
+
+    epoch_turns: int
+    epoch_turn_s: float
+    """Epoch turns measured in the span and what one costs beyond the steady pace (charged once per real epoch);
+    ``epoch_turns`` 0: the charge is the first epoch's start, measured alone."""
+
+    precise: bool
+    """The interval's half-width is within ``measure.precision``."""
+
+    ended: str | None
+    """``precise``, ``capped`` (``measure.max_s`` reached), ``cancelled``, or ``run`` (a train run's end)."""
 
     imgs_per_s_windows: list[float]
+    turn_windows: list[int]
     windows_used: list[int]
-    imgs_per_s_min: float | None
-    imgs_per_s_max: float | None
-    spread: float
     windows: int
+    measured_s: float
     warmup_steps: int
     warmup_capped: bool
-    epoch_windows: bool
-    """Whether the windows are whole epochs (each window's ``epochs``): their figure is a run's, nothing charged."""
-
-    settled: bool
     cancelled: bool
     step_time_s: float
     loss_start: float | None
@@ -232,8 +259,8 @@ class SummaryRecord(TypedDict, total=False):
     """The last step's loss."""
 
     loss_finite: bool
-    """The figure stands: the loss stayed finite and did not rise across the windows (the name is older than the
-    rise rule; ``loss_reason`` says why not)."""
+    """The figure stands: the loss stayed finite and did not rise across the windows (``loss_reason`` says why
+    not)."""
 
     loss_reason: str | None
 

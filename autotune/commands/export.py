@@ -24,8 +24,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
                         "fresh process", arguments=arguments)
 def run(args: argparse.Namespace) -> int:
     from autotune import export
+    from autotune.formatting import fmt_ips
     from autotune.outputs import check_output
-    from autotune.search.progress import fmt_ips
     from autotune.study.storage import load, log_root, resolve_storage
 
     url = resolve_storage(args.study, args.storage)

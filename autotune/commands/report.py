@@ -14,10 +14,10 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 @command("report", help="write the study as one self-contained HTML page of plots (history, importances, imgs/s "
-                        "vs utilization, window spread, failures, Pareto front)", arguments=arguments)
+                        "vs utilization, each figure's interval, failures, Pareto front)", arguments=arguments)
 def run(args) -> int:
+    from autotune.formatting import plural
     from autotune.outputs import check_output
-    from autotune.overview import plural
     from autotune.report import trial_rows, write_report
     from autotune.study.storage import display_url, load, resolve_storage
 

@@ -2,6 +2,12 @@
 input pipeline's supply (measured, or for hybrid derived from its ends), which points are still live (a precision
 that diverged end to end is not), and the bound all this puts on an end-to-end configuration.
 
+The bound: a pipeline that decodes on the CPU and the model run side by side, so an end-to-end run is at most the
+smaller of the two (``min(supply, ceiling)``). A pipeline that decodes on the same GPUs (nvJPEG, the hybrid's GPU
+share, DALI's CUDA share) takes the SMs the model needs: per sample, the run then pays the model's time and the
+decode's device time (``Pipe.device_s``, the GPUs' busy share while the pipeline fed alone, over its rate). DALI's
+hardware JPEG engines are no SMs: NVML's utilization does not count them, so only its CUDA share is charged.
+
 A reading of the trials (``autotune.study.view``) for the stage planner (``autotune.search.stages``, which decides
 what to run) and for the evaluator (which does not launch what is bounded below the best): it enqueues nothing.
 """
@@ -19,6 +25,7 @@ from autotune.study.view import IMAGE_LOADER, OWN_LOADER, TrialView, feasible, o
 from autotune.verdict import NOT_ITS_FAULT
 from trainer.compile_costs import Paid
 from trainer.config import ConfigError
+from trainer.estimate import Interval
 from trainer.knobs import Knob, table
 from trainer.protocol import Failure
 
@@ -55,13 +62,34 @@ class Pipe:
     """Its supply (imgs/s, all ranks): measured, or for hybrid derived from its ends."""
 
     upper: float
-    """Its fastest steady window when the supply never settled (else ``point``): what it may reach."""
+    """The top of its interval: what it may reach."""
 
-    settled: bool
+    precise: bool
+    """Its interval came within the measurement's precision (a hybrid: both its ends')."""
+
+    device_s: float = 0.0
+    """Seconds of the GPUs' time each sample's decode takes (all ranks' samples): their busy share while it fed
+    alone, over its rate. 0 for a pipeline that decodes on the CPU, or where the GPUs' utilization is unknown."""
 
     @property
     def family(self) -> str:
         return self.settings.get("data.decode", "")
+
+    @property
+    def device_share(self) -> float:
+        """The GPUs' busy share while it fed alone."""
+        return self.device_s * self.point
+
+    def with_model(self, ceiling: float, *, reach: bool = False) -> float:
+        """What an end-to-end run of this pipeline can reach beside a model that alone runs ``ceiling``: the smaller
+        of the two; for a pipeline that decodes on the GPUs, per sample the model's time plus its decode's.
+        ``reach``: with the top of its supply's interval (what it may reach) rather than its figure."""
+        time = 1.0 / ceiling + self.device_s if ceiling > 0 else math.inf
+        return min(self.upper if reach else self.point, 1.0 / time if time > 0 else math.inf)
+
+    def decode_share(self, ceiling: float) -> float:
+        """The share of a sample's time beside the model (``with_model``) that its decode takes on the GPUs."""
+        return self.device_s / (1.0 / ceiling + self.device_s) if ceiling > 0 else 0.0
 
 
 class Measured:
@@ -74,7 +102,6 @@ class Measured:
         self.base = plan.probe.to_dict()
         self.on_gpu = bool(plan.entries)
         self.measure = plan.probe.measure
-        self.tolerance = plan.spec.pruner.tolerance
 
     @property
     def ceilings(self) -> bool:
@@ -195,7 +222,13 @@ class Measured:
         return ("retry", request) if status == "retry" else ("impossible", None)
 
     def pair_ceiling(self, vs: list[TrialView], pair: tuple) -> float | None:
-        return max((v.imgs_per_s for v in self.ceilings_of(vs, pair)), default=None)
+        found = self.pair_interval(vs, pair)
+        return found.value if found is not None else None
+
+    def pair_interval(self, vs: list[TrialView], pair: tuple) -> Interval | None:
+        """The fastest measurement of the model alone at ``pair``, with its interval."""
+        best = max(self.ceilings_of(vs, pair), key=lambda v: v.imgs_per_s, default=None)
+        return best.interval if best is not None else None
 
     def live_pairs(self, vs: list[TrialView]) -> list[tuple[tuple, float]]:
         """Measured pairs whose end-to-end trials have not all diverged, fastest first."""
@@ -203,9 +236,12 @@ class Measured:
         return sorted([(p, c) for p, c in out if c is not None and not self.pair_dead(vs, p)], key=lambda x: -x[1])
 
     def tied_pairs(self, vs: list[TrialView]) -> list[tuple[tuple, float]]:
-        """Live pairs within the spread target of the fastest ceiling: measured, they cannot be told apart."""
+        """Live pairs whose ceiling's interval overlaps the fastest one's: measured, they cannot be told apart."""
         live = self.live_pairs(vs)
-        return [(p, c) for p, c in live if c >= live[0][1] * (1 - self.measure.spread_target)] if live else []
+        if not live:
+            return []
+        top = self.pair_interval(vs, live[0][0])
+        return [(p, c) for p, c in live if self.pair_interval(vs, p).ties(top)]
 
     def best_pair(self, vs: list[TrialView]) -> tuple[tuple, float] | None:
         """The pair the stages go on from: the fastest live ceiling; among pairs tied with it, the one whose
@@ -241,33 +277,23 @@ class Measured:
                 "training.batch_size": chosen.setting("training.batch_size"), "imgs_per_s": top}
 
     def pipes(self, vs: list[TrialView]) -> list[Pipe]:
-        """Every pipeline with a supply: measured, or hybrid derived from its two ends (its CPU and GPU shares decode
-        at once, each at its own rate, so a batch takes the longer of the two)."""
-        measured: dict[tuple, Pipe] = {}
-        for v in vs:
-            if v.stage != "supply" or v.outcome != "part" or v.imgs_per_s is None:
-                continue
-            decode = v.setting("data.decode")
-            fraction = v.setting("data.hybrid_cpu_fraction") if decode == "hybrid" else None
-            pipe = Pipe(settings={"data.decode": decode, **({"data.hybrid_cpu_fraction": fraction}
-                                                           if fraction is not None else {})},
-                        point=v.imgs_per_s, upper=supply_upper(v), settled=v.attrs.get("settled") is not False)
-            key = (decode, fraction)
-            if key not in measured or pipe.point > measured[key].point:
-                measured[key] = pipe
-        cpu, gpu = measured.get(("torchvision-cpu", None)), measured.get(("nvjpeg-gpu", None))
-        if cpu and gpu and "hybrid" in self.choices("data.decode"):
-            for f in self.choices("data.hybrid_cpu_fraction"):
-                if ("hybrid", f) in measured or f is None:
-                    continue
-
-                def mix(a: float, b: float, f=f) -> float:
-                    return 1.0 / max(f / a, (1.0 - f) / b)
-
-                measured[("hybrid", f)] = Pipe(settings={"data.decode": "hybrid", "data.hybrid_cpu_fraction": f},
-                                               point=mix(cpu.point, gpu.point), upper=mix(cpu.upper, gpu.upper),
-                                               settled=cpu.settled and gpu.settled)
+        """Every pipeline with a supply: measured, or hybrid at each of the space's shares derived from its two ends
+        (``derived``)."""
+        measured = measured_pipes(vs)
+        fractions = self.choices("data.hybrid_cpu_fraction") if "hybrid" in self.choices("data.decode") else []
+        for f in fractions:
+            if ("hybrid", f) not in measured and f is not None:
+                made = derived(measured, f)
+                if made is not None:
+                    measured[("hybrid", f)] = made
         return list(measured.values())
+
+    def pipe_of(self, vs: list[TrialView], config: dict[str, Any]) -> Pipe | None:
+        """The pipeline ``config`` runs, as the supplies measured it (None: not measured)."""
+        decode = get_path(config, "data.decode")
+        fraction = get_path(config, "data.hybrid_cpu_fraction") if decode == "hybrid" else None
+        return next((p for p in self.pipes(vs) if p.family == decode
+                     and p.settings.get("data.hybrid_cpu_fraction") == fraction), None)
 
     def supply_of(self, vs: list[TrialView], decode: str, fraction: float | None) -> float | None:
         """imgs/s the pipeline can feed (all ranks), measured or derived; None when unknown."""
@@ -277,58 +303,101 @@ class Measured:
         return None
 
     def bound_of(self, vs: list[TrialView], config: dict[str, Any]) -> tuple[float, str] | None:
-        """The most an end-to-end run of ``config`` can reach by what the stages measured, and why; None when they
-        measured nothing that bounds it. Its ceiling: the pace of its precision and layout at the smallest measured
-        batch not below its images per step (on GPUs a smaller batch is not faster; on CPU ranks it can be, so only a
-        measurement at its images per step bounds it); its supply: what its pipeline fed at most (the fastest
-        steady window of a supply that never settled), with the most loader workers."""
+        """The most an end-to-end run of ``config`` can reach by what the stages measured (the top of the bounding
+        measurement's interval), and why; None when they measured nothing that bounds it. Its ceiling: the pace of
+        its precision and layout at the smallest measured batch not below its images per step (on GPUs a smaller
+        batch is not faster; on CPU ranks it can be, so only a measurement at its images per step bounds it); its
+        supply: what its pipeline fed, with the most loader workers."""
         out: list[tuple[float, str]] = []
         pair = tuple(get_path(config, d.path) for d in grid())
         per_step = int(get_path(config, "training.batch_size")) * int(get_path(config, "training.accum_steps") or 1)
         above = [v for v in self.ceilings_of(vs, pair) if v.setting("training.batch_size") >= per_step
                  and (self.on_gpu or v.setting("training.batch_size") == per_step)]
+        pipe = self.pipe_of(vs, config) if self.supplies else None
         if above:
             b = min(v.setting("training.batch_size") for v in above)
-            ips = max(v.imgs_per_s for v in above if v.setting("training.batch_size") == b)
-            if not self.refuted(vs, pair, b, ips):
-                out.append((ips, f"the model alone at {pair_label(pair)} batch {b} runs {ips:,.0f} imgs/s"))
-        if self.supplies:
-            decode = get_path(config, "data.decode")
-            fraction = get_path(config, "data.hybrid_cpu_fraction") if decode == "hybrid" else None
-            for p in self.pipes(vs):
-                if p.family == decode and p.settings.get("data.hybrid_cpu_fraction") == fraction:
-                    out.append((p.upper, f"{self.pipe_name(decode)} feeds at most {p.upper:,.0f} imgs/s"))
+            top = max((v for v in above if v.setting("training.batch_size") == b), key=lambda v: v.imgs_per_s)
+            if not self.refuted(vs, pair, b, top.interval):
+                out.append((top.interval.high, f"the model alone at {pair_label(pair)} batch {b} runs "
+                                               f"{top.imgs_per_s:,.0f} imgs/s (at most {top.interval.high:,.0f})"))
+                if pipe is not None and pipe.device_s:  # the GPUs' time per sample, the model's and the decode's
+                    joint = 1.0 / (1.0 / top.interval.high + pipe.device_s)
+                    out.append((joint, f"beside the model at {pair_label(pair)} batch {b} "
+                                       f"({top.imgs_per_s:,.0f} imgs/s alone), {self.pipe_name(pipe.family)}'s decode "
+                                       f"on the GPUs takes {pipe.decode_share(top.imgs_per_s):.0%} of each sample's "
+                                       f"time: at most {joint:,.0f} imgs/s"))
+        if pipe is not None:
+            out.append((pipe.upper, f"{self.pipe_name(pipe.family)} feeds {pipe.point:,.0f} imgs/s (at most "
+                                    f"{pipe.upper:,.0f})"))
         return min(out, default=None)
 
-    def refuted(self, vs: list[TrialView], pair: tuple, batch: int, ips: float) -> bool:
-        """Whether an end-to-end run at ``pair`` and ``batch`` images per step measured above the ceiling ``ips``
-        there by more than the tolerance: the model alone is then no bound at that point (its synthetic replay
-        costs what the job does not, or the windows swing), and pruning against it would drop what runs faster."""
-        return any(v.imgs_per_s > ips * (1 + self.tolerance) for v in feasible(vs)
+    def refuted(self, vs: list[TrialView], pair: tuple, batch: int, ceiling: Interval) -> bool:
+        """Whether an end-to-end run at ``pair`` and ``batch`` images per step measured above the ceiling there
+        (its interval above the ceiling's): the model alone is then no bound at that point (its synthetic replay
+        costs what the job does not), and pruning against it would drop what runs faster."""
+        return any(ceiling.below(v.interval) for v in feasible(vs)
                    if not v.part and self.pair_of(v) == pair
                    and v.setting("training.batch_size") * (v.setting("training.accum_steps") or 1) == batch)
 
 
-CEILING_SLACK = 0.05
-"""A figure up to this much above the ceiling is the measurements' noise (the spread target): a share of it. Beyond,
-the ceiling did not bound the run (on CPU ranks a small batch can run faster per image than the one the model alone
-ran at)."""
-
-
-def ceiling_share(ips: float, ceiling: float) -> float | None:
-    """``ips`` as a share of the ceiling, or None where the ceiling did not bound it (``CEILING_SLACK``)."""
-    if not ceiling or ips > ceiling * (1 + CEILING_SLACK):
+def ceiling_share(run: Interval, ceiling: Interval) -> float | None:
+    """A run's figure as a share of the ceiling, or None where the ceiling did not bound it: the run's interval
+    lies above the ceiling's (on CPU ranks a small batch can run faster per image than the one the model alone ran
+    at). A run inside the ceiling's noise is a share of it, even a share a little above one."""
+    if not ceiling.value or ceiling.below(run):
         return None
-    return ips / ceiling
+    return run.value / ceiling.value
 
 
-def supply_upper(v: TrialView) -> float:
-    """What a supply may reach: its figure when its windows agreed, else the fastest of its latest half (the windows
-    an unsettled result stands on)."""
-    windows = [float(x) for x in v.attrs.get("imgs_per_s_windows") or [] if x is not None]
-    if v.attrs.get("settled") is not False or not windows:
-        return float(v.imgs_per_s)
-    return max([*windows[-max(1, len(windows) // 2):], float(v.imgs_per_s)])
+def measured_pipes(vs: list[TrialView]) -> dict[tuple, Pipe]:
+    """Each pipeline's supply measurement as a ``Pipe``, the fastest where one ran more than once, by (decode,
+    hybrid share)."""
+    measured: dict[tuple, Pipe] = {}
+    for v in vs:
+        if v.stage != "supply" or v.outcome != "part" or v.imgs_per_s is None:
+            continue
+        decode = v.setting("data.decode")
+        fraction = v.setting("data.hybrid_cpu_fraction") if decode == "hybrid" else None
+        pipe = Pipe(settings={"data.decode": decode, **({"data.hybrid_cpu_fraction": fraction}
+                                                       if fraction is not None else {})},
+                    point=v.imgs_per_s, upper=v.interval.high, precise=v.precise is not False,
+                    device_s=device_seconds(v))
+        key = (decode, fraction)
+        if key not in measured or pipe.point > measured[key].point:
+            measured[key] = pipe
+    return measured
+
+
+def derived(measured: dict[tuple, Pipe], f: float) -> Pipe | None:
+    """The hybrid at CPU share ``f`` from its two ends' supplies (None without both): its CPU and GPU shares decode
+    at once, each at its own rate, so a batch takes the longer of the two; its GPU share decodes (1 - f) of every
+    batch on the device, at nvJPEG's device time per sample."""
+    cpu, gpu = measured.get(("torchvision-cpu", None)), measured.get(("nvjpeg-gpu", None))
+    if cpu is None or gpu is None:
+        return None
+
+    def mix(a: float, b: float) -> float:
+        return 1.0 / max(f / a, (1.0 - f) / b)
+
+    return Pipe(settings={"data.decode": "hybrid", "data.hybrid_cpu_fraction": f}, point=mix(cpu.point, gpu.point),
+                upper=mix(cpu.upper, gpu.upper), precise=cpu.precise and gpu.precise, device_s=(1 - f) * gpu.device_s)
+
+
+def pipe_for(vs: list[TrialView], decode: str, fraction: float | None) -> Pipe | None:
+    """The pipeline (``decode``, hybrid share ``fraction``) as the supplies measured it, or derived (a hybrid)."""
+    measured = measured_pipes(vs)
+    found = measured.get((decode, fraction if decode == "hybrid" else None))
+    return found or (derived(measured, fraction) if decode == "hybrid" and fraction is not None else None)
+
+
+def device_seconds(v: TrialView) -> float:
+    """A supply measurement's seconds of the GPUs' time per sample: their busy share while it fed alone (NVML,
+    inside its windows) over its rate, for a pipeline that decodes on the GPUs (``trainer.knobs``: the decode
+    choices that need one); 0 otherwise, or where the utilization is unknown (no NVML, the CPU)."""
+    decode = v.setting("data.decode")
+    if v.util is None or not v.imgs_per_s or decode not in supply_knob().gpu_values:
+        return 0.0
+    return (v.util / 100.0) / v.imgs_per_s
 
 
 def untrainable(vs: list[TrialView]) -> set[tuple[str, Any]]:

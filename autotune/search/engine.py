@@ -22,10 +22,11 @@ from autotune.search import script
 from autotune.search.bounds import ceiling_share, trainable_ceiling
 from autotune.search.evaluate import Evaluator
 from autotune.search.prepare import Plan, SearchOptions, describe_model, generate_data, prepare, summarize_data
-from autotune.search.progress import Progress, fmt_ips
+from autotune.search.progress import Progress
 from autotune.search.record import record
 from autotune.search.stages import Budget, StagePlanner
 from autotune.study import view
+from autotune.study.found import found
 from autotune.study.liveness import STALE_AFTER_S, reclaim_stale
 from autotune.study.setup import create_or_load, parts_study
 from autotune.study.storage import display_url, log_root, open_storage
@@ -198,9 +199,9 @@ class Engine:
         mine = next(v for v in trials if v.part == part and v.number == trial.number)
         shown = mine.shown(p.path for p in self.plan.space.params)
         self.progress.trial_done(number=label, stage=stage, params=shown, outcome=outcome,
-                                 ips=ev.attrs.get("imgs_per_s"), util=ev.attrs.get("util_mean"),
-                                 best=(best.label, best.imgs_per_s) if best else None,
-                                 baseline=base.imgs_per_s if base else None, wall=ev.attrs["wall_s"],
+                                 ips=ev.attrs.get("imgs_per_s"), half_width=ev.attrs.get("ci_half_width"),
+                                 util=ev.attrs.get("util_mean"), best=(best.label, best.interval) if best else None,
+                                 baseline=base.interval if base else None, wall=ev.attrs["wall_s"],
                                  counted=counted or not ev.skipped)
         if ev.skipped:
             self.progress.say(f"      not launched: {ev.attrs.get('pruned_before_launch')}")
@@ -234,18 +235,15 @@ def reference_batch(plan: Plan) -> int:
 
 def best_line(study: optuna.Study) -> str:
     trials = view.views(study)
-    best, base = view.fastest(trials), view.baseline(trials)
+    best = view.fastest(trials)
     if best is None:
         return "autotune: no trial has completed yet; see the trial logs"
-    gain = (f", {best.imgs_per_s / base.imgs_per_s:.2f}x the baseline (trial {base.label}: {fmt_ips(base.imgs_per_s)})"
-            if base else "")
     top = trainable_ceiling(trials)
-    of = ceiling_share(best.imgs_per_s, top.imgs_per_s) if top else None
+    of = ceiling_share(best.interval, top.interval) if top else None
     share = (f", {of:.0%} of the {view.devices(study)}' ceiling ({top.imgs_per_s:,.0f})" if of is not None else
              f", above the {view.devices(study)}' ceiling measured ({top.imgs_per_s:,.0f}): no bound at its settings"
              if top else "")
-    return (f"autotune: fastest: trial {best.label} at {fmt_ips(best.imgs_per_s)} {view.rate(study)}"
-            f"{view.runs_words(best, view.rate(study))}{gain}{share}. "
+    return (f"autotune: fastest: {found(trials, view.rate(study), share=share)}. "
             f"`autotune show "
             f"--study {study.study_name}` lists the trials; `autotune export best.yaml --study {study.study_name}` "
             "writes its config")

@@ -10,7 +10,6 @@ and a run with the search on, when its shapes first ran there with it off (it wo
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,15 +24,17 @@ from autotune.search.compile_cache import compile_cache
 from autotune.search.progress import Progress
 from autotune.space import predicted_oom
 from autotune.study.liveness import Heartbeat, owner
-from autotune.study.pruning import LIVE_WINDOWS, best_feasible, judged, pace
+from autotune.study.pruning import LIVE_INTERVAL, best_feasible
 from autotune.study.storage import record_on_trial, set_trial_attrs
 from autotune.study.view import MEASUREMENT_STAGES, views
 from trainer.config import ConfigError, TrainConfig
+from trainer.estimate import Interval
 from trainer.protocol import Failure, Kind
 
-BASELINE_WINDOWS = 2
-"""Trial 0 may measure this many times the windows of other trials before it stands on an unsettled figure: it is
-input-bound and noisy, and every gain the search reports is a ratio to it."""
+BASELINE_CAP = 1.5
+"""Trial 0 may measure this many times the seconds of other trials (``measure.max_s``) before its interval stands as
+it is: it is input-bound and noisy, every gain the search reports is a ratio to it, and measuring it longer costs less
+than measuring it again in a fresh process."""
 
 BOUNDED_STAGES = ("candidate", "refine", "search", "retry")
 """End-to-end trials not launched when what the stages measured bounds them below the best (not the baseline, and
@@ -114,7 +115,7 @@ class Evaluator:
             # values the space does not hold): the sampler draws nothing for them.
             overrides = self.plan.space.suggest(trial, self.plan.base.to_dict(), only=set(self.plan.baseline))
             if stage not in self.plan.preloaded:  # a run made before the study existed has its measurement
-                overrides["measure.max_windows"] = BASELINE_WINDOWS * self.plan.base.measure.max_windows
+                overrides["measure.max_s"] = BASELINE_CAP * self.plan.base.measure.max_s
             return overrides
         return self.plan.space.suggest(trial, self.plan.base.to_dict())
 
@@ -126,18 +127,19 @@ class Evaluator:
         return predicted_oom(config, ooms)
 
     def bounded(self, ev: Evaluation) -> bool:
-        """Prune before launch a draw whose measured ceiling or supply is below the best by more than the pruner's
-        tolerance: it cannot win, and its windows would only be spent finding that out."""
+        """Prune before launch a draw whose measured bound (the top of its ceiling's or its supply's interval) lies
+        below the best's interval: it cannot win, and its windows would only be spent finding that out."""
         if (self.stages is None or ev.stage not in BOUNDED_STAGES or self.plan.objective.multi
                 or self.plan.spec.pruner.kind == "none"):
             return False
         bound = self.stages.bound(ev.config.to_dict())
         best = best_feasible(self.study)
-        if bound is None or best is None or bound[0] * (1 + self.plan.spec.pruner.tolerance) >= best:
+        if bound is None or best is None or bound[0] >= best.low:
             return False
         ev.pruned = ev.skipped = True
         ev.attrs.update(bound_imgs_per_s=round(bound[0], 3),
-                        pruned_before_launch=f"{bound[1]}, below the best ({best:,.0f}); not launched")
+                        pruned_before_launch=f"{bound[1]}, below the best ({best.low:,.0f} at the least); not "
+                                             "launched")
         return True
 
     def fresh(self, ev: Evaluation, trial) -> bool:
@@ -158,10 +160,7 @@ class Evaluator:
         job = TrialJob(config=ev.config, trial_dir=trial_dir, nproc_per_node=plan.nproc,
                        gpus=[g.uuid for g in plan.gpus] if plan.gpus else plan.entries,
                        torchrun_args=list(plan.torchrun.args), timeout_s=plan.trial_timeout_s)
-        # As many windows as the study's pruner judges (``BestFeasiblePruner.n``), else the meter's settling rule's.
-        judge = getattr(self.study.pruner, "n", ev.config.measure.windows + 1)
         watch = Watch(trial, ev.stage, self.progress, report=not plan.objective.multi,
-                      window_s=ev.config.measure.window_s, judged=judge,
                       stop_when=trial.user_attrs.get("stop_when"))
         ev.launched = True
         if ev.stage in plan.preloaded:  # already run before the study existed (a user's script's first run)
@@ -184,19 +183,16 @@ class Evaluator:
         ev.judged(verdict.judge(run, pruned=ev.pruned, stopped_early=early))
         ev.attrs.update(run_attrs(run))
         if watch.stopped == "pruned":
-            # The figure a pruned trial shows is the one Optuna stores: its last report, the median of the windows
-            # the pruner judged.
-            latest = judged(watch.full, watch.judged)
-            ev.attrs.update(imgs_per_s=watch.reported, judged_windows=latest, settled=True,
-                            spread=round((max(latest) - min(latest)) / watch.reported, 5) if latest else None)
+            # The figure a pruned trial shows is the one Optuna stores: its last report, the estimate whose interval
+            # lay below the best's.
+            ev.attrs.update(imgs_per_s=watch.latest.value, ci_half_width=round(watch.latest.half_width, 5),
+                            precise=False)
         elif watch.stopped:
             ev.attrs["stopped_early"] = watch.stopped
-            if run.summary is None and watch.full:
-                # Ended at once (a script's own process): the figure is the windows the stop was decided on.
-                latest = [x for _, x in watch.full][-int(watch.stop_when.get("windows") or 3):]
-                med = statistics.median(latest)
-                ev.attrs.update(imgs_per_s=med, settled=False,
-                                spread=round((max(latest) - min(latest)) / med, 5) if med > 0 else None)
+            if run.summary is None and watch.latest is not None:
+                # Ended at once (a script's own process): the figure is the estimate the stop was decided on.
+                ev.attrs.update(imgs_per_s=watch.latest.value, ci_half_width=round(watch.latest.half_width, 5),
+                                precise=False)
         if plan.util_available:
             ev.attrs.update(summarize(samples, run.steady_windows, len(plan.gpus)))
 
@@ -228,19 +224,17 @@ def run_attrs(run: TrialRun) -> dict[str, Any]:
 
 
 class Watch:
-    """A trial's records as they arrive: the live view; for an end-to-end trial, each full window reported to Optuna
-    for the pruner (``autotune.study.pruning``); for a supply, its early stop (``stop_when``)."""
+    """A trial's records as they arrive: the live view; for an end-to-end trial, each window's running estimate
+    reported to Optuna for the pruner (``autotune.study.pruning``); for a supply, its early stop (``stop_when``)."""
 
-    def __init__(self, trial, stage: str, progress: Progress, *, report: bool, window_s: float, judged: int,
+    def __init__(self, trial, stage: str, progress: Progress, *, report: bool,
                  stop_when: dict[str, Any] | None = None):
         self.trial, self.stage, self.progress, self.report = trial, stage, progress, report
-        self.window_s, self.judged, self.stop_when = window_s, judged, stop_when
+        self.stop_when = stop_when
         self.windows = 0
-        self.full: list[tuple[int, float]] = []
-        """(window index, imgs/s) of the windows at least half of ``window_s`` long: the ones the meter's settling
-        rule counts."""
+        self.latest: Interval | None = None
+        """The running estimate and its interval after the latest window that had one."""
 
-        self.reported: float | None = None
         self.stopped: str | None = None
         """Why the run is to stop: ``pruned``, or a supply's reason to stop early."""
 
@@ -252,19 +246,21 @@ class Watch:
             self.progress.phase(self.trial.number, self.stage, kind, rec)
             return False
         self.windows += 1
-        ips = float(rec.get("imgs_per_s", 0.0))
-        self.progress.window(self.trial.number, self.stage, self.windows, ips)
-        if self.stopped or float(rec.get("seconds", 0.0)) < self.window_s / 2:
+        est = rec.get("estimate")
+        if est:
+            self.latest = Interval(float(est["imgs_per_s"]), float(est["half_width"]))
+        shown = self.latest or Interval(float(rec.get("imgs_per_s", 0.0)), 0.0)
+        self.progress.window(self.trial.number, self.stage, self.windows, shown.value,
+                             self.latest.half_width if est else None)
+        if self.stopped or not est:
             return False  # after the decision, the window the job finishes on is not judged
-        self.full.append((int(rec.get("window", self.windows - 1)), ips))
         if self.stop_when:
-            self.stopped = supply_verdict([x for _, x in self.full], self.stop_when, per=self.progress.per)
+            self.stopped = supply_verdict(self.latest, self.stop_when, per=self.progress.per)
             return self.stopped is not None
         if not self.report or self.stage in MEASUREMENT_STAGES:
             return False
-        record_on_trial(self.trial, LIVE_WINDOWS, [list(w) for w in self.full])  # the pruner's; no person reads it
-        self.reported = pace(self.full, self.judged)
-        self.trial.report(self.reported, step=self.full[-1][0])
+        record_on_trial(self.trial, LIVE_INTERVAL, [self.latest.value, self.latest.half_width])  # the pruner's
+        self.trial.report(self.latest.value, step=int(rec.get("window", self.windows - 1)))
         if self.trial.should_prune():
             self.stopped = "pruned"
         return self.stopped is not None
@@ -273,16 +269,12 @@ class Watch:
         self.progress.tick(self.trial.number, self.stage, time.monotonic() - self.t0)
 
 
-def supply_verdict(windows: list[float], stop_when: dict[str, Any], *, per: str = "imgs/s") -> str | None:
-    """Why a supply measurement may stop before it settles, or None: its latest ``windows`` full windows all above
-    ``above`` (it feeds more than the model can take) or all below ``below`` (out of reach of the best); ``per``:
-    the job's rate label (``view.per_second``)."""
-    n = int(stop_when.get("windows") or 3)
-    latest = windows[-n:]
-    if len(latest) < n:
-        return None
-    if stop_when.get("above") is not None and min(latest) > stop_when["above"]:
-        return f"above the ceiling ({stop_when['above']:,.0f} {per}) in {n} windows"
-    if stop_when.get("below") is not None and max(latest) < stop_when["below"]:
-        return f"out of reach ({stop_when['below']:,.0f} {per}) in {n} windows"
+def supply_verdict(est: Interval, stop_when: dict[str, Any], *, per: str = "imgs/s") -> str | None:
+    """Why a supply measurement may stop before its interval is tight, or None: its interval lies above ``above``
+    (it feeds more than the model can take) or below ``below`` (out of reach of the best); ``per``: the job's rate
+    label (``view.per_second``)."""
+    if stop_when.get("above") is not None and est.low > stop_when["above"]:
+        return f"above the ceiling ({stop_when['above']:,.0f} {per}): {est.low:,.0f} at the least"
+    if stop_when.get("below") is not None and est.high < stop_when["below"]:
+        return f"out of reach ({stop_when['below']:,.0f} {per}): {est.high:,.0f} at the most"
     return None

@@ -1,4 +1,4 @@
-"""The live view of a search, and the formatting of settings and figures that ``autotune show`` shares."""
+"""The live view of a search: the trial running now, and a line for each trial as it ends."""
 
 from __future__ import annotations
 
@@ -6,44 +6,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from autotune.study.view import fmt_ips
-from trainer.knobs import knob
-
-
-def fmt_value(v: Any) -> str:
-    if v is None:
-        return "default"
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
-
-
-def fmt_params(params: dict[str, Any], limit: int | None = None) -> str:
-    """Settings in a line, each by its knob's short label (``trainer.knobs``); an empty label shows the value alone
-    (``bf16``, ``nvjpeg-gpu`` speak for themselves), as does a stage measurement's mode (``loader``)."""
-    parts = []
-    for path, v in params.items():
-        k = knob(path)
-        label = "" if path == "training.mode" else k.label
-        if isinstance(v, bool) and label:
-            if v:
-                parts.append(label)
-            continue
-        if k.is_unmarked(v):
-            continue  # e.g. NCCL's own choice: nothing to say
-        parts.append(f"{label}={fmt_value(v)}" if label else fmt_value(v))
-    text = " ".join(parts)
-    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
-
-
-def fmt_duration(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = round(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
+from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_params, fmt_ratio
+from trainer.estimate import Interval
 
 PHASES = {"start": "set-up", "ready": "first step", "first_step": "warm-up", "warmup_done": "measuring",
           "summary": "done", "error": "failed"}
@@ -65,7 +29,7 @@ class Progress:
         self.tty = out.isatty()
         self._status = False
         self._last_tick = 0.0
-        self.best: tuple[int, float] | None = None
+        self.best: tuple[int | str, Interval] | None = None
         self.current: dict[str, Any] = {}
 
     def say(self, text: str) -> None:
@@ -75,7 +39,8 @@ class Progress:
     # ---- while a trial runs -----------------------------------------------------------------------------------
 
     def begin(self, number: int, stage: str) -> None:
-        self.current = {"number": number, "stage": stage, "phase": "launch", "ips": None, "window": 0}
+        self.current = {"number": number, "stage": stage, "phase": "launch", "ips": None, "half_width": None,
+                        "window": 0}
         self._show(plain=False)
 
     def phase(self, number: int, stage: str, kind: str | None, rec: dict) -> None:
@@ -86,8 +51,9 @@ class Progress:
         if phase != "done":
             self._show(plain=phase in ("warm-up", "measuring"))
 
-    def window(self, number: int, stage: str, k: int, ips: float) -> None:
-        self.current.update(phase=f"window {k}", ips=ips, window=k)
+    def window(self, number: int, stage: str, k: int, ips: float, half_width: float | None = None) -> None:
+        """Window ``k`` closed: the figure so far (its interval once the windows make one, else that window's)."""
+        self.current.update(phase=f"window {k}", ips=ips, half_width=half_width, window=k)
         self._show(plain=True)
 
     def tick(self, number: int, stage: str, elapsed: float) -> None:
@@ -102,8 +68,12 @@ class Progress:
         c = self.current
         if not c:
             return
-        best = f"best {fmt_ips(self.best[1])} (#{self.best[0]})" if self.best else "best -"
-        ips = f" {fmt_ips(c['ips'])} {self.per}" if c.get("ips") is not None else ""
+        best = f"best {fmt_ips(self.best[1].value)} (#{self.best[0]})" if self.best else "best -"
+        ips = ""
+        if c.get("ips") is not None:
+            ips = f" {fmt_interval(c['ips'], c['half_width'])}" if c.get("half_width") is not None else \
+                f" {fmt_ips(c['ips'])}"
+            ips += f" {self.per}"
         clock = f" {fmt_duration(c['elapsed'])}" if c.get("elapsed") is not None else ""
         text = f"trial {c['number']} [{c['stage']}] {c['phase']}{ips}{clock} · {best}"
         if self.tty:
@@ -130,8 +100,8 @@ class Progress:
         return left
 
     def trial_done(self, *, number: int | str, stage: str, params: dict[str, Any], outcome: str, ips: float | None,
-                   util: float | None, best: tuple[int | str, float] | None, baseline: float | None, wall: float,
-                   counted: bool = True) -> None:
+                   half_width: float | None, util: float | None, best: tuple[int | str, Interval] | None,
+                   baseline: Interval | None, wall: float, counted: bool = True) -> None:
         """``counted``: the trial is one of the budget's (a draw pruned before launch is not)."""
         if counted:
             self.done += 1
@@ -140,9 +110,9 @@ class Progress:
         util_txt = "util n/a" if util is None else f"util {util:.0f}%"
         best_txt = "best -"
         if best is not None:
-            gain = f" {best[1] / baseline:.2f}x" if baseline else ""
-            best_txt = f"best {fmt_ips(best[1])} (#{best[0]}{gain})"
-        ips_txt = f"{fmt_ips(ips)} {self.per}" if ips is not None else ""
+            gain = f" {fmt_ratio(best[1].over(baseline))}" if baseline else ""
+            best_txt = f"best {fmt_ips(best[1].value)} (#{best[0]}{gain})"
+        ips_txt = f"{fmt_interval(ips, half_width)} {self.per}" if ips is not None else ""
         eta = fmt_duration(self.eta()) if self.done < self.total else "-"
-        self.say(f"trial {number:>3} [{self.done}/{self.total}] {stage:<9} {outcome:<10} {ips_txt:>14}  "
+        self.say(f"trial {number:>3} [{self.done}/{self.total}] {stage:<9} {outcome:<10} {ips_txt:>22}  "
                  f"{util_txt:<9} {best_txt}  {fmt_duration(wall)}, ETA {eta}\n      {fmt_params(params, 150)}")

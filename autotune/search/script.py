@@ -40,13 +40,11 @@ BASE_SPEC: dict[str, Any] = {
 }
 """A script study's spec besides the script and its measurement: a modest budget."""
 
-MEASURE = {"warmup_min_steps": 5, "warmup_max_s": 60, "window_s": 1.5, "windows": 3, "max_windows": 8,
-           "spread_target": 0.05}
-"""The measurement protocol of a script's trials: the resnet50 study's (windows of 1.5 s, the latest 3 once they
-and the one before agree within 5 %)."""
+MEASURE = {"warmup_min_steps": 5, "warmup_max_s": 60, "window_s": 0.5, "precision": 0.02, "max_s": 40}
+"""The measurement protocol of a script's trials: windows of half a second until the figure is known within ±2 %,
+for at most 40 s (a script's own DataLoader restarts every epoch, and its rounds vary: it takes longer to know)."""
 
-CPU_MEASURE = {"warmup_min_steps": 3, "warmup_max_s": 30, "window_s": 1.0, "windows": 3, "max_windows": 5,
-               "spread_target": 0.05}
+CPU_MEASURE = {"warmup_min_steps": 3, "warmup_max_s": 30, "window_s": 0.5, "precision": 0.03, "max_s": 10}
 """On a machine without GPUs, the cpu-demo study's: a CPU trial should take seconds, not minutes."""
 
 

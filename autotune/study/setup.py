@@ -48,9 +48,7 @@ def make_pruner(spec: StudySpec, multi_objective: bool) -> optuna.pruners.BasePr
     # Optuna cannot prune multi-objective studies (trial.report refuses them).
     if p.kind == "none" or multi_objective:
         return optuna.pruners.NopPruner()
-    measure = spec.base_config("<generated>" if spec.generates_data else None).measure
-    return BestFeasiblePruner(tolerance=p.tolerance, min_windows=p.min_windows, settle_windows=measure.windows + 1,
-                              spread_target=measure.spread_target)
+    return BestFeasiblePruner()
 
 
 def parts_study(study: optuna.Study) -> optuna.Study:
@@ -100,8 +98,8 @@ def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Obje
         fresh = not study.get_trials(deepcopy=False)
         _record_setup(study, spec, fp, objective, nproc, attrs, baseline if fresh else None,
                       starts if fresh else None)
-    # A sampler seeded as the study's first worker was would draw that worker's random start-up trials again
-    # (a resumed GPU search re-ran trials 1-4 as 7-10): a joining or resuming worker gets a seed of its own.
+    # A sampler seeded as the study's first worker was would draw that worker's random start-up trials again: a
+    # joining or resuming worker gets a seed of its own.
     base_seed = spec.sampler.seed if seed is None else seed
     if base_seed is not None:
         study.sampler = make_sampler(spec, worker_seed(base_seed, len(study.get_trials(deepcopy=False))))

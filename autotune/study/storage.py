@@ -40,13 +40,14 @@ def parts_name(study_name: str) -> str:
 # ---- records a person does not read -----------------------------------------------------------------------------
 # Bulky records (the spec, a trial's whole config, its logs, owner, timings, per-window figures) go into Optuna's
 # system attrs: Optuna's CLI tables (`optuna studies`, `optuna trials`) print every user attr on one line, and a spec
-# there made each row 3,000 characters wide, a trial's attributes 1,700. User attrs keep what a person reads in
-# those tables and in the dashboard: stage, figures, failure. Optuna's storage API is the way to the others.
+# there would make each row thousands of characters wide. User attrs keep what a person reads in those tables and in
+# the dashboard: stage, figures and their intervals, failure. Optuna's storage API is the way to the others.
 
 ATTR_PREFIX = "autotune:attr:"
 """A trial attribute kept out of the user attrs is the system attr ``ATTR_PREFIX + name``."""
 
-PERSON_ATTRS = frozenset({"stage", "imgs_per_s", "spread", "settled", "loss_start", "loss_end", "util_mean",
+PERSON_ATTRS = frozenset({"stage", "imgs_per_s", "ci_low", "ci_high", "ci_half_width", "precise", "loss_start",
+                          "loss_end", "util_mean",
                           "wall_s", "failure_class", "failure_message", "owner_host", "owner_pid",
                           "repaired_by_next", "oom_predicted_from"})
 """The trial attributes recorded as user attrs (what ``optuna trials`` and the dashboard show); every other one a

@@ -13,7 +13,8 @@ sampler — sees end-to-end trials only. ``views(study)`` merges both, in the or
 (Studies made before the parts study held their stage measurements in the main study; they read the same.)
 
 A configuration run more than once (``confirm``: the search's last trials run its leaders again) is one answer: its
-figure is the mean of its runs (``answers``), and the best is picked among answers, not single runs.
+figure combines its runs (``combined``), and the best is picked among answers, not single runs. Every figure is an
+estimate with its 95 % interval (``trainer.estimate``): ``TrialView.interval``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.formatting import fmt_interval
 from autotune.study.storage import CONFIG_KEY, parts_name, trial_attrs
+from trainer.estimate import Interval
 from trainer.knobs import table
 from trainer.protocol import Failure
 
@@ -61,7 +64,9 @@ class TrialView:
 
     imgs_per_s: float | None = None
     util: float | None = None
-    spread: float | None = None
+    half_width: float | None = None
+    """Its figure's 95 % interval, as a share of it (None: not measured, as in a study made before intervals)."""
+
     value: float | None = None
     failure_class: str | None = None
     failure_message: str | None = None
@@ -80,7 +85,7 @@ class TrialView:
                                    else "retry" if a.get("retry_of") is not None else "search")
         return cls(number=t.number, state=t.state, stage=stage, outcome=_outcome(t, stage),
                    imgs_per_s=finite(a.get("imgs_per_s")), util=finite(a.get("util_mean")),
-                   spread=finite(a.get("spread")),
+                   half_width=finite(a.get("ci_half_width")),
                    value=t.values[0] if t.values else None, failure_class=a.get("failure_class"),
                    failure_message=a.get("failure_message"), params=dict(t.params), attrs=dict(a),
                    config=t.system_attrs.get(CONFIG_KEY) or a.get("config") or {}, part=part)
@@ -89,6 +94,16 @@ class TrialView:
     def label(self) -> str:
         """How lines and tables name the trial: its number, ``p<N>`` for a trial of the parts study."""
         return f"p{self.number}" if self.part else str(self.number)
+
+    @property
+    def interval(self) -> Interval | None:
+        """Its figure with its interval (a figure measured without one reads as exact)."""
+        return Interval(self.imgs_per_s, self.half_width or 0.0) if self.imgs_per_s is not None else None
+
+    @property
+    def precise(self) -> bool | None:
+        """Whether its interval came within the measurement's precision before the time cap (None: not said)."""
+        return self.attrs.get("precise")
 
     @property
     def end_to_end(self) -> bool:
@@ -202,53 +217,66 @@ def feasible(trials: list[TrialView]) -> list[TrialView]:
 
 
 def fastest(trials: list[TrialView]) -> TrialView | None:
-    """The fastest answer (``answers``): a configuration run more than once stands at the mean of its runs."""
+    """The fastest answer (``answers``): a configuration run more than once stands at the figure of its runs."""
     return max(answers(trials), key=lambda v: v.imgs_per_s, default=None)
 
 
-RUNS = "runs"
-"""The attr of an answer run more than once (``answers``): each run's trial number and figure, in the order they
-ran."""
+def tied(trials: list[TrialView]) -> list[TrialView]:
+    """The answers that tie with the fastest (their intervals overlap its), the fastest first; the baseline never
+    counts as one."""
+    best = fastest(trials)
+    if best is None:
+        return []
+    return sorted((a for a in answers(trials) if a is best or (not a.baseline and a.interval.ties(best.interval))),
+                  key=lambda a: -a.imgs_per_s)
 
-UNSETTLED_RUNS = "runs_unsettled"
-"""The attr of an answer with settled runs: its other runs, whose windows never agreed, left out of its figure."""
+
+RUNS = "runs"
+"""The attr of an answer run more than once (``answers``): each run's trial number, figure and interval
+([number, imgs/s, half-width]), in the order they ran."""
+
+FLOOR = 0.002
+"""The least relative half-width a run is weighted by: no run of a real machine is exact."""
+
+
+def combined(runs: list[TrialView]) -> Interval:
+    """The figure of several runs of one configuration: their mean weighted by the inverse of each interval's
+    (relative) variance, so a run measured more precisely counts for more, and equally precise runs count alike; its
+    interval the narrower that weighting gives, or, where the runs disagree by more than that, half their range: runs
+    in fresh processes differ by more than the noise inside one (where the process lands, its clocks), and that
+    difference is the honest uncertainty then."""
+    values = [v.imgs_per_s for v in runs]
+    weights = [1 / max(v.half_width or 0.0, FLOOR) ** 2 for v in runs]
+    value = sum(w * x for w, x in zip(weights, values, strict=True)) / sum(weights)
+    within = 1 / sum(weights) ** 0.5
+    return Interval(value, max(within, (max(values) - min(values)) / 2 / value))
 
 
 def answers(trials: list[TrialView]) -> list[TrialView]:
     """The feasible end-to-end trials, one per configuration: a configuration run more than once (``_same_config``)
-    is its first trial with the mean of its runs as its figure (``imgs_per_s``, ``value``, ``util``; ``attrs[RUNS]``
-    lists them). The fastest of several near-identical single runs is the top of a noisy draw: a fresh run of it
-    falls back towards the mean (on 1xH200 four runs of one DALI configuration ran 6,401-6,848 imgs/s, and the
-    fastest re-measured at 6,627), so a figure that picks the best is a mean where one exists. Trial 0 and its
-    re-measures in fresh processes are one answer, at ``baseline``'s figure (the faster settled one): the figure every
-    gain is a ratio to."""
+    is its first trial with its runs ``combined`` as its figure (``imgs_per_s``, ``half_width``, ``value``, ``util``;
+    ``attrs[RUNS]`` lists them). The fastest of several near-identical single runs is the top of a noisy draw, so a
+    figure that picks the best combines runs where there are several. Trial 0 and its re-measures in fresh
+    processes are one answer too, ``baseline``: the figure every gain is a ratio to."""
     groups: dict[str, list[TrialView]] = {}
     for v in feasible(trials):
         if v.end_to_end:
             groups.setdefault("baseline" if v.baseline else _same_config(v), []).append(v)
-    out = []
-    for key, runs in groups.items():
-        if key == "baseline":  # the figure every gain is a ratio to: an answer the same, or a line reads "0.6x itself"
-            out.append(baseline(runs))
-            continue
-        # Settled runs stand for the configuration where it has any, as trial 0's do (``baseline``): a run whose
-        # windows never agreed is the less certain figure (on 1xH200 a DALI configuration ran 6,665 settled, then
-        # 6,116 unsettled; its fresh re-measure ran 6,769).
-        settled = [v for v in runs if v.attrs.get("settled") is not False]
-        used = settled or runs
-        left = [[v.number, v.imgs_per_s] for v in runs if settled and v.attrs.get("settled") is False]
-        first = used[0]
-        attrs = {**first.attrs, **({UNSETTLED_RUNS: left} if left else {})}
-        if len(used) > 1:
-            mean = statistics.fmean(v.imgs_per_s for v in used)
-            values = [v.value for v in used if v.value is not None]
-            utils = [v.util for v in used if v.util is not None]
-            util = statistics.fmean(utils) if utils else first.util
-            first = dataclasses.replace(first, imgs_per_s=mean, util=util,
-                                        value=statistics.fmean(values) if values else first.value)
-            attrs.update({"imgs_per_s": mean, "util_mean": util, RUNS: [[v.number, v.imgs_per_s] for v in used]})
-        out.append(dataclasses.replace(first, attrs=attrs) if len(runs) > 1 else first)
-    return out
+    return [_answer(runs) for runs in groups.values()]
+
+
+def _answer(runs: list[TrialView]) -> TrialView:
+    first = runs[0]
+    if len(runs) == 1:
+        return first
+    both = combined(runs)
+    values = [v.value for v in runs if v.value is not None]
+    utils = [v.util for v in runs if v.util is not None]
+    util = statistics.fmean(utils) if utils else first.util
+    attrs = {**first.attrs, "imgs_per_s": both.value, "ci_half_width": both.half_width, "util_mean": util,
+             RUNS: [[v.number, v.imgs_per_s, v.half_width] for v in runs]}
+    return dataclasses.replace(first, imgs_per_s=both.value, half_width=both.half_width, util=util,
+                               value=statistics.fmean(values) if values else first.value, attrs=attrs)
 
 
 SAME_CONFIG_IGNORES = ("name", "output_dir")
@@ -270,34 +298,22 @@ def searched(trials: list[TrialView]) -> list[str]:
     return [path for path in table().knobs if path in drawn]
 
 
-def fmt_ips(x: float | None) -> str:
-    """A throughput as every table and line gives it: a decimal below 100, none above."""
-    return "-" if x is None else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
-
-
 def runs_words(v: TrialView, per: str = "imgs/s") -> str:
-    """What an answer run more than once stands on, for the line that gives its figure (``" (mean of trials 13 and
-    25: 6,848 / 6,612 imgs/s)"``); "" for a single run."""
-    runs, left = v.attrs.get(RUNS) or [], v.attrs.get(UNSETTLED_RUNS) or []
-    words = []
-    if len(runs) >= 2:
-        names = ", ".join(str(n) for n, _ in runs[:-1]) + f" and {runs[-1][0]}"
-        words.append(f"mean of trials {names}: " + " / ".join(fmt_ips(ips) for _, ips in runs) + f" {per}")
-    if left:  # read after the answer's own trial number: say whose runs these are
-        some = len(left) > 1
-        words.append(f"its run{'s' if some else ''} as trial{'s' if some else ''} "
-                     + ", ".join(f"{n} ({fmt_ips(ips)})" for n, ips in left)
-                     + f" left out: {'their' if some else 'its'} windows never settled")
-    return f" ({'; '.join(words)})" if words else ""
+    """What an answer run more than once stands on, for the line that gives its figure (``" (trials 13 and 25:
+    6,848 ± 1.1 % / 6,612 ± 1.4 % imgs/s)"``); "" for a single run."""
+    runs = v.attrs.get(RUNS) or []
+    if len(runs) < 2:
+        return ""
+    names = ", ".join(str(r[0]) for r in runs[:-1]) + f" and {runs[-1][0]}"
+    figures = " / ".join(fmt_interval(r[1], r[2] if len(r) > 2 else None) for r in runs)
+    return f" (trials {names}: {figures} {per})"
 
 
 def baseline(trials: list[TrialView]) -> TrialView | None:
-    """Trial 0 as measured (None until it is): the fastest of its settled measurements (trial 0 and its re-measures
-    in fresh processes), else the fastest of all of them. A baseline whose windows never agreed is measured again, and
-    the faster figure stands: an uncertain baseline never inflates the gain over it."""
+    """Trial 0 as measured (None until it is): trial 0, or with its re-measures in fresh processes (where its
+    interval stayed wider than the target), their runs ``combined``."""
     runs = [v for v in feasible(trials) if v.baseline]
-    settled = [v for v in runs if v.attrs.get("settled") is not False]
-    return max(settled or runs, key=lambda v: v.imgs_per_s, default=None)
+    return _answer(runs) if runs else None
 
 
 def stage(trials: list[TrialView], name: str) -> list[TrialView]:

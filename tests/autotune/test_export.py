@@ -46,7 +46,7 @@ def make_study(kind: str, rows: list[tuple[int, float | None, float | None, str 
         attrs = {"util_available": util is not None, "env": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "8"},
                  "versions": {"torch": "2.11.0"}}
         if not failure:
-            attrs.update(imgs_per_s=ips, util_mean=util, spread=0.01)
+            attrs.update(imgs_per_s=ips, util_mean=util, ci_half_width=0.01)
         ev = Evaluation(stage="baseline" if i == 0 else stage, attrs=attrs,
                         config=base.with_overrides({"training.batch_size": bs}),
                         failure=Failure(failure) if failure else None, message="injected" if failure else None)
@@ -117,27 +117,30 @@ def test_a_best_trial_that_re_measures_below_trial_0_is_warned_of_and_marked():
     study = make_study("throughput", [(64, 1000.0, None, None), (256, 3000.0, None, None), (128, 2000.0, None, None)])
     best = export.pick_trial(study)
     data, _ = export.build(study, best)
-    line = export.record_remeasure(study, best, data, {"imgs_per_s": 900.0, "spread": 0.02, "settled": True})
-    assert "= 30.0% of the search's 3,000" in line and "WARNING" in line
+    line = export.record_remeasure(study, best, data, {"imgs_per_s": 900.0, "ci_half_width": 0.02,
+                                                       "precise": True})
+    assert "= 30.0% of the search's 3,000 ± 1.0 %" in line and "WARNING: their intervals do not overlap" in line
     warning = export.below_baseline_warning(best, data)
-    assert warning.startswith("trial 1 re-measured at 900 imgs/s in a fresh process, below trial 0 (the baseline, "
-                              "1,000)") and "`--pick 0`" in warning
+    assert warning.startswith("trial 1 re-measured at 900 ± 2.0 % imgs/s in a fresh process, measurably below trial "
+                              "0 (the baseline, 1,000 ± 1.0 %)") and "`--pick 0`" in warning
     shown = overview.table(study)
     rows = shown.splitlines()
     assert any(row.startswith(f"1*{overview.BELOW} ") for row in rows), shown  # trial 1's row
-    assert f"{overview.BELOW} trial 1 re-measured in a fresh process (`autotune export`) at 900 imgs/s, below trial " \
-           "0's 1,000" in shown
+    assert f"{overview.BELOW} trial 1 re-measured in a fresh process (`autotune export`) at 900 ± 2.0 % imgs/s, " \
+           "measurably below trial 0's 1,000" in shown
     assert "re-measured in a fresh process: 900 ↓ below trial 0" in shown  # in the headline too
     sure = dict(overview.conclusions(study))["how sure"]
-    assert "in a fresh process it measured 900 (30% of it), below trial 0's 1,000" in sure
+    assert ("in a fresh process it measured 900 ± 2.0 % (30% of it, further off than both intervals allow), "
+            "measurably below trial 0's 1,000") in sure
 
     # One that holds up is recorded, and not marked.
     other = next(v for v in view.views(study) if v.number == 2)
     data, _ = export.build(study, other)
-    export.record_remeasure(study, other, data, {"imgs_per_s": 1990.0})
+    line = export.record_remeasure(study, other, data, {"imgs_per_s": 1990.0, "ci_half_width": 0.01})
+    assert line.endswith(": inside its interval"), line
     assert export.below_baseline_warning(other, data) is None
-    assert export.remeasures(study)[2] == {"imgs_per_s": 1990.0, "ratio": 0.995, "spread": None, "settled": None,
-                                           "below_baseline": None}
+    assert export.remeasures(study)[2] == {"imgs_per_s": 1990.0, "ci_half_width": 0.01, "ratio": 0.995,
+                                           "agrees": True, "below_baseline": None}
     assert not any(row.startswith(f"2{overview.BELOW}") for row in overview.table(study).splitlines())
     assert any(row.startswith("2 ") for row in overview.table(study).splitlines())
 
@@ -157,45 +160,46 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_re_measure(tmp_p
     assert not list((tmp_path / "out" / "sub").glob(".*.tmp"))
 
 
-def test_a_configuration_run_twice_is_exported_and_checked_at_the_mean_of_its_runs():
-    # Trial 1 ran 3,300 once; run again (a confirmation) it ran 2,700: its figure is 3,000, below trial 2's 3,100.
+def test_a_configuration_run_twice_is_exported_and_checked_at_its_runs_combined():
+    # Trial 1 ran 3,300 once; run again (a confirmation) it ran 2,700: its figure is 3,000, and as the two runs lie
+    # further apart than either's interval, its interval is half their range: a tie with trial 2's 3,100 ± 1 %.
     study = make_study("throughput", [(64, 1000.0, None, None), (256, 3300.0, None, None), (128, 3100.0, None, None),
                                       (256, 2700.0, None, None)])
     best = export.pick_trial(study)
     assert best.number == 2 and export.pick_trial(study, "fastest").number == 2
-    one = export.pick_trial(study, "1")  # asked by number: the configuration's mean all the same
-    assert one.imgs_per_s == pytest.approx(3000.0) and one.attrs[view.RUNS] == [[1, 3300.0], [3, 2700.0]]
+    one = export.pick_trial(study, "1")  # asked by number: the configuration's runs combined all the same
+    assert one.imgs_per_s == pytest.approx(3000.0) and one.half_width == pytest.approx(0.1)
+    assert one.attrs[view.RUNS] == [[1, 3300.0, 0.01], [3, 2700.0, 0.01]] and one.interval.ties(best.interval)
     data, _ = export.build(study, one)
     assert data["autotune"]["measured"]["imgs_per_s"] == pytest.approx(3000.0)
-    assert data["autotune"]["measured"]["runs"] == [[1, 3300.0], [3, 2700.0]]
-    line = export.record_remeasure(study, one, data, {"imgs_per_s": 2950.0})
-    assert "= 98.3% of the search's 3,000 (mean of trials 1 and 3: 3,300 / 2,700 imgs/s)" in line
+    assert data["autotune"]["measured"]["runs"] == [[1, 3300.0, 0.01], [3, 2700.0, 0.01]]
+    line = export.record_remeasure(study, one, data, {"imgs_per_s": 2950.0, "ci_half_width": 0.01})
+    assert ("= 98.3% of the search's 3,000 ± 10.0 % (trials 1 and 3: 3,300 ± 1.0 % / 2,700 ± 1.0 % imgs/s): inside "
+            "its interval") in line, line
     assert "WARNING" not in line
 
 
-def test_trial_0_measured_twice_is_one_answer_at_the_baselines_figure():
+def test_trial_0_measured_twice_is_one_answer_its_runs_combined():
     study = make_study("throughput", [(64, 1000.0, None, None), (128, 900.0, None, None)], stage="baseline")
     (only,) = view.answers(view.views(study))
-    assert only.imgs_per_s == view.baseline(view.views(study)).imgs_per_s == 1000.0
+    base = view.baseline(view.views(study))
+    assert only.imgs_per_s == base.imgs_per_s == pytest.approx(950.0) and base.half_width == pytest.approx(50 / 950)
 
 
-def test_a_configurations_unsettled_run_is_left_out_of_its_figure_where_a_settled_one_exists():
-    study = make_study("throughput", [(64, 1000.0, None, None), (256, 3300.0, None, None), (256, 2700.0, None, None),
-                                      (256, 3100.0, None, None)])
-    # Trial 2's windows never agreed: trials 1 and 3 stand for the configuration.
-    vs = [dataclasses.replace(v, attrs={**v.attrs, "settled": v.number != 2}) for v in view.views(study)]
+def test_a_precise_run_counts_for_more_than_a_wide_one():
+    study = make_study("throughput", [(64, 1000.0, None, None), (256, 3300.0, None, None), (256, 3100.0, None, None)])
+    widths = {1: 0.05, 2: 0.01}  # trial 1 reached its time cap at ± 5 %, trial 2 came within ± 1 %
+    vs = [dataclasses.replace(v, half_width=widths.get(v.number, v.half_width)) for v in view.views(study)]
     (best,) = [a for a in view.answers(vs) if not a.baseline]
-    assert best.imgs_per_s == pytest.approx(3200.0) and best.attrs[view.RUNS] == [[1, 3300.0], [3, 3100.0]]
-    assert view.runs_words(best) == (" (mean of trials 1 and 3: 3,300 / 3,100 imgs/s; its run as trial 2 (2,700) "
-                                     "left out: its windows never settled)")
+    assert best.imgs_per_s == pytest.approx((3300 / 25 + 3100) / (1 / 25 + 1))  # weights 1 / 0.05² and 1 / 0.01²
+    assert best.half_width == pytest.approx(100 / best.imgs_per_s)  # half their range: they disagree
 
 
 def test_the_runs_of_an_answer_read_at_the_tables_precision():
-    """A CPU study's answer (68.5 imgs/s) named its left-out run "(75)": the table gives 75.3."""
+    """A CPU study's answer named its runs "(75)": the table gives 75.3."""
     study = make_study("throughput", [(64, 60.0, None, None), (256, 75.3, None, None), (256, 68.5, None, None)])
-    vs = [dataclasses.replace(v, attrs={**v.attrs, "settled": v.number != 1}) for v in view.views(study)]
-    (best,) = [a for a in view.answers(vs) if not a.baseline]
-    assert view.runs_words(best) == " (its run as trial 1 (75.3) left out: its windows never settled)"
+    (best,) = [a for a in view.answers(view.views(study)) if not a.baseline]
+    assert view.runs_words(best) == " (trials 1 and 2: 75.3 ± 1.0 % / 68.5 ± 1.0 % imgs/s)"
 
 
 def test_show_marks_the_best_when_its_figure_is_the_mean_of_its_runs():
@@ -212,8 +216,9 @@ def test_a_script_counting_samples_is_exported_in_samples():
     study.set_user_attr("unit", "samples")
     best = export.pick_trial(study)
     data, _ = export.build(study, best)
-    line = export.record_remeasure(study, best, data, {"imgs_per_s": 15_000.0, "spread": 0.02, "settled": True})
-    assert "re-measured in a fresh process: 15,000 samples/s = 29.5% of the search's 50,829" in line, line
+    line = export.record_remeasure(study, best, data, {"imgs_per_s": 15_000.0, "ci_half_width": 0.02})
+    assert "re-measured in a fresh process: 15,000 ± 2.0 % samples/s = 29.5% of the search's 50,829 ± 1.0 %" in line, \
+        line
     warning = export.below_baseline_warning(best, data)
-    assert warning.startswith("trial 1 re-measured at 15,000 samples/s in a fresh process, below trial 0 (the "
-                              "baseline, 16,218)"), warning
+    assert warning.startswith("trial 1 re-measured at 15,000 ± 2.0 % samples/s in a fresh process, measurably below "
+                              "trial 0 (the baseline, 16,218 ± 1.0 %)"), warning

@@ -226,17 +226,17 @@ def test_progress_view_draws_a_bar_with_rate_loss_and_val_lines():
 
 def test_the_verdict_gives_the_loss_and_flags_an_unsteady_or_slower_run(tmp_path):
     p = tr.plan(tr.TrainOptions(config=export_yaml(tmp_path)))  # the search measured 100 imgs/s
-    steady = {"imgs_per_s": 99.0, "spread": 0.02, "windows": 12, "epochs": 3, "steps": 60, "loss_start": 2.31,
+    steady = {"imgs_per_s": 99.0, "ci_half_width": 0.01, "windows": 12, "epochs": 3, "steps": 60, "loss_start": 2.31,
               "loss_end": 1.42, "loss": 1.40, "loss_finite": True}
     lines, warnings, summary = tr.verdict(p, tr.TrainResult(returncode=0, summary=steady, wall_s=60.0))
     assert "loss: 2.31 -> 1.42 over the timed windows, 1.4 at the last step" in lines and warnings == []
     assert (summary["loss_start"], summary["loss_end"]) == (2.31, 1.42)
 
-    unsteady = {**steady, "imgs_per_s": 80.0, "spread": 0.42}
+    unsteady = {**steady, "imgs_per_s": 80.0, "ci_half_width": 0.21}
     _, warnings, _ = tr.verdict(p, tr.TrainResult(returncode=0, summary=unsteady, wall_s=60.0))
-    spread, slower = warnings
-    assert spread.startswith("the run's windows spread 42.0%, more than measure.spread_target (5%)")
-    assert str(p.result_path) in spread
+    wide, slower = warnings
+    assert wide.startswith("the run's interval is ± 21.0%, wider than measure.precision (2%)")
+    assert str(p.result_path) in wide
     # The log holds the launch lines; each window's figure is in the result stream: point there.
     assert slower.startswith("this run is 20.0% slower") and str(p.result_path) in slower
     assert "train.log" not in slower
@@ -254,7 +254,8 @@ def test_a_runs_figures_are_given_at_the_tables_precision(tmp_path):
     view.per, view.rate = "samples/s", 61_726.8
     assert view._progress_line({"kind": "progress", "step": 8}, 8) == "step 8 61,727 samples/s"
     p = tr.plan(tr.TrainOptions(config=export_yaml(tmp_path)))  # the search measured 100 imgs/s
-    run = {"imgs_per_s": 1_234.56, "spread": 0.02, "windows": 12, "epochs": 3, "steps": 60, "loss_start": 2.31,
+    run = {"imgs_per_s": 1_234.56, "ci_half_width": 0.012, "windows": 12, "epochs": 3, "steps": 60, "loss_start": 2.31,
            "loss_end": 1.42, "loss": 1.40, "loss_finite": True}
     lines, _, _ = tr.verdict(p, tr.TrainResult(returncode=0, summary=run, wall_s=60.0))
-    assert "measured: 1,235 imgs/s (median of 12 windows, spread 2.0%)" in lines, lines
+    assert ("measured: 1,235 ± 1.2 % imgs/s (95 % interval, the whole run's samples over its slowest rank's seconds, "
+            "12 windows)") in lines, lines

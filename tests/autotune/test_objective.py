@@ -24,9 +24,10 @@ def test_objectives_that_need_nvml_are_refused_without_it():
     Objective(kind="weighted", weights={"throughput": 1.0, "util": 0.0, "power": 0.0}).check(False, "no GPU")
 
 
-def test_states_and_fallback_to_windows_when_there_is_no_summary():
+def test_states_and_the_windows_estimate_when_there_is_no_summary():
     assert [state_for(c) for c in (None, "oom", "config", "nccl", "hang", "loader", "crash")] == \
         ["complete", "infeasible", "infeasible", "fail", "fail", "fail", "fail"]
-    a = measured_attrs([{"imgs_per_s": 90.0}, {"imgs_per_s": 110.0}, {"imgs_per_s": 100.0}], None)
-    assert a["imgs_per_s"] == 100.0 and a["spread"] == pytest.approx(0.2)
+    windows = [{"images": 90, "seconds": 1.0}, {"images": 110, "seconds": 1.0}, {"images": 100, "seconds": 1.0}]
+    a = measured_attrs(windows, None)  # a run killed after its windows: their total over their seconds
+    assert a["imgs_per_s"] == pytest.approx(100.0) and a["ci_half_width"] > 0.1 and a["precise"] is False
     assert measured_attrs([], None) == {}

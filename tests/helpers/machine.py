@@ -3,10 +3,10 @@
 The search's own engine, stage planner, evaluator (its checks, fresh-worker rules, the live Watch and its pruner
 calls) and recording step run unchanged on an in-memory Optuna study; only the trial's run is simulated: ``FakePool``
 answers ``WorkerPool.run`` with the records a job would stream (start, ready, first step, warm-up, windows, summary
-or error), computed by ``Machine`` from the trial's config. The windows follow the meter's protocol
-(``trainer.meter``): until the latest ``windows`` + 1 agree within the spread target, at most ``max_windows``; the
-figure is the median of the latest ``windows`` when they did, else of the latest half. A cancel (the Watch returning
-True) ends the run at its next window with a summary, as a live worker does.
+or error), computed by ``Machine`` from the trial's config. The measurement is the job's own: the real meter
+(``trainer.meter``) on a clock of simulated seconds, fed steps at the machine's pace, so its windows, estimates,
+intervals and stops are the protocol's. A cancel (the Watch returning True) ends the run at its next window with a
+summary, as a live worker does.
 
 A compiled run compiles where its worker has not compiled its graph (``trainer.compiled.graph_key``), from the
 machine's on-disk caches where an earlier run of the machine compiled it, and records what it paid in its compile
@@ -18,8 +18,9 @@ The figures a machine is built with are inputs of a test, not measurements of an
 
 from __future__ import annotations
 
-import statistics
+import random
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ from autotune.runner.trial import TrialRun
 from autotune.search.prepare import DataSummary, Plan, SearchOptions
 from autotune.space import resolve
 from autotune.spec import StudySpec
+from tests.helpers.traces import Clock
 from trainer.compile_costs import Paid, graph_key, record
+from trainer.meter import ThroughputMeter
 
 FOLDER_CLASSES = 10
 """Classes of the constructed plans' data folder (which need not exist)."""
@@ -53,7 +56,8 @@ class Machine:
     """The pace with cuDNN's plans found by its search over the pace with the heuristics' plans."""
 
     noisy: dict[str, float] = field(default_factory=dict)
-    """Decode paths whose windows swing by this share either way (they never settle)."""
+    """Decode paths whose pace swings by this share (the standard deviation of each half second's pace): their
+    intervals narrow slowly."""
 
     diverges: set[str] = field(default_factory=set)
     """Precisions whose end-to-end loss leaves the finite numbers (synthetic data trains fine)."""
@@ -99,6 +103,14 @@ class Machine:
     fresh_s: float = 0.0
     """Seconds more a run in a fresh worker takes (torchrun, import torch, the CUDA context)."""
 
+    decode_busy: dict[str, float] = field(default_factory=dict)
+    """Decode paths that decode on the GPUs: the share of the time the GPUs are busy while the path feeds alone.
+    End to end such a path and the model share the GPUs: per sample, the model's time plus the decode's."""
+
+    model_busy: float = 0.98
+    """The share of the time the GPUs are busy while the model alone runs (below 0.6: the host's kernel launches
+    bound it)."""
+
     def compute(self, cfg, searched: bool) -> float:
         t = cfg.training
         ips = self.ceilings[(t.precision, t.channels_last)] * (self.compile_gain if t.compile else 1.0)
@@ -125,14 +137,46 @@ class Machine:
         if kind == "synthetic":
             return self.compute(cfg, searched)
         share = self.e2e_share_at.get((cfg.training.precision, cfg.training.channels_last), self.e2e_share)
-        return share * min(self.compute(cfg, searched), self.supply(cfg))
+        compute, supply = self.compute(cfg, searched), self.supply(cfg)
+        device_s = self.device_s(cfg)
+        return share * min(supply, 1.0 / (1.0 / compute + device_s))
 
-    def window(self, cfg, i: int, steady: float) -> float:
-        """Window ``i``'s pace: a short ramp, then steady (swinging for a noisy pipeline)."""
+    def device_s(self, cfg) -> float:
+        """Seconds of the GPUs' time each sample's decode takes (the hybrid: its GPU share's)."""
+        d = cfg.data.decode
+        if d == "hybrid" and "nvjpeg-gpu" in self.decode_busy:
+            return (1 - cfg.data.hybrid_cpu_fraction) * self.decode_busy["nvjpeg-gpu"] / self.supplies["nvjpeg-gpu"]
+        return self.decode_busy.get(d, 0.0) / self.supply(cfg) if d in self.decode_busy else 0.0
+
+    def busy(self, cfg) -> float | None:
+        """NVML's utilization (%) of a run of ``cfg``, as ``autotune.hw.nvml.summarize`` would give it (``util_of``)."""
+        kind = self.kind(cfg)
+        if kind == "synthetic":
+            return 100.0 * self.model_busy
+        if kind == "loader":
+            return 100.0 * self.decode_busy.get(cfg.data.decode, 0.02)
+        return 100.0 * min(1.0, self.model_busy + self.decode_busy.get(cfg.data.decode, 0.0))
+
+    def swing(self, cfg) -> float:
+        """The share each half second's pace swings by: a noisy pipeline's, else a steady machine's little."""
         swing = self.noisy.get(cfg.data.decode, 0.0) if self.kind(cfg) != "synthetic" else 0.0
-        if swing:
-            return steady * (1 + swing * (1 if i % 2 else -1))
-        return steady * (0.9 if i == 0 else 1.0)
+        return swing or STEADY_SWING
+
+
+STEADY_SWING = 0.005
+"""How much a steady run's pace varies from one half second to the next."""
+
+RAMP_S = 1.0
+"""A run's first seconds, at a fifth below its pace (a loader filling its queue, caches warming)."""
+
+
+def util_of(pool: FakePool):
+    """A stand-in for ``autotune.hw.nvml.summarize`` (``monkeypatch``-ed into ``autotune.search.evaluate``, with the
+    plan's ``util_available`` set): the GPUs' utilization of the pool's latest run, as its machine says."""
+    def summarize(samples, windows, n):
+        return {"util_available": True, "util_mean": pool.machine.busy(pool.runs[-1]["config"])}
+
+    return summarize
 
 
 class FakeWorker:
@@ -198,38 +242,52 @@ class FakePool:
             m.interrupt.discard(m.kind(cfg))
             self.worker = None
             raise KeyboardInterrupt
-        mc, steady = cfg.measure, m.pace(cfg, searched)
+        steady = m.pace(cfg, searched)
         draws = m.luck.get(cfg.data.decode) if m.kind(cfg) == "e2e" else None
         if draws:
             steady *= draws.pop(0)
-        rates: list[float] = []
-        stop_at = None
-        while True:
-            i = len(rates)
-            rates.append(m.window(cfg, i, steady))
-            emit({"kind": "window", "window": i, "t0": t + 6 + i * mc.window_s, "t1": t + 6 + (i + 1) * mc.window_s,
-                  "seconds": mc.window_s, "imgs_per_s": rates[-1], "images": int(rates[-1] * mc.window_s)})
-            if stop and not self.cancels:
-                self.worker = None
-                return self._end(run)
-            if stop and stop_at is None:
-                stop_at = i + 1  # cancelled: the job stops at the end of the window after the decision
-            if stop_at is not None and i >= stop_at:
-                break
-            if stop_at is None and (settled(rates, mc) or len(rates) >= mc.max_windows):
-                break
+        meter = self.measure(cfg, job.nproc_per_node, steady, emit, lambda: stop)
+        if stop and not self.cancels:
+            self.worker = None
+            return self._end(run)
         if self.clock is not None:
-            self.clock.advance((m.fresh_s if started else 0.0) + m.run_s + compile_s + len(rates) * mc.window_s)
-        used = rates[-mc.windows:] if settled(rates, mc) else rates[-max(mc.windows, len(rates) // 2):]
-        med = statistics.median(used)
+            measured = sum(w.seconds for w in meter.windows)  # its warm-up is part of run_s
+            self.clock.advance((m.fresh_s if started else 0.0) + m.run_s + compile_s + measured)
         finite = not (m.kind(cfg) == "e2e" and cfg.training.precision in m.diverges)
-        emit({"kind": "summary", "imgs_per_s": med, "imgs_per_s_windows": rates, "settled": settled(rates, mc),
-              "spread": (max(used) - min(used)) / med, "loss_finite": finite, "loss_start": 2.0,
+        emit({"kind": "summary", **meter.summary(), "loss_finite": finite, "loss_start": 2.0,
               "loss_end": 1.9 if finite else float("nan"), "loss_nonfinite_in_windows": 0 if finite else 3,
-              "cancelled": stop, **({"compile_s": compile_s, "compiles": int(compile_s > 0),
-                                     "compile_reused": compile_s == 0, "compile_from_caches": from_caches}
-                                    if compiled else {})})
+              **({"compile_s": compile_s, "compiles": int(compile_s > 0),
+                  "compile_reused": compile_s == 0, "compile_from_caches": from_caches} if compiled else {})})
         return self._end(run)
+
+    def measure(self, cfg, world: int, steady: float, emit, stopped) -> ThroughputMeter:
+        """The job's meter fed steps at ``steady`` imgs/s on a clock of simulated seconds: a short ramp (``RAMP_S``
+        slower), then the pace swinging by the machine's share each half second, seeded by the run."""
+        # Seeded by what runs and how often it ran before: a run's noise does not depend on what else a search ran,
+        # nor on where (its folders).
+        what = _what(cfg)
+        again = sum(1 for r in self.runs[:-1] if _what(r["config"]) == what)
+        rng = random.Random(zlib.crc32(repr((what, again)).encode()))
+        images = cfg.training.batch_size * cfg.training.accum_steps * world
+        meter = ThroughputMeter(cfg.measure, images_per_step=images, device=_CPU, emit=lambda r: None,
+                                clock=Clock(), stop_requested=stopped)
+        swing, chunk, pace = self.machine.swing(cfg), -1, steady
+        while not meter.done:
+            if int(meter.clock.t / 0.5) != chunk:
+                chunk = int(meter.clock.t / 0.5)
+                pace = steady * max(0.05, 1 + swing * rng.gauss(0, 1))
+            ramp = 0.8 if meter.clock.t < RAMP_S else 1.0
+            meter.clock.t += images / (pace * ramp)
+            n = len(meter.windows)
+            meter.step()
+            for w in meter.windows[n:]:
+                emit({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "seconds": w.seconds,
+                      "steps": w.steps, "images": w.images, "imgs_per_s": w.imgs_per_s, "turn": w.turn,
+                      "estimate": {"imgs_per_s": meter.latest.value, "half_width": meter.latest.half_width,
+                                   "start": meter.latest.start} if meter.latest else None})
+                if stopped() and not self.cancels:
+                    return meter
+        return meter
 
     def compile(self, cfg, world: int) -> tuple[float, bool]:
         """(seconds, from the on-disk caches) of a compiled run's compile in the current worker; recorded as the job
@@ -274,18 +332,22 @@ class SimClock:
         self.now += seconds
 
 
-def settled(rates: list[float], mc) -> bool:
-    tail = rates[-(mc.windows + 1):]
-    if len(tail) < mc.windows + 1:
-        return False
-    med = statistics.median(tail)
-    return (max(tail) - min(tail)) / med <= mc.spread_target
+_CPU = __import__("torch").device("cpu")
+
+
+def _what(cfg) -> str:
+    """What a run's config runs, without where: its folders and its name."""
+    d = cfg.to_dict()
+    d.pop("name"), d.pop("output_dir")
+    d["training"] = {k: v for k, v in d["training"].items() if k != "compile_cache_dir"}
+    d["data"] = {k: v for k, v in d["data"].items() if k != "path"}
+    return repr(sorted(d.items(), key=str))
 
 
 SPEC: dict[str, Any] = {
     "name": "sim",
     "base": {"model": {"name": "resnet18"}, "data": {"kind": "imagefolder", "path": "/sim", "image_size": 64},
-             "measure": {"window_s": 1.0, "windows": 3, "max_windows": 8, "spread_target": 0.05}},
+             "measure": {"window_s": 0.5, "precision": 0.02, "max_s": 20}},
     "default_space": False,
     "space": {"training.precision": ["fp32", "bf16", "fp16"], "training.channels_last": [False, True],
               "training.batch_size": [64, 128, 256, 512], "training.accum_steps": [1, 2],
@@ -295,7 +357,7 @@ SPEC: dict[str, Any] = {
     "baseline": {"training.precision": "fp32", "training.channels_last": False, "training.batch_size": 64,
                  "training.accum_steps": 1, "data.decode": "pil", "loader.num_workers": 4, "ddp.bucket_cap_mb": 25},
     "sampler": {"seed": 0, "n_startup_trials": 4},
-    "pruner": {"kind": "best", "tolerance": 0.05, "min_windows": 2},
+    "pruner": {"kind": "best"},
     "stages": {"enabled": True, "candidates": 3},
 }
 

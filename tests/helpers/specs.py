@@ -17,7 +17,7 @@ TINY: dict[str, Any] = {
         "loader": {"num_workers": 0},
         "training": {"batch_size": 8},
         "ddp": {"timeout_s": 30},
-        "measure": {"warmup_min_steps": 2, "window_s": 0.3, "windows": 3, "max_windows": 3},
+        "measure": {"warmup_min_steps": 2, "window_s": 0.3, "precision": 0.05, "max_s": 0.9},
     },
     "world": {"nproc_per_node": 2},
     "default_space": False,

@@ -23,10 +23,15 @@ def test_export_section_is_ignored_by_the_job(tmp_path):
     assert TrainConfig.from_dict(data) == TrainConfig()
 
 
-def test_a_config_from_before_the_settle_test_was_retired_still_loads():
+def test_a_config_with_retired_measurement_settings_still_loads():
     data = TrainConfig().to_dict()
     data["measure"].update(settle_steps=5, settle_span_s=1.0, settle_tolerance=0.1)  # what older exports wrote
     with pytest.warns(FutureWarning, match="measure.settle_steps, measure.settle_span_s, measure.settle_tolerance"):
+        assert TrainConfig.from_dict(data) == TrainConfig()
+    del data["measure"]["settle_steps"], data["measure"]["settle_span_s"], data["measure"]["settle_tolerance"]
+    data["measure"].update(windows=3, max_windows=8, spread_target=0.05)  # window agreement, replaced by intervals
+    with pytest.warns(FutureWarning, match=r"measure.windows, measure.max_windows, measure.spread_target: retired "
+                                           r"\(a measurement ends on its interval"):
         assert TrainConfig.from_dict(data) == TrainConfig()
     data["measure"]["settle_everything"] = 1  # anything else unknown is still an error
     with pytest.raises(ConfigError, match=r"measure\.settle_everything: unknown setting"):
@@ -48,7 +53,8 @@ def test_a_config_from_before_the_settle_test_was_retired_still_loads():
     ({"data.crop_scale": [0.5, 0.1]}, "needs 0 < low <= high"),
     ({"training.mode": "train"}, "needs training.epochs or training.steps"),
     ({"optimizer.lr": 0.0}, "optimizer.lr=0.0: must be > 0"),
-    ({"measure.windows": 5, "measure.max_windows": 3}, "need 1 <= windows <= max_windows"),
+    ({"measure.precision": 0.0}, "measure.precision=0.0: must be between 0 and 1"),
+    ({"measure.max_s": 0.1}, "measure.max_s=0.1: must be at least measure.window_s"),
     ({"nccl.extra": {"NCCL_NVLS_ENABLE": "1"}}, "NVLink multicast must stay off"),
     ({"nccl.extra": {"NCCL_PROTO": "LL128"}}, "LL128 may not be forced"),
     ({"nccl.extra": {"OMP_NUM_THREADS": "4"}}, "only NCCL_* variables"),

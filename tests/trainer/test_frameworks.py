@@ -25,8 +25,8 @@ from torchvision.transforms import v2
 from trainer.config import MeasureConfig
 from trainer.protocol import ResultWriter
 from trainer.records import Dist
+from trainer.runtime._base import ScriptError, TrialDone
 from trainer.runtime._batches import samples_per_rank
-from trainer.runtime._run import ScriptError, TrialDone
 from trainer.runtime.request import Active, Request, activate
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -35,7 +35,7 @@ accelerate = pytest.importorskip("accelerate")
 from trainer.runtime import accelerate as tuned_accelerate  # noqa: E402
 from trainer.runtime import lightning as tuned_lightning  # noqa: E402
 
-MEASURE = MeasureConfig(warmup_min_steps=2, window_s=0.2, windows=2, max_windows=4, warmup_max_s=20)
+MEASURE = MeasureConfig(warmup_min_steps=2, window_s=0.2, precision=0.05, max_s=0.8, warmup_max_s=20)
 TRIAL = {"precision": "bf16", "accum_steps": 2, "bucket_cap_mb": 5.0, "gradient_as_bucket_view": True,
          "static_graph": True, "batch_size": 4, "num_workers": 1, "prefetch_factor": 3, "pin_memory": True,
          "persistent_workers": True, "channels_last": True}
@@ -321,7 +321,7 @@ def test_an_accelerate_loop_reports_its_micro_batches_and_is_told_to_stop(tmp_pa
 
 @pytest.mark.parametrize(("framework", "module"), [("lightning", "lightning"), ("accelerate", "accelerate")])
 def test_a_missing_framework_is_one_line_naming_its_install(monkeypatch, framework, module):
-    from trainer.runtime._run import ScriptError
+    from trainer.runtime._base import ScriptError
 
     monkeypatch.setitem(sys.modules, module, None)  # what an import of a package that is not installed raises
     monkeypatch.delitem(sys.modules, f"trainer.runtime.{framework}", raising=False)

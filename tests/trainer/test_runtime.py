@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 SEEN = REPO / "tests" / "helpers" / "scripts" / "seen.py"
-MEASURE = MeasureConfig(warmup_min_steps=2, window_s=0.3, windows=2, max_windows=4, warmup_max_s=20)
+MEASURE = MeasureConfig(warmup_min_steps=2, window_s=0.3, precision=0.05, max_s=1.2, warmup_max_s=20)
 
 
 def torchrun(script: Path, tmp: Path, *args: str, request: Request | None = None, env: dict | None = None,
@@ -117,7 +117,7 @@ def test_a_validation_loader_made_after_the_training_one_neither_stalls_nor_repl
     ("unread", "declares decode but the script never reads run.decode"),
     ("fixed-loader", "DataLoader was built with num_workers=0 (the run sets 1)"),
     ("crash", "the script broke on purpose"),
-    ("short", "before its measurement settled"),
+    ("short", "before it was measured"),
 ])
 def test_a_script_that_cannot_be_measured_says_why_in_an_error_record(tmp_path, mode, says):
     settings = {"num_workers": 1} if mode == "fixed-loader" else {}

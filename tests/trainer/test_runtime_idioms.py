@@ -15,7 +15,7 @@ from torch import nn
 from trainer import apply
 from trainer.apply import group_of_the_worker, script_distributed
 from trainer.protocol import ResultWriter
-from trainer.runtime import _run
+from trainer.runtime import _steps
 from trainer.runtime._run import Run
 from trainer.runtime.request import Request, activate
 
@@ -112,7 +112,7 @@ def test_the_scripts_own_optimizer_groups_by_its_own_parameter_names(make_run):
 
 def test_a_module_the_script_compiled_itself_is_compiled_once_as_the_run_says(make_run, monkeypatch):
     compiled = []
-    monkeypatch.setattr(_run, "compile_script_model", lambda model, mode: compiled.append(model) or model)
+    monkeypatch.setattr(_steps, "compile_script_model", lambda model, mode: compiled.append(model) or model)
     own = net()
     # Asked not to compile: the module inside, wrapped in DDP, nothing compiled.
     run = make_run(compile=False)

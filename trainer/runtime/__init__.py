@@ -43,12 +43,17 @@ from typing import TYPE_CHECKING
 __all__ = ["Run", "ScriptError", "TrialDone", "setup"]
 
 if TYPE_CHECKING:
-    from trainer.runtime._run import Run, ScriptError, TrialDone, setup
+    from trainer.runtime._base import ScriptError, TrialDone
+    from trainer.runtime._run import Run, setup
 
 
 def __getattr__(name: str):
     # Loaded on first use: the tuner reads this package's request format (``trainer.runtime.request``) without
     # importing torch.
+    if name in ("ScriptError", "TrialDone"):
+        from trainer.runtime import _base
+
+        return getattr(_base, name)
     if name in __all__:
         from trainer.runtime import _run
 

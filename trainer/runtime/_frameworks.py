@@ -16,8 +16,10 @@ from torch.utils.data import DataLoader, IterableDataset
 from trainer.apply import compile_script_model, data_loader, ddp_args, loader_settings, place, takes_layout
 from trainer.config import DDPConfig
 from trainer.knobs import table
+from trainer.runtime._base import _UNSET, DDP_WRAPPER, LOADER, ScriptError
 from trainer.runtime._batches import prefetched
-from trainer.runtime._run import _UNSET, DDP_WRAPPER, LOADER, Batches, Run, ScriptError
+from trainer.runtime._loaders import Batches
+from trainer.runtime._run import Run
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """The run's precision values, each with a name in every framework (``trainer.knobs``' precision choices)."""

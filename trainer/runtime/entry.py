@@ -19,7 +19,7 @@ from typing import Any
 
 from trainer.apply import OWN_GROUP_FIX, group_of_the_worker
 from trainer.config import ConfigError, TrainConfig
-from trainer.runtime._run import ScriptError, TrialDone
+from trainer.runtime._base import ScriptError, TrialDone
 from trainer.runtime.request import Active, Request, activate, last_run
 
 

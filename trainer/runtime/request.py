@@ -30,8 +30,8 @@ Mode = Literal["plain", "measure", "train", "supply", "ceiling"]
 @dataclass(kw_only=True)
 class Request:
     mode: Mode = "plain"
-    """``plain``: no measurement; ``measure``: a search trial (windows until settled, then the script is told to
-    stop); ``train``: a full run (windows over the whole run); ``supply``: the script's loader alone, no model;
+    """``plain``: no measurement; ``measure``: a search trial (windows until its figure is known, then the script is
+    told to stop); ``train``: a full run (windows over the whole run); ``supply``: the script's loader alone, no model;
     ``ceiling``: the script's first batch replayed on the device (the compute alone)."""
 
     settings: dict[str, Any] = field(default_factory=dict)

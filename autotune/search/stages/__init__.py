@@ -16,11 +16,12 @@ what is known and enqueues the next thing worth running, in this order (``StageP
 3. **candidates** — end-to-end trials at the ceiling's precision, layout and batch for the pipelines whose bound
    (min(supply, ceiling)) is within ``REACH`` of the best: one per decode family, the best of each (ties broken by
    measured headroom), the best bound first; and one at each precision and layout the ceiling cannot tell from the
-   fastest (within the spread target: the end-to-end runs tell them apart, and the stages go on from the one that did
+   fastest (their intervals overlap: the end-to-end runs tell them apart, and the stages go on from the one that did
    best). The first runs as soon as one ceiling and one supply are known. A candidate whose every trial fails (OOM at
    its batch and at the repair's, an invalid combination) is replaced by the next; a precision whose end-to-end trials
    diverge and never train is dropped for the next-fastest one.
-4. **trial 0 again** — when its windows never agreed, in a fresh process: the gain over trial 0 is the headline.
+4. **trial 0 again** — when its interval was still wider than the precision asked at its time cap, in a fresh
+   process: the gain over trial 0 is the headline.
 5. **cuDNN per precision and layout** — for every precision and layout a candidate runs at, the measurement without
    the algorithm search beside the one with it; the search stays on for that pair only where it buys ``CUDNN_KEEP``.
 6. **the project's pipeline on a script's folder** — where a user's script reads an image folder through a loader of
@@ -28,30 +29,31 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    (``run.image_loader``'s): once, a figure to say beside the script's own with the change to make.
 7. **what limits the bound** — while the input pipelines bound every run below the ceiling, the next pipeline's
    supply; otherwise the ceiling's grid, one dimension at a time from the fastest pair, along the dimension's order
-   until a step is clearly slower (the rest of that direction is then taken as dominated: the order is the prior, the
+   until a step is measurably slower (the rest of that direction is then taken as dominated: the order is the prior, the
    measurement confirms it), a dimension with a one-off cost (torch.compile: a compile per graph) last and only
    where the budget left pays for that cost and end-to-end trials after it (``affords_once``), the cost priced by
    what this machine paid for the same graph (``_budget.once_price``: a compile from the on-disk caches costs
    seconds), and said when it runs slower; then the pipelines not measured yet (they can only tie, and ties are run
    end to end).
-   A supply stops early, in-band, once its latest full windows are all above the ceiling or all clearly out of reach
-   (``stop_when``).
+   A supply stops early, in-band, once its interval lies above the ceiling's or below what could still reach the
+   best (``stop_when``).
 8. **smaller batches** of the fastest pair, halving, while they keep ``PLATEAU`` of its pace: the smallest on the
    plateau becomes the candidates' batch, and a batch below it bounds what a trial there can reach. On CPU ranks,
-   where the ceiling starts at the baseline's batch, then **larger ones** while the largest measured is clearly the
-   fastest.
-9. **uncertain pipelines** — one dropped on a supply whose windows never agreed, but whose fastest steady window
-   reaches the band, gets an end-to-end trial.
+   where the ceiling starts at the baseline's batch, then **larger ones** while the largest measured is measurably
+   the fastest.
+9. **uncertain pipelines** — one dropped on a supply whose interval stayed wide, but whose top reaches the band,
+   gets an end-to-end trial.
 10. **refine** — the sampler draws the other knobs (batch, accumulation, loader, DDP, the hybrid share, ...) with the
    pipeline, precision, layout and compile of the best end-to-end trials held, round-robin over those within
    ``REACH`` of the best; a compiled one also holds what its graph is keyed by (``Table.graph_settings``: each
    change is a new compile) and searches the input side around it. Draws the stages do not
    make (no stages, nothing measured yet) hold compile at the baseline's (``Refine.hold_once``). A draw whose measured
-   ceiling (its precision, layout and batch) or supply is already below the best is not
+   ceiling (its precision, layout and batch) or supply reaches no higher than the bottom of the best's interval is not
    launched (``bound``): it is told to Optuna as pruned, so the sampler learns it, and costs no trial of the budget.
-11. **confirm** — when the budget left pays for no more than that, each leader within ``CONFIRM_BAND`` of the best
-   (at most ``CONFIRM_TOP``) runs once more, before any step from 5 on: the best is named by the mean of its runs
-   (``autotune.study.view.answers``), not by the luckiest of several near-identical single runs.
+11. **confirm** — when the budget left pays for no more than that, and only where the best's interval overlaps
+   other answers', each tied leader (at most ``CONFIRM_TOP``) runs once more, before any step from 5 on: the best is
+   named by its runs combined (``autotune.study.view.answers``), not by the luckiest of several single runs, and
+   leaders that still overlap are named a tie.
 
 **The budget.** Measurements of parts spend at most ``PARTS_SHARE`` of this search's trials and of its time (the
 first ceiling and supply excepted): the rest is end to end. A budget too small for the first ceiling, the first
@@ -75,10 +77,10 @@ folder (``_folder``: 6), what limits the bound (``_limits``: 7-9), refine (``_re
 
 from autotune.search.stages._ask import BLOCKED, REACH
 from autotune.search.stages._budget import PARTS_SHARE, Budget
-from autotune.search.stages._confirm import CONFIRM_BAND, CONFIRM_TOP
+from autotune.search.stages._confirm import CONFIRM_TOP
 from autotune.search.stages._cudnn import CUDNN_KEEP, evidence
 from autotune.search.stages._first import CEILING_DATA
 from autotune.search.stages._planner import StagePlanner
 
-__all__ = ["BLOCKED", "CEILING_DATA", "CONFIRM_BAND", "CONFIRM_TOP", "CUDNN_KEEP", "PARTS_SHARE", "REACH", "Budget",
+__all__ = ["BLOCKED", "CEILING_DATA", "CONFIRM_TOP", "CUDNN_KEEP", "PARTS_SHARE", "REACH", "Budget",
            "StagePlanner", "evidence"]

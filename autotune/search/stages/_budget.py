@@ -72,8 +72,8 @@ class Spend:
     def cost(self, vs: list[TrialView], part: bool) -> float | None:
         """Median seconds of a trial of that kind in this study (the other kind's, else None). Trial 0 says nothing
         of either: it runs in a fresh process (torchrun's start, import torch, the CUDA context) and may measure
-        twice the windows (on 1xH200, 65 s against 7-23 s for the measurements after it on a live worker; counted, it
-        made a 170 s search skip every stage)."""
+        for twice as long, several times a trial on a live worker; counted, it would make a short search skip every
+        stage."""
         for kind in (part, not part):
             walls = [float(v.attrs["wall_s"]) for v in vs if v.attrs.get("wall_s") is not None
                      and v.stage != "baseline" and (v.stage in MEASUREMENT_STAGES) == kind]

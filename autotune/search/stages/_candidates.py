@@ -1,6 +1,6 @@
 """Stages 3 and 4: the candidates — end-to-end trials at the ceiling's precision, layout and batch for the pipelines
 whose bound is within ``REACH`` of the best, and at each precision and layout the ceiling cannot tell from the
-fastest — and trial 0 again, where its windows never agreed."""
+fastest — and trial 0 again, where its interval stayed wider than the precision asked."""
 
 from __future__ import annotations
 
@@ -23,23 +23,24 @@ class Candidates:
     ask: Ask
 
     def ranking(self, vs: list[TrialView]) -> tuple[list[Pipe], list[Pipe], float] | None:
-        """(the best pipeline of each family within REACH of the best bound, best first; the families only an
-        unsettled supply keeps out of it; the ceiling they are capped at) — None before both are known."""
+        """(the best pipeline of each family within REACH of the best bound (``Pipe.with_model``: beside the model,
+        a decode on the GPUs charged its device time), best first; the families only an imprecise supply keeps out of
+        it, the top of its interval within reach; the ceiling they are capped at) — None before both are known."""
         m = self.ask.measured
         best = m.best_pair(vs) if m.ceilings else None
         if m.ceilings and best is None:
             return None
         ceiling = best[1] if best else math.inf
-        pipes = m.pipes(vs) if m.supplies else [Pipe(settings={}, point=math.inf, upper=math.inf, settled=True)]
+        pipes = m.pipes(vs) if m.supplies else [Pipe(settings={}, point=math.inf, upper=math.inf, precise=True)]
         if not pipes:
             return None
-        top = max(min(p.point, ceiling) for p in pipes)
+        top = max(p.with_model(ceiling) for p in pipes)
         by_family: dict[str, Pipe] = {}
-        for p in sorted(pipes, key=lambda p: (-min(p.point, ceiling), -p.point)):  # ties: the most headroom
+        for p in sorted(pipes, key=lambda p: (-p.with_model(ceiling), -p.point)):  # ties: the most headroom
             by_family.setdefault(p.family, p)
-        sure = [p for p in by_family.values() if min(p.point, ceiling) >= REACH * top]
-        unsure = [p for p in by_family.values() if p not in sure and not p.settled
-                  and min(p.upper, ceiling) >= REACH * top]
+        sure = [p for p in by_family.values() if p.with_model(ceiling) >= REACH * top]
+        unsure = [p for p in by_family.values() if p not in sure and not p.precise
+                  and p.with_model(ceiling, reach=True) >= REACH * top]
         return sure, unsure, ceiling
 
     def identity_of(self, fixed: dict[str, Any]) -> tuple:
@@ -123,19 +124,19 @@ class Candidates:
         return params
 
     def baseline_again(self, vs: list[TrialView]) -> str | None:
-        """Trial 0 measured again in a fresh process, where its windows never agreed."""
+        """Trial 0 measured again in a fresh process, where its interval was still wider than the precision asked
+        at its time cap: every gain is a ratio to it."""
         runs = [v for v in vs if v.baseline and not v.part]
         if (not runs or any(v.outcome in ("running", "waiting") for v in runs)
                 or any(v.attrs.get("remeasure_of") is not None for v in runs)):
             return None
         first = runs[0]
-        if first.outcome != "measured" or first.attrs.get("settled") is not False or self.ask.spend.budget.left < 2:
+        if first.outcome != "measured" or first.precise is not False or self.ask.spend.budget.left < 2:
             return None
-        # Its latest windows' spread can be under the target while the one before them is not: no figure to give.
-        target = self.ask.measured.plan.base.measure.spread_target
-        self.ask.notes.note("baseline", f"stages: trial {first.label}'s windows never agreed within {target:.0%} "
-                                        "before its window limit: measured again in a fresh process; the baseline is "
-                                        "the faster settled figure (the faster of the two if neither settles)")
+        target = self.ask.measured.plan.base.measure.precision
+        self.ask.notes.note("baseline", f"stages: trial {first.label}'s interval was still wider than ±{target:.0%} "
+                                        f"at its time cap (± {first.half_width:.1%}): measured again in a fresh "
+                                        "process; the baseline combines the two runs")
         self.ask.trial(dict(first.params), {"stage": "baseline", "remeasure_of": first.number})
         return "baseline"
 

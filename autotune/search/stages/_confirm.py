@@ -1,13 +1,11 @@
-"""Stage 11, confirm: the budget's last trials run the leaders again, so that the configuration named best stands on
-more than one run.
+"""Stage 11, confirm: where the leaders tie, the budget's last trials run them again, so that the configuration named
+best stands on more than one run.
 
-Near-identical configurations measured once each differ by their noise, and the fastest of them (picked from two or
-more) is the top of that draw: on 1xH200 four runs of one DALI configuration (hw share 0.5) ran 6,401-6,848 imgs/s,
-the fastest was named the best, and its fresh-process re-measure ran 6,627 (3.2 % below), the four runs' mean within
-0.1 %. Each leader within
-``CONFIRM_BAND`` of the best answer (``view.answers``: a configuration run more than once at the mean of its runs),
-at most ``CONFIRM_TOP`` of them, runs once more when the budget left pays for no more than those runs; a leader whose
-mean falls gives way, and the next one within the band is run again while the budget lasts.
+Configurations whose intervals overlap cannot be told apart by one run each, and the fastest of them is the top of
+that draw: a fresh run of it falls back towards the others. Where the best answer's interval overlaps another
+answer's (``view.tied``), each tied leader, at most ``CONFIRM_TOP`` of them, runs once more when the budget left pays
+for no more than those runs; their runs are combined (``view.combined``), and leaders that still tie are named a
+tie. Where the best stands clear of the rest, nothing is run again: its interval already says it is the fastest.
 """
 
 from __future__ import annotations
@@ -15,11 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.search.stages._ask import Ask
-from autotune.study.view import RUNS, TrialView, answers
-
-CONFIRM_BAND = 0.03
-"""Leaders within this share of the best answer are confirmed: the spread target of one trial's windows, and what
-a fresh re-measure may differ from the search's figure before ``autotune export`` warns."""
+from autotune.study.view import RUNS, TrialView, tied
 
 CONFIRM_TOP = 3
 """Leaders confirmed at most: each costs one end-to-end trial of the budget's last ones."""
@@ -27,20 +21,15 @@ CONFIRM_TOP = 3
 
 @dataclass
 class Confirm:
-    """The leaders run again at the end of the budget."""
+    """The tied leaders run again at the end of the budget."""
 
     ask: Ask
 
     def leaders(self, vs: list[TrialView]) -> list[TrialView]:
-        """Answers within ``CONFIRM_BAND`` of the best (not trial 0: it has its own re-measure), fastest first, at
-        most ``CONFIRM_TOP``. None while the best has had no competitor (another answer, or a trial pruned against
-        it): a run picked from one is no draw's top (a measurement in whole epochs of a script's own loader took
-        171 s on 1xH200, and confirming the one configuration measured was all that search did after it)."""
-        tops = sorted((a for a in answers(vs) if not a.baseline), key=lambda a: -a.imgs_per_s)
-        pruned = [v for v in vs if v.end_to_end and not v.baseline and v.outcome == "pruned"]
-        if not tops or len(tops) + len(pruned) < 2:
-            return []
-        return [a for a in tops if a.imgs_per_s >= (1 - CONFIRM_BAND) * tops[0].imgs_per_s][:CONFIRM_TOP]
+        """The answers tied with the best (their intervals overlap its), the best among them, fastest first, at most
+        ``CONFIRM_TOP``; none where the best has no tie (the baseline never counts: it has its own re-measure)."""
+        leaders = [a for a in tied(vs) if not a.baseline]
+        return leaders[:CONFIRM_TOP] if len(leaders) > 1 else []
 
     def confirm(self, vs: list[TrialView]) -> str | None:
         tried = {v.attrs.get("confirm_of") for v in vs if v.stage == "confirm"}
@@ -53,8 +42,8 @@ class Confirm:
         if b.left > len(pending) and not time_up:
             return None
         lead = pending[0]
-        self.ask.notes.note("confirm", f"stages: the last trials run the leaders within {CONFIRM_BAND:.0%} of the best "
-                                       f"once more (at most {CONFIRM_TOP}): the best is named by the mean of its runs, "
-                                       "not by one run's luck")
+        self.ask.notes.note("confirm", f"stages: the last trials run the leaders whose intervals overlap the best's "
+                                       f"once more (at most {CONFIRM_TOP}): the best is named by its runs combined, "
+                                       "not by one run's luck, and leaders that still overlap are a tie")
         self.ask.trial(dict(lead.params), {"stage": "confirm", "confirm_of": lead.number})
         return "confirm"

@@ -4,7 +4,6 @@ either is asked for (the later stages ask for theirs the same way)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,18 +107,18 @@ class First:
         return {**o, **pipeline_settings(m, decode)}
 
     def stop_when(self, vs: list[TrialView]) -> dict[str, Any]:
-        """When a supply measurement may stop before it settles (``autotune.search.evaluate.Watch``): its latest
-        ``windows`` full windows all above the ceiling (it feeds more than the model takes: the ceiling bounds it),
-        or all below what could still come within ``REACH`` of the best bound."""
+        """When a supply measurement may stop before its interval is tight (``autotune.search.evaluate.Watch``):
+        its interval above the ceiling's (it feeds more than the model takes: the ceiling bounds it), or below what
+        could still come within ``REACH`` of the best bound."""
         m = self.ask.measured
         best = m.best_pair(vs)
-        ceiling = best[1] if best else None
-        bounds = [min(p.point, ceiling or math.inf) for p in m.pipes(vs)]
-        out: dict[str, Any] = {"windows": m.measure.windows}
+        ceiling = m.pair_interval(vs, best[0]) if best else None
+        bounds = [p.with_model(ceiling.value) if ceiling else p.point for p in m.pipes(vs)]
+        out: dict[str, Any] = {}
         if ceiling is not None:
-            out["above"] = round(ceiling * (1 + m.measure.spread_target), 3)
+            out["above"] = round(ceiling.high, 3)
         if bounds:
-            out["below"] = round(REACH * max(bounds) * (1 - m.measure.spread_target), 3)
+            out["below"] = round(REACH * max(bounds), 3)
         return out
 
     def supply_requests(self) -> list[tuple[str, float | None]]:
@@ -147,8 +146,8 @@ class First:
 
 def persist_own_workers(m: Measured) -> bool:
     """Whether the stages keep loader workers alive between epochs: for a script's own loader, which spawns them anew
-    every epoch otherwise (on 1xH200, 16 PIL workers over a 62-step epoch: end to end at 67 % of the loader alone in
-    windows of whole epochs, restarts inside), where the space holds the choice. The built-in job's and
+    every epoch otherwise (a restart every epoch costs a short epoch much of its pace, docs/benchmarks.md), where the
+    space holds the choice. The built-in job's and
     ``run.image_loader``'s pipelines read one endless stream while measured: no restart to save."""
     return (own_loader(m.base) and "loader.persistent_workers" in m.space and "loader.num_workers" in m.space
             and max(m.choices("loader.num_workers")) > 0)

@@ -34,7 +34,7 @@ class Folder:
         if not folder.get("path") or not (m.supplies and m.ceilings) or not own_loader(m.base):
             return None
         pipes, best = m.pipes(vs), m.best_pair(vs)
-        if not pipes or best is None or max(p.point for p in pipes) >= best[1] * (1 - m.tolerance):
+        if not pipes or best is None or max(p.upper for p in pipes) >= m.pair_interval(vs, best[0]).low:
             return None  # the script's own loader feeds what the model takes: nothing to gain from another
         return self.ask.part(vs, IMAGE_LOADER, self.overrides(vs, folder))
 

@@ -68,7 +68,7 @@ def test_a_reused_worker_gives_what_a_fresh_process_gives(jpegs, tmp_path, repo_
 
 
 def test_measured_throughput_in_a_worker_matches_a_fresh_process(jpegs, tmp_path, repo_on_pythonpath):
-    cfg = config(jpegs, tmp_path, **{"measure.window_s": 0.5, "measure.max_windows": 6})
+    cfg = config(jpegs, tmp_path, **{"measure.window_s": 0.5, "measure.precision": 0.05, "measure.max_s": 3.0})
     fresh = run_trial(job(cfg, tmp_path / "fresh")).summary["imgs_per_s"]
     with WorkerPool(tmp_path / "workers") as pool:
         pool.run(job(config(jpegs, tmp_path, **{"training.batch_size": 8}), tmp_path / "before"))
@@ -97,7 +97,7 @@ def test_failures_cost_their_worker_and_the_next_trial_still_runs(jpegs, tmp_pat
 
 
 def test_a_pruned_trial_is_cancelled_in_band_and_its_worker_lives_on(jpegs, tmp_path, repo_on_pythonpath):
-    long = config(jpegs, tmp_path, **{"measure.window_s": 0.3, "measure.windows": 50, "measure.max_windows": 50})
+    long = config(jpegs, tmp_path, **{"measure.window_s": 0.3, "measure.precision": 0.0001, "measure.max_s": 15.0})
     seen = []
 
     def prune_after_two(rec):

@@ -93,7 +93,7 @@ def test_a_real_job_is_streamed_live_and_stopped_with_its_whole_process_tree(tmp
     cfg = TrainConfig().with_overrides({
         "model.name": "tests.helpers.models:tiny", "data.image_size": 32, "training.batch_size": 8,
         "loader.num_workers": 1, "measure.warmup_min_steps": 2,
-        "measure.window_s": 0.5, "measure.windows": 50, "measure.max_windows": 50,
+        "measure.window_s": 0.5, "measure.precision": 0.0001, "measure.max_s": 25.0,
         "ddp.timeout_s": 30.0})
     arrivals = []
 

@@ -192,7 +192,7 @@ def torchrun_request(cwd: Path, variant: str, request: Request, env: dict | None
     return proc.returncode, records, proc.stdout + proc.stderr
 
 
-MEASURE = MeasureConfig(warmup_min_steps=2, window_s=0.5, windows=3, max_windows=6, warmup_max_s=20)
+MEASURE = MeasureConfig(warmup_min_steps=2, window_s=0.5, precision=0.05, max_s=3.0, warmup_max_s=20)
 
 
 def test_a_setting_read_but_not_applied_to_the_scripts_own_loader_is_caught(tmp_path):

@@ -150,7 +150,7 @@ base:
   loader: {num_workers: 0}
   training: {batch_size: 8}
   ddp: {timeout_s: 30}
-  measure: {warmup_min_steps: 2, window_s: 0.3, windows: 3, max_windows: 3}
+  measure: {warmup_min_steps: 2, window_s: 0.3, precision: 0.05, max_s: 0.9}
 world: {nproc_per_node: 2}
 default_space: false
 space:
@@ -342,7 +342,7 @@ base:
   loader: {num_workers: 0}
   training: {batch_size: 16}
   ddp: {timeout_s: 60}
-  measure: {warmup_min_steps: 3, window_s: 0.5, windows: 3, max_windows: 6}
+  measure: {warmup_min_steps: 3, window_s: 0.5, precision: 0.05, max_s: 3.0}
 world: {nproc_per_node: 2}
 default_space: false
 space:

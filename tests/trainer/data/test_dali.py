@@ -17,7 +17,7 @@ from tests.trainer.data.common import config, samples_of
 from trainer.config import ConfigError
 from trainer.data import Pipeline, prefetched_batches
 from trainer.data.dali import DaliPipeline, import_dali
-from trainer.runtime._run import IMAGES
+from trainer.runtime._base import IMAGES
 
 MISSING = "data.decode=dali needs NVIDIA DALI, which is not installed: pip install 'ddp-autotune[dali]'"
 

@@ -1,0 +1,81 @@
+"""How every line and table of the tool writes settings and figures: a throughput, its interval, a ratio with its
+uncertainty, a duration. One module, so that a figure reads the same in the search's lines, ``show``, ``export``,
+``train`` and the report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.estimate import Interval
+from trainer.knobs import knob
+
+
+def fmt_ips(x: float | None) -> str:
+    """A throughput: a decimal below 100, none above."""
+    return "-" if x is None else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
+
+
+def fmt_pm(half_width: float | None) -> str:
+    """An interval's relative half-width: ``± 1.2 %`` (``± ?`` where none was measured)."""
+    return "± ?" if half_width is None else f"± {100 * half_width:.1f} %"
+
+
+def fmt_interval(x: float | None, half_width: float | None, per: str | None = None) -> str:
+    """A figure with its 95 % interval: ``6,853 ± 1.2 % imgs/s``."""
+    if x is None:
+        return "-"
+    return f"{fmt_ips(x)} {fmt_pm(half_width)}" + (f" {per}" if per else "")
+
+
+def fmt_ratio(r: Interval) -> str:
+    """A ratio of two figures with its uncertainty: ``2.31x ± 2.6 %``."""
+    return f"{r.value:.2f}x {fmt_pm(r.half_width)}"
+
+
+def gain_words(best: Interval, base: Interval) -> str:
+    """What a ratio to the baseline says, honestly: the ratio with its uncertainty, and where the intervals overlap,
+    that the two are a tie (no gain the noise does not explain)."""
+    ratio = best.over(base)
+    if best.ties(base):
+        return f"{fmt_ratio(ratio)}: a tie with the baseline (their intervals overlap)"
+    return f"{fmt_ratio(ratio)} the baseline"
+
+
+def fmt_value(v: Any) -> str:
+    if v is None:
+        return "default"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def fmt_params(params: dict[str, Any], limit: int | None = None) -> str:
+    """Settings in a line, each by its knob's short label (``trainer.knobs``); an empty label shows the value alone
+    (``bf16``, ``nvjpeg-gpu`` speak for themselves), as does a stage measurement's mode (``loader``)."""
+    parts = []
+    for path, v in params.items():
+        k = knob(path)
+        label = "" if path == "training.mode" else k.label
+        if isinstance(v, bool) and label:
+            if v:
+                parts.append(label)
+            continue
+        if k.is_unmarked(v):
+            continue  # e.g. NCCL's own choice: nothing to say
+        parts.append(f"{label}={fmt_value(v)}" if label else fmt_value(v))
+    text = " ".join(parts)
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 trial``, ``2 trials``."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = round(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
