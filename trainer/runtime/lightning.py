@@ -26,6 +26,7 @@ a search, logging, checkpoints and validation are the script's.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from trainer.apply import prepare_optimizer
+from trainer.runtime._base import LOADER, ScriptError
 from trainer.runtime._batches import first_length
 from trainer.runtime._frameworks import PRECISIONS, FrameworkRun, missing
-from trainer.runtime._run import LOADER, Batches, ScriptError
+from trainer.runtime._loaders import Batches
 from trainer.runtime._run import setup as _setup
 
 try:
@@ -122,10 +124,7 @@ class LightningRun(FrameworkRun):
         args["strategy"] = self._strategy(args.get("strategy", "auto"))
         cuda = self.run.device.type == "cuda"
         args.setdefault("accelerator", "gpu" if cuda else "cpu")
-        # The process group exists (the run's or torchrun's world): one device per process of it.
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        args.setdefault("devices", local)
-        args.setdefault("num_nodes", max(1, self.run.world_size // local))
+        args.update(self._ranks(args))
         if cuda and "cudnn_benchmark" in self.run.request.settings:
             args["benchmark"] = self.run._applied["cudnn_benchmark"]
         callbacks = args.get("callbacks") or []
@@ -142,6 +141,23 @@ class LightningRun(FrameworkRun):
             args.setdefault("enable_model_summary", False)
         args["callbacks"] = [*callbacks, Report(self, samples)]
         return args
+
+    def _ranks(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``devices`` and ``num_nodes``: one device per process of the group that exists (the run's or torchrun's).
+        In a run the tool started (a search's trial, ``autotune train``) it chose those processes, so they stand
+        whatever the script passed (``"auto"`` counts one CPU device, and Lightning refuses a world of two); run on
+        its own, the script's values stand. A difference is said in one line of the run's log."""
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        ranks = {"devices": local, "num_nodes": max(1, self.run.world_size // local)}
+        if not self.run.request.measured:
+            return {k: args.get(k, v) for k, v in ranks.items()}
+        differ = {k: args[k] for k in ranks if k in args and args[k] != ranks[k]}
+        if differ and self.run.rank == 0:
+            given = ", ".join(f"{k}={v!r}" for k, v in differ.items())
+            print(f"autotune: the run has {self.run.world_size} rank(s) (devices={ranks['devices']}, "
+                  f"num_nodes={ranks['num_nodes']}): the script's {given} stands when it runs on its own",
+                  file=sys.stderr, flush=True)
+        return ranks
 
     def _strategy(self, strategy):
         """A DDPStrategy with the run's DDP settings on the existing process group; the script's own DDPStrategy

@@ -78,9 +78,21 @@ def nothing_outside_the_trials(cwd, said: str) -> None:
 
 
 def test_the_lightning_example_is_searched_on_a_live_worker_with_stages_exported_and_trained(tmp_path):
-    found, applies = searched_exported_and_trained(tmp_path, f"{EXAMPLES / 'lightning_ddp.py'}:main",
+    # As a script written for one device per machine passes it: devices="auto" counts one CPU device, and Lightning
+    # refuses a world of two; in a run the tool started, its ranks stand (a line of the run's log says so).
+    auto = tmp_path / "example"
+    auto.mkdir()
+    (auto / "demo_data.py").write_text((EXAMPLES / "demo_data.py").read_text())
+    source = (EXAMPLES / "lightning_ddp.py").read_text()
+    assert 'devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1))' in source
+    (auto / "lightning_ddp.py").write_text(source.replace('devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1))',
+                                                          'devices="auto"'))
+    found, applies = searched_exported_and_trained(tmp_path, f"{auto / 'lightning_ddp.py'}:main",
                                                    "script-lightning_ddp-main", LIGHTNING_ARGS, trials=4,
                                                    searched=nothing_outside_the_trials)
+    logs = "".join(p.read_text() for p in (tmp_path / "studies" / "script-lightning_ddp-main").rglob("log.txt"))
+    assert ("autotune: the run has 2 rank(s) (devices=2, num_nodes=1): the script's devices='auto' stands when it "
+            "runs on its own") in logs
     # What reaches the Trainer, the DataModule's loader (the run's image pipeline) and the module is what the
     # search may change.
     assert {"precision", "accum_steps", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "batch_size",
