@@ -52,7 +52,7 @@ def spec(nproc: int | None, data: str | None, trial_timeout: float) -> dict:
             "training": {"batch_size": 8},
             # Longer than the trial timeout: the watchdog, not NCCL's own timeout, must find the hang.
             "ddp": {"timeout_s": max(120, 3 * trial_timeout)},
-            "measure": {"warmup_min_steps": 5, "window_s": 0.5, "windows": 3, "max_windows": 4},
+            "measure": {"warmup_min_steps": 5, "window_s": 0.5, "precision": 0.05, "max_s": 2.0},
         },
         "world": {"nproc_per_node": nproc},
         "default_space": False,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU work of a session, in as few calls as possible, on any machine kind (nvidia-h200, -x2, -x4, -x8): every
-# stage uses every visible GPU (a search, a bench row, the drill) unless it says otherwise. From the repo root on the
+# The benchmarks of a GPU machine in as few invocations as possible, on any machine kind (nvidia-h200, -x2, -x4,
+# -x8): every stage uses every visible GPU (a search, a bench row, the drill) unless it says otherwise. From the repo root on the
 # GPU machine, after the wheel install line:
 #
 #   bash bench/gpu.sh STAGE [STAGE ...]
@@ -31,7 +31,9 @@
 #                  examples/lightning_ddp.py:main, the same ResNet-50 as a Lightning DataModule (its train images
 #                  through run.image_loader), LightningModule and Trainer tuned through trainer.runtime.lightning,
 #                  trial after trial on a live worker, with stages (study lightning-fn; final=lightning-fn re-measures
-#                  and trains its best); against search=N@S in the same call for the ratio. SCRIPT_SPEC=FILE: these
+#                  and trains its best); against search=N@S in the same call for the ratio. lm=N[@S]:
+#                  examples/tiny_lm.py:main, a small transformer on generated tokens (study lm-fn): whether the stages
+#                  weigh torch.compile where the model alone leaves the GPU idle. SCRIPT_SPEC=FILE: these
 #                  script stages' searches with that spec (`--spec`: its space narrows or widens theirs), each study's
 #                  name followed by -FILE's stem
 #   model=NAME[@S] a fresh 16-trial search of a torchvision classifier by name (--model NAME) on the same JPEGs
@@ -88,7 +90,7 @@ images=${IMAGES:-32000}
 # The studies' head: 100 classes, as the generated data has (the bench configs' default is ImageNet's 1000). A trial
 # timeout of 150 s: the stages measure torch.compile only where a compiled run fits well inside it (a cold compile
 # of ResNet-50 took most of a minute on 1xH200).
-bench_set=(--set data.num_classes=100 --set measure.window_s=2.0); search_set=(--trial-timeout "${TRIAL_TIMEOUT:-150}")
+bench_set=(--set data.num_classes=100); search_set=(--trial-timeout "${TRIAL_TIMEOUT:-150}")
 if [ -n "${DRY:-}" ]; then  # toy sizes for a CPU smoke run
   images=400
   bench_set+=(--set model.name=resnet18 --set data.image_size=32 --set training.batch_size=8
@@ -199,7 +201,7 @@ PY
       [ -n "${DRY:-}" ] && [ "${sc[0]}" != --row ] && sc+=(--set measure.window_s=0.5 --set measure.warmup_min_steps=2)
       python3 bench/scale.py --out "$out/scale.json" --trials-dir "$scratch/bench-scale" --timeout 150 "${sc[@]}" \
         2>&1 | quiet ;;
-    search=*|script=*|script-fn=*|folder=*|lightning=*|model=*)
+    search=*|script=*|script-fn=*|folder=*|lightning=*|lm=*|model=*)
       kind=${stage%%=*}; arg=${stage#*=}; n=${arg%@*}; secs=${arg#*@}; [ "$secs" = "$arg" ] && secs=
       # The trial in flight when it runs out still ends inside the call: a script's own loader measured in windows
       # of four rounds took ~125 s a trial (folder=, 1xH200), the others under 45 s.
@@ -212,13 +214,16 @@ PY
         script-fn) name=seed-fn; what=(--script examples/seed_ddp.py:main) ;;
         folder) name=folder-fn; what=(--script examples/folder_ddp.py:main) ;;
         lightning) name=lightning-fn; what=(--script examples/lightning_ddp.py:main) ;;
+        lm) name=lm-fn; what=(--script examples/tiny_lm.py:main) ;;
         model) name="held-$n"; what=(--spec resnet50 --model "$n" --data "$data" "${search_set[@]}"); n=16 ;;
       esac
       extra=(); train=$data/train
       if [ "$kind" = folder ] && [ "${FOLDER_COPIES:-1}" -gt 1 ]; then
         name=folder-fn-x$FOLDER_COPIES; train=$(folder_view)
       fi
-      if [ "$kind" = script ] || [ "$kind" = script-fn ] || [ "$kind" = folder ] || [ "$kind" = lightning ]; then
+      if [ "$kind" = lm ]; then  # its own generated tokens: no data folder
+        what+=(--trial-timeout "${TRIAL_TIMEOUT:-150}"); [ -n "${DRY:-}" ] && what+=(--nproc-per-node 1)
+      elif [ "$kind" = script ] || [ "$kind" = script-fn ] || [ "$kind" = folder ] || [ "$kind" = lightning ]; then
         what+=(--trial-timeout "${TRIAL_TIMEOUT:-150}"); [ -n "${DRY:-}" ] && what+=(--nproc-per-node 1)
         extra=(-- --data "$train"); [ -n "${DRY:-}" ] && extra+=(--model resnet18 --image-size 32)
         if [ -n "${SCRIPT_SPEC:-}" ]; then what+=(--spec "$SCRIPT_SPEC"); name=$name-$(basename "$SCRIPT_SPEC" .yaml); fi

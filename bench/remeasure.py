@@ -31,8 +31,8 @@ from trainer.knobs import knob
 
 TRAIN_SLACK_S = 70.0
 """Seconds a short train run takes beyond its aimed time (start, compile from the caches, the data's scan, the
-checkpoint): 54 s on 1xH200 (ResNet-50 compiled, 30 s aimed, 84 s in all, session 10); two runs were skipped with
-111-112 s left under a slack of 90."""
+checkpoint): 54 s on 1xH200 (ResNet-50 compiled, 30 s aimed, 84 s in all, 2026-12-02); two runs were skipped
+with 111-112 s left under a slack of 90."""
 
 GPU_DECODE = knob("data.decode").gpu_values  # nvJPEG's, the hybrid, DALI
 CPU_DECODE = ("pil", "torchvision-cpu")

@@ -66,6 +66,13 @@ END_TO_END: dict[str, tuple[str, dict]] = {  # the JPEGs, fp16, CL, batch 512: ~
                                             "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5,
                                             "loader.num_workers": 12}),
     "e2e-nvjpeg": ("strong", {**E2E, "data.decode": "nvjpeg-gpu", "loader.num_workers": 6}),
+    # The decode paths side by side at the ceiling's settings (issue #40's hand rows for a small classifier:
+    # hand-NAME=ceil-eager,supply-nvjpeg,e2e-nvjpeg,e2e-hybrid-25,e2e-hybrid-50,e2e-tvcpu,...).
+    "e2e-hybrid-25": ("strong", {**E2E, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.25,
+                                 "loader.num_workers": 12}),
+    "e2e-tvcpu": ("strong", {**E2E, "data.decode": "torchvision-cpu", "loader.num_workers": 15}),
+    **{f"e2e-dali-hw-{h}": ("strong", {**E2E, "data.decode": "dali", "data.dali_threads": 8,
+                                      "data.dali_hw_decoder_load": h / 100}) for h in (35, 65, 95)},
     "e2e-dali": ("strong", {**E2E, "data.decode": "dali", "data.dali_threads": 8}),
     "e2e-dali-compile": ("strong", {**E2E, **COMPILED, "data.decode": "dali", "data.dali_threads": 8}),
 }
@@ -99,7 +106,7 @@ LAUNCH: dict[str, tuple[str, dict]] = {
 }
 # ---- issue #21: the DDP and NCCL knobs, each alone against DDP_BASE, on the best end-to-end config known
 # (e2e-hybrid-50: hybrid 50 %, fp16, channels_last, bs 512 per GPU, 12 workers per rank). Two changes that do not
-# change the step: the search's lr 0.1 (strong's 0.4 sent nvjpeg-gpu fp16 to NaN on 2xH200 in session 3, and a
+# change the step: the search's lr 0.1 (strong's 0.4 sent nvjpeg-gpu fp16 to NaN on 2xH200 on 2026-11-30, and a
 # void row says nothing about a knob) and cudnn.benchmark off (it bought nothing measurable for ResNet-50 here and
 # cost ~13 s of first step per fresh process). Estimated ~35 s per row on 4 GPUs: ~5.5 min for the nine.
 DDP_BASE = {**E2E, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5, "loader.num_workers": 12, **AS_SEARCHED}
@@ -149,8 +156,8 @@ PLAN: dict[str, tuple[str, dict]] = {
     "loader-hybrid-50": ("strong", {**LOADER, "data.decode": "hybrid", "data.hybrid_cpu_fraction": 0.5,
                                     "loader.num_workers": 12}),
     # ---- issue #22 on 1xH200 (estimates per row: a fresh process pays ~15 s of launch, import and set-up, then
-    # warm-up and 4-8 windows of the call's 2 s: ~35 s; a cold ResNet-50 compile adds ~60-80 s, less where an earlier
-    # row of the call compiled the same graph into the shared on-disk cache).
+    # warm-up and windows until the interval is within 1 %: ~35 s; a cold ResNet-50 compile adds ~60-80 s, less where
+    # an earlier row of the call compiled the same graph into the shared on-disk cache).
     **CEILINGS,
     **SUPPLIES,
     **END_TO_END,
@@ -219,7 +226,8 @@ def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: flo
         "loss_start": summary.get("loss_start"), "loss_end": summary.get("loss_end"),
         "loss_finite": summary.get("loss_finite"), "loss_nonfinite_steps": summary.get("loss_nonfinite_steps"),
         "imgs_per_s": summary.get("imgs_per_s"), "imgs_per_s_windows": summary.get("imgs_per_s_windows"),
-        "spread": summary.get("spread"), "peak_mem_bytes": summary.get("peak_mem_bytes"),
+        "ci_half_width": summary.get("ci_half_width"), "precise": summary.get("precise"),
+        "peak_mem_bytes": summary.get("peak_mem_bytes"),
         "cpu_busy_pct": round(statistics.fmean(cpu_in), 1) if cpu_in else None,
         **nvml_gpu.summarize(samples, run.steady_windows, len(gpus)), **run.timing(),
         "compile_s": summary.get("compile_s"), "compiles": summary.get("compiles"),
@@ -239,7 +247,7 @@ def run_bare(nproc: int, out_dir: Path) -> dict:
         return {"name": "bare-synthetic", "ok": False, "failure_message": proc.stderr[-2000:]}
     data = json.loads(out.read_text())
     return {"name": "bare-synthetic", "ok": True, "imgs_per_s": data["imgs_per_s"],
-            "imgs_per_s_windows": data["windows"], "spread": data["spread"]}
+            "imgs_per_s_windows": data["windows"], "window_spread": data["spread"]}
 
 
 def dry_run(overrides: dict) -> dict:
@@ -318,14 +326,15 @@ def main() -> int:
         res["bench_wall_s"] = round(time.time() - t, 1)
         results.append(res)
         out.write_text(json.dumps(results, indent=1, default=str))
-        keys = ("name", "ok", "imgs_per_s", "spread", "loss_start", "loss_end", "util_mean", "cpu_busy_pct", "failure",
+        keys = ("name", "ok", "imgs_per_s", "ci_half_width", "loss_start", "loss_end", "util_mean", "cpu_busy_pct",
+                "failure",
                 "compile_s", "bench_wall_s")
         print(json.dumps({k: res.get(k) for k in keys}), flush=True)
     def cell(value, width, fmt):  # a figure not measured (no GPU, a failed run) shows as n/a, never as 0
         return f"{format(value, fmt):>{width}}" if value is not None else f"{'n/a':>{width}}"
 
     ref = next((r for r in results if r["name"] == args.against and r.get("ok") and r.get("imgs_per_s")), None)
-    print(f"\n{'run':<26}{'imgs/s':>10}{'spread':>8}{'loss start->end':>18}{'util%':>7}{'mem GiB':>9}{'cpu%':>6}"
+    print(f"\n{'run':<26}{'imgs/s':>10}{'± %':>8}{'loss start->end':>18}{'util%':>7}{'mem GiB':>9}{'cpu%':>6}"
           f"{'compile s':>10}{'wall s':>8}" + (f"{'vs ' + args.against:>22}" if args.against else ""))
     for r in results:
         mem = r.get("mem_used_max_mib")
@@ -333,7 +342,9 @@ def main() -> int:
         ips = r.get("imgs_per_s") if r.get("ok") else None
         loss = (f"{fmt_loss(r.get('loss_start'))}->{fmt_loss(r.get('loss_end'))}" if r.get("loss_end") is not None
                 else "n/a")
-        print(f"{r['name']:<26}{cell(ips, 10, ',.0f')}{cell(r.get('spread') if ips else None, 8, '.3f')}{loss:>18}"
+        half = r.get("ci_half_width") if ips else None
+        print(f"{r['name']:<26}{cell(ips, 10, ',.0f')}{cell(100 * half if half is not None else None, 8, '.1f')}"
+              f"{loss:>18}"
               f"{cell(r.get('util_mean'), 7, '.1f')}{cell(mem / 1024 if mem is not None else None, 9, '.1f')}"
               f"{cell(r.get('cpu_busy_pct'), 6, '.0f')}{cell(r.get('compile_s'), 10, '.1f')}"
               f"{cell(r.get('bench_wall_s'), 8, '.0f')}"

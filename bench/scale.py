@@ -116,7 +116,7 @@ def main() -> int:
         res = run_one(name, cfg.with_overrides({"name": name}), world, trials, args.timeout)
         res["nproc"], res["bench_wall_s"] = world, round(time.time() - t, 1)
         runs.append(res)
-        print(json.dumps({k: res.get(k) for k in ("name", "nproc", "ok", "imgs_per_s", "spread", "loss_start",
+        print(json.dumps({k: res.get(k) for k in ("name", "nproc", "ok", "imgs_per_s", "ci_half_width", "loss_start",
                                                   "loss_end", "util_mean", "failure", "bench_wall_s")}), flush=True)
     one = runs[0] if runs[0].get("ok") else None
     many = runs[1] if len(runs) > 1 and runs[1].get("ok") else None
@@ -124,9 +124,9 @@ def main() -> int:
     if len(runs) > 1 and eff is None:
         notes.append("no efficiency: a run failed or its loss did not stand (see runs)")
     result = {"source": source, "n": n, "efficiency": round(eff, 4) if eff is not None else None,
-              "one_gpu": {k: runs[0].get(k) for k in ("ok", "imgs_per_s", "spread", "loss_start", "loss_end",
+              "one_gpu": {k: runs[0].get(k) for k in ("ok", "imgs_per_s", "ci_half_width", "loss_start", "loss_end",
                                                       "failure", "util_mean")},
-              "n_gpu": {k: runs[1].get(k) for k in ("ok", "imgs_per_s", "spread", "loss_start", "loss_end",
+              "n_gpu": {k: runs[1].get(k) for k in ("ok", "imgs_per_s", "ci_half_width", "loss_start", "loss_end",
                                                     "failure", "util_mean")} if len(runs) > 1 else None,
               "notes": notes, "runs": runs}
     out.write_text(json.dumps(result, indent=1, default=str))
@@ -134,14 +134,16 @@ def main() -> int:
     def cell(value, width: int, fmt: str) -> str:  # a figure not measured shows as n/a, never as 0
         return f"{format(value, fmt):>{width}}" if value is not None else f"{'n/a':>{width}}"
 
-    print(f"\n{'world':<8}{'imgs/s':>10}{'per GPU':>10}{'spread':>8}{'loss start->end':>18}{'util%':>7}"
+    print(f"\n{'world':<8}{'imgs/s':>10}{'per GPU':>10}{'± %':>8}{'loss start->end':>18}{'util%':>7}"
           f"  source {source}")
     for r in runs:
         ips = r.get("imgs_per_s") if r.get("ok") else None
         loss = (f"{fmt_loss(r.get('loss_start'))}->{fmt_loss(r.get('loss_end'))}" if r.get("loss_end") is not None
                 else "n/a")
+        half = r.get("ci_half_width") if ips else None
         print(f"{r['nproc']:<8}{cell(ips, 10, ',.0f')}{cell(ips / r['nproc'] if ips else None, 10, ',.0f')}"
-              f"{cell(r.get('spread') if ips else None, 8, '.3f')}{loss:>18}{cell(r.get('util_mean'), 7, '.1f')}"
+              f"{cell(100 * half if half is not None else None, 8, '.1f')}{loss:>18}"
+              f"{cell(r.get('util_mean'), 7, '.1f')}"
               f"  {'FAILED: ' + str(r.get('failure')) if r.get('failure') else ''}")
     print(f"scaling efficiency at {n}: " + (f"{eff:.1%}" if eff is not None else "n/a") +
           "".join(f"; {x}" for x in notes))
