@@ -13,7 +13,7 @@ from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_params,
 from autotune.search.bounds import Pipe, ceiling_share, pair_label, pipe_for, point_of, trainable_ceiling
 from autotune.study import view
 from autotune.study.found import found
-from autotune.study.view import TrialView
+from autotune.study.view import Outcome, Stage, TrialView
 from trainer.knobs import DALI_INSTALL
 
 
@@ -95,7 +95,7 @@ BELOW = "↓"
 def imprecise(v: TrialView) -> bool:
     """The trial ran its measurement to its time cap with its interval still wider than the precision asked. A
     pruned trial was stopped before the end: its interval says only that it was clearly slower."""
-    return v.precise is False and v.outcome != "pruned"
+    return v.precise is False and v.outcome != Outcome.PRUNED
 
 
 def image_loader_line(trials: list[TrialView], per: str = "imgs/s") -> str | None:
@@ -103,7 +103,7 @@ def image_loader_line(trials: list[TrialView], per: str = "imgs/s") -> str | Non
     pipeline, measured alone on the same folder (the ``image_loader`` stage), would feed more: both figures and the
     change to make, in one line; else None."""
     own = view.supplies(trials).get(view.OWN_LOADER)
-    theirs = max(view.stage(trials, view.IMAGE_LOADER), key=lambda v: v.imgs_per_s, default=None)
+    theirs = max(view.stage(trials, Stage.IMAGE_LOADER), key=lambda v: v.imgs_per_s, default=None)
     top = trainable_ceiling(trials)
     if own is None or theirs is None or top is None or own.imgs_per_s >= top.imgs_per_s \
             or theirs.imgs_per_s <= own.imgs_per_s:
@@ -270,8 +270,7 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
     again = remeasures(study)
     per = view.rate(study)
     below = {n for n, r in again.items() if r.get("below_baseline")}
-    counts = {o: sum(1 for v in trials if v.outcome == o) for o in ("measured", "part", "infeasible", "fail",
-                                                                    "pruned", "running", "waiting")}
+    counts = {o: sum(1 for v in trials if v.outcome == o) for o in Outcome}
     summary = f"study {study.study_name}: {plural(len(trials), 'trial')} (" + ", ".join(
         f"{n} {LABELS[o]}" for o, n in counts.items() if n) + ")"
     shown = sorted(trials, key=lambda v: -(v.imgs_per_s or -1)) if sort == "imgs" or top else trials
@@ -287,7 +286,7 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
             gain = f"{ratio.value:.2f}x" + ("=" if v.interval.ties(base.interval) and v is not base else "")
         pm = f"{100 * v.half_width:.1f}%" + ("~" if imprecise(v) else "") if v.half_width is not None else "-"
         note = fmt_params(v.shown(searched), 90)
-        if v.failure_class and v.outcome != "pruned":
+        if v.failure_class and v.outcome != Outcome.PRUNED:
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
         # The best is an answer (``view.answers``): a configuration run more than once is a new view of its first run.
         starred = best is not None and not v.part and v.number == best.number
@@ -316,8 +315,10 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
                       *notes, *trial_time(trials), *pruning(trials)])
 
 
-LABELS = {"measured": "measured end to end", "part": "stage measurements", "infeasible": "infeasible",
-          "fail": "failed", "pruned": "pruned", "running": "running", "waiting": "waiting"}
+LABELS = {Outcome.MEASURED: "measured end to end", Outcome.PART: "stage measurements",
+          Outcome.INFEASIBLE: "infeasible", Outcome.FAIL: "failed", Outcome.PRUNED: "pruned",
+          Outcome.RUNNING: "running", Outcome.WAITING: "waiting"}
+"""How ``show``'s first line counts each outcome."""
 
 TIME_PARTS = (("launch_s", "launch"), ("setup_s", "set-up"), ("first_step_s", "first step"),
               ("settle_s", "settling"), ("measure_s", "windows"))
@@ -346,8 +347,8 @@ def pruning(trials: list[TrialView]) -> list[str]:
     """What pruning saved (window time not measured) and what it cost: pruned trials whose last window beat the
     best feasible trial (there should be none)."""
     # A draw dropped before launch (its measured bound below the best) was never stopped: it never ran.
-    skipped = [v for v in trials if v.outcome == "pruned" and v.attrs.get("pruned_before_launch")]
-    pruned = [v for v in trials if v.outcome == "pruned" and not v.attrs.get("pruned_before_launch")]
+    skipped = [v for v in trials if v.outcome == Outcome.PRUNED and v.attrs.get("pruned_before_launch")]
+    pruned = [v for v in trials if v.outcome == Outcome.PRUNED and not v.attrs.get("pruned_before_launch")]
     if not pruned and not skipped:
         return []
     not_launched = (f"{plural(len(skipped), 'draw')} not launched (the bound the stages measured for it was below "

@@ -33,12 +33,12 @@ from autotune.outputs import write_atomic
 from autotune.overview import conclusions, fmt_loss, headline, loss_words
 from autotune.study import view
 from autotune.study.found import found
-from autotune.study.view import finite
+from autotune.study.view import Outcome, Stage, finite
 
 PRECISION_COLORS = {"fp32": "#1f77b4", "bf16": "#d62728", "fp16": "#2ca02c"}
 DECODE_SYMBOLS = {"pil": "circle", "torchvision-cpu": "square", "nvjpeg-gpu": "diamond", "hybrid": "triangle-up",
                   "dali": "hexagon"}
-FAILURE_COLORS = {"infeasible": "#ff7f0e", "fail": "#d62728", "pruned": "#7f7f7f"}
+FAILURE_COLORS = {Outcome.INFEASIBLE: "#ff7f0e", Outcome.FAIL: "#d62728", Outcome.PRUNED: "#7f7f7f"}
 
 UTIL_CAPTION = (
     "Why the objective is throughput and not utilization: NVML utilization is the share of time in which some kernel "
@@ -59,11 +59,8 @@ class TrialRow:
     part: bool = False
     """A measurement of a part (the parts study: its numbers are its own)."""
 
-    outcome: str
-    """``complete`` (an end-to-end measurement), ``part`` (a stage measurement: the model or a pipeline alone),
-    ``infeasible`` (OOM / invalid config / diverged), ``fail`` (environment), ``pruned``, ``running``, ``waiting``."""
-
-    stage: str = "search"
+    outcome: Outcome
+    stage: Stage = Stage.SEARCH
     precise: bool | None = None
     """Its interval came within the precision asked (False: it reached its time cap first; None: not said)."""
 
@@ -97,17 +94,17 @@ class TrialRow:
 def trial_rows(study) -> list[TrialRow]:
     rows = []
     for v in view.views(study):
-        outcome = "complete" if v.outcome == "measured" else v.outcome
-        cls = v.failure_class or ("unknown" if outcome in ("infeasible", "fail") else None)
+        outcome = v.outcome
+        cls = v.failure_class or ("unknown" if outcome in (Outcome.INFEASIBLE, Outcome.FAIL) else None)
         a = v.attrs
         rows.append(TrialRow(
             number=v.number, part=v.part, outcome=outcome, stage=v.stage, imgs_per_s=v.imgs_per_s,
             windows=[x for x in map(finite, a.get("imgs_per_s_windows") or []) if x is not None],
-            half_width=v.half_width, util=v.util, precise=None if v.outcome == "pruned" else v.precise,
+            half_width=v.half_width, util=v.util, precise=None if v.outcome == Outcome.PRUNED else v.precise,
             # The trial's config says what ran, searched or not (a knob the spec fixed, a stage's setting).
             precision=str(v.setting("training.precision", "?")), decode=str(v.setting("data.decode", "?")),
             batch_size=v.setting("training.batch_size"), channels_last=bool(v.setting("training.channels_last")),
-            failure_class=cls if outcome in ("infeasible", "fail") else None,
+            failure_class=cls if outcome in (Outcome.INFEASIBLE, Outcome.FAIL) else None,
             failure_message=a.get("failure_message"), log_path=a.get("log_path"),
             baseline=v.baseline, params=dict(v.params), loss=fmt_loss(a),
             not_launched=bool(a.get("pruned_before_launch")),
@@ -129,14 +126,14 @@ def plot_study(study, rows: list[TrialRow], *, feasible_only: bool):
     trials = []
     for t in study.get_trials(deepcopy=False):
         outcome = by_number[t.number].outcome
-        if feasible_only and outcome != "complete":
+        if feasible_only and outcome != Outcome.MEASURED:
             continue
         system_attrs = {k: v for k, v in t.system_attrs.items() if not k.startswith("constraints")}
-        system_attrs["constraints"] = [1.0 if outcome == "infeasible" else 0.0]
+        system_attrs["constraints"] = [1.0 if outcome == Outcome.INFEASIBLE else 0.0]
         # A stage measurement is not a training configuration: copied without values (as unfinished trials are),
         # so that the copy's trial numbers stay the study's.
-        shown = t.state if outcome != "part" else TrialState.FAIL
-        keeps = shown not in (TrialState.WAITING, TrialState.FAIL) or outcome != "part"
+        shown = t.state if outcome != Outcome.PART else TrialState.FAIL
+        keeps = shown not in (TrialState.WAITING, TrialState.FAIL) or outcome != Outcome.PART
         trials.append(create_trial(state=shown, values=t.values if shown == TrialState.COMPLETE else None,
                                    params=t.params if keeps and shown != TrialState.WAITING else {},
                                    distributions=t.distributions if keeps and shown != TrialState.WAITING else {},
@@ -176,21 +173,21 @@ def bottleneck_section(rows: list[TrialRow], devices: str = "GPUs", per: str = "
     import plotly.graph_objects as go
 
     s = Section(id="bottleneck", title="Ceiling, supply and end to end")
-    parts = [r for r in rows if r.outcome == "part" and r.imgs_per_s is not None]
+    parts = [r for r in rows if r.outcome == Outcome.PART and r.imgs_per_s is not None]
     if not parts:
         s.note = ("No stage measurement in this study (stages disabled, or not reached yet): the ceiling and the "
                   "supplies are measured by the first trials of a staged search.")
         return s
     fig = go.Figure()
-    for stage_name, color in (("ceiling", "#1f77b4"), ("supply", "#ff7f0e")):
+    for stage_name, color in ((Stage.CEILING, "#1f77b4"), (Stage.SUPPLY, "#ff7f0e")):
         rs = [r for r in parts if r.stage == stage_name]
         if rs:
             labels = [f"#{r.label} " + (f"{r.precision}{' CL' if r.channels_last else ''} bs {r.batch_size}"
-                                         if stage_name == "ceiling" else f"{r.decode} bs {r.batch_size}")
+                                         if stage_name == Stage.CEILING else f"{r.decode} bs {r.batch_size}")
                       for r in rs]
-            fig.add_trace(go.Bar(x=labels, y=[r.imgs_per_s for r in rs], name=stage_name, marker_color=color,
+            fig.add_trace(go.Bar(x=labels, y=[r.imgs_per_s for r in rs], name=str(stage_name), marker_color=color,
                                  error_y=_error_bars(rs)))
-    best = max((r for r in rows if r.outcome == "complete" and r.imgs_per_s), key=lambda r: r.imgs_per_s,
+    best = max((r for r in rows if r.outcome == Outcome.MEASURED and r.imgs_per_s), key=lambda r: r.imgs_per_s,
                default=None)
     if best is not None:
         fig.add_hline(y=best.imgs_per_s, line_dash="dot", line_color="#2ca02c",
@@ -209,7 +206,7 @@ def history_section(study, rows, names) -> Section:
     from optuna.visualization import plot_optimization_history
 
     s = Section(id="history", title="Optimization history (best so far)")
-    done = [r for r in rows if r.outcome in ("complete", "infeasible")]
+    done = [r for r in rows if r.outcome in (Outcome.MEASURED, Outcome.INFEASIBLE)]
     if not done:
         s.note = "No trial has completed yet."
         return s
@@ -220,7 +217,7 @@ def history_section(study, rows, names) -> Section:
         # Optuna draws no best-so-far line for a chosen target of a multi-objective study; throughput is maximized.
         best, xs, ys = -math.inf, [], []
         for r in sorted((r for r in rows if not r.part), key=lambda r: r.number):
-            if r.outcome == "complete" and r.imgs_per_s is not None:
+            if r.outcome == Outcome.MEASURED and r.imgs_per_s is not None:
                 best = max(best, r.imgs_per_s)
             if best > -math.inf:
                 xs.append(r.number)
@@ -247,7 +244,7 @@ def importances_section(study, rows, names) -> Section:
     from optuna.visualization import plot_param_importances
 
     s = Section(id="importances", title="Parameter importances")
-    feasible = [r for r in rows if r.outcome == "complete"]
+    feasible = [r for r in rows if r.outcome == Outcome.MEASURED]
     if len(feasible) < 3:
         s.note = (f"Too few feasible completed trials for importances ({len(feasible)}; at least 3 needed) — "
                   "run more trials with `autotune search`.")
@@ -305,7 +302,7 @@ def parallel_section(study, rows, names) -> Section:
     from optuna.visualization import plot_parallel_coordinate
 
     s = Section(id="parallel", title="Parallel coordinates")
-    feasible = [r for r in rows if r.outcome == "complete"]
+    feasible = [r for r in rows if r.outcome == Outcome.MEASURED]
     if len(feasible) < 2 or not any(r.params for r in feasible):
         s.note = f"Needs at least 2 feasible completed trials with parameters (have {len(feasible)})."
         return s
@@ -322,9 +319,9 @@ def util_section(rows, per: str = "imgs/s") -> Section:
     import plotly.graph_objects as go
 
     s = Section(id="util", title="Throughput versus GPU utilization", caption=UTIL_CAPTION)
-    pts = [r for r in rows if r.outcome == "complete" and r.imgs_per_s is not None and r.util is not None]
+    pts = [r for r in rows if r.outcome == Outcome.MEASURED and r.imgs_per_s is not None and r.util is not None]
     if not pts:
-        measured = sum(1 for r in rows if r.outcome == "complete")
+        measured = sum(1 for r in rows if r.outcome == Outcome.MEASURED)
         s.note = (f"No trial has an NVML utilization figure ({measured} completed trial(s), none with "
                   "util_mean): the study ran without NVML (a CPU study, or no NVML device), and utilization is "
                   "recorded as unavailable rather than estimated.")
@@ -349,7 +346,7 @@ def util_section(rows, per: str = "imgs/s") -> Section:
     return s
 
 
-INTERVAL_OUTCOMES = ("complete", "pruned")
+INTERVAL_OUTCOMES = (Outcome.MEASURED, Outcome.PRUNED)
 """The trials the interval plot draws: end-to-end runs with a figure (a stage measurement's is a part's)."""
 
 
@@ -380,10 +377,10 @@ def intervals_section(rows, per: str = "imgs/s") -> Section:
                  + ("; it reached its time cap with its interval wider than the precision asked"
                     if r.precise is False else "") for r in rs]
         fig.add_trace(go.Scatter(x=[_label(r) for r in rs], y=[r.imgs_per_s for r in rs], mode="markers",
-                                 name="measured" if outcome == "complete" else outcome, error_y=_error_bars(rs),
+                                 name=str(outcome), error_y=_error_bars(rs),
                                  hovertext=hover, hoverinfo="text",
                                  marker={"color": FAILURE_COLORS.get(outcome, "#1f77b4"), "size": 9}))
-    best = max((r for r in drawn if r.outcome == "complete"), key=lambda r: r.imgs_per_s, default=None)
+    best = max((r for r in drawn if r.outcome == Outcome.MEASURED), key=lambda r: r.imgs_per_s, default=None)
     if best is not None and best.half_width is not None:
         fig.add_hrect(y0=best.imgs_per_s * (1 - best.half_width), y1=best.imgs_per_s * (1 + best.half_width),
                       fillcolor="#2ca02c", opacity=0.12, line_width=0)
@@ -405,8 +402,8 @@ def failures_section(rows) -> Section:
     import plotly.graph_objects as go
 
     s = Section(id="failures", title="Failures by class")
-    failed = [r for r in rows if r.outcome in ("infeasible", "fail")]
-    pruned = sum(1 for r in rows if r.outcome == "pruned" and not r.not_launched)
+    failed = [r for r in rows if r.outcome in (Outcome.INFEASIBLE, Outcome.FAIL)]
+    pruned = sum(1 for r in rows if r.outcome == Outcome.PRUNED and not r.not_launched)
     skipped = sum(1 for r in rows if r.not_launched)
     if not failed:
         s.note = (f"No trial failed ({plural(len(rows), 'trial')}; {pruned} pruned — stopped early because their "
@@ -418,7 +415,8 @@ def failures_section(rows) -> Section:
     for r in failed:
         counts[(r.outcome, r.failure_class)] = counts.get((r.outcome, r.failure_class), 0) + 1
     fig = go.Figure()
-    for outcome, label in (("infeasible", "infeasible (config: OOM, invalid)"), ("fail", "failed (environment)")):
+    for outcome, label in ((Outcome.INFEASIBLE, "infeasible (config: OOM, invalid)"),
+                           (Outcome.FAIL, "failed (environment)")):
         items = sorted((cls, n) for (o, cls), n in counts.items() if o == outcome)
         if items:
             fig.add_trace(go.Bar(x=[c for c, _ in items], y=[n for _, n in items], name=label,
@@ -445,7 +443,7 @@ def pareto_section(study, rows, names) -> Section:
         s.note = (f"This is a single-objective study (objective: {kind}); there is no Pareto front. "
                   "`autotune search --objective pareto` maximizes throughput and utilization jointly.")
         return s
-    feasible = [r for r in rows if r.outcome == "complete"]
+    feasible = [r for r in rows if r.outcome == Outcome.MEASURED]
     if not feasible:
         s.note = "No feasible completed trial yet."
         return s
@@ -539,9 +537,8 @@ def _code(text: str) -> str:
 
 def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
     kind, _ = objective_label(study)
-    counts = {o: sum(1 for r in rows if r.outcome == o) for o in ("complete", "part", "infeasible", "fail", "pruned",
-                                                                   "running")}
-    feasible = [r for r in rows if r.outcome == "complete" and r.imgs_per_s is not None]
+    counts = {word: sum(1 for r in rows if r.outcome == o) for o, word in COUNTED.items()}
+    feasible = [r for r in rows if r.outcome == Outcome.MEASURED and r.imgs_per_s is not None]
     trials = view.views(study)
     best = view.fastest(trials)
     fp = study.user_attrs.get("fingerprint") or {}
@@ -566,6 +563,11 @@ def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
         items.append(("median interval", f"± {statistics.median(med):.1%} (95 %)"))
     return "<table class=\"summary\">" + "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in items if v != "") + "</table>"
+
+
+COUNTED = {Outcome.MEASURED: "complete", Outcome.PART: "part", Outcome.INFEASIBLE: "infeasible", Outcome.FAIL: "fail",
+           Outcome.PRUNED: "pruned", Outcome.RUNNING: "running"}
+"""The outcomes the summary counts, each by the word it prints."""
 
 
 def _table(head: list[str], rows: list[list[str]]) -> str:

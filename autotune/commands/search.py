@@ -100,10 +100,12 @@ def all_failed(study) -> str | None:
     """Why no end-to-end trial of the study measured a configuration, when every one that ended failed (None
     otherwise): their failure classes, and the first one's message and log."""
     from autotune.study import view
+    from autotune.study.view import Outcome
     from autotune.verdict import NOT_ITS_FAULT
 
     # A trial ended from outside (Ctrl-C, its search gone) says nothing about whether its configuration runs.
-    ended = [v for v in view.views(study) if v.end_to_end and v.outcome in ("measured", "infeasible", "fail")
+    ended = [v for v in view.views(study) if v.end_to_end
+             and v.outcome in (Outcome.MEASURED, Outcome.INFEASIBLE, Outcome.FAIL)
              and v.failure_class not in NOT_ITS_FAULT]
     if not ended or any(v.feasible for v in ended):
         return None

@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.search.compile_cache import paid_here
 from autotune.space import get_path
-from autotune.study.view import IMAGE_LOADER, OWN_LOADER, TrialView, feasible, own_loader, stage
+from autotune.study.view import OWN_LOADER, Outcome, Stage, TrialView, feasible, own_loader, stage
 from autotune.verdict import NOT_ITS_FAULT
 from trainer.compile_costs import Paid
 from trainer.config import ConfigError
@@ -161,27 +161,27 @@ class Measured:
             decodes.remove("hybrid")
         return decodes
 
-    def status(self, vs: list[TrialView], stage_name: str, key: tuple) -> str | None:
+    def status(self, vs: list[TrialView], stage_name: Stage, key: tuple) -> str | None:
         """``pending`` (waiting or running), ``done`` (measured, or failed for its configuration), ``given_up``
         (failed for the environment more than ``ENV_RETRIES`` times), ``retry``, or None (never asked)."""
         mine = [v for v in vs if v.stage == stage_name
                 and self.request_key(stage_name, v.attrs.get("overrides") or {}) == key]
-        if any(v.outcome in ("running", "waiting") for v in mine):
+        if any(v.outcome in (Outcome.RUNNING, Outcome.WAITING) for v in mine):
             return "pending"
-        if any(v.outcome in ("part", "infeasible", "measured") for v in mine):
+        if any(v.outcome in (Outcome.PART, Outcome.INFEASIBLE, Outcome.MEASURED) for v in mine):
             return "done"
         env = [v for v in mine if v.failure_class not in NOT_ITS_FAULT]
         if len(env) > ENV_RETRIES:
             return "given_up"
         return "retry" if mine else None
 
-    def request_key(self, stage_name: str, o: dict[str, Any]) -> tuple:
+    def request_key(self, stage_name: Stage, o: dict[str, Any]) -> tuple:
         """What makes two requests the same measurement: a pipeline (whatever batch it was fed at), or a point of
         the ceiling's grid at a batch, with or without cuDNN's search. A point a request leaves out is the base's
         (a study's earlier requests may predate a dimension)."""
-        if stage_name == "supply":
+        if stage_name == Stage.SUPPLY:
             return (o.get("data.decode", get_path(self.base, "data.decode")), o.get("data.hybrid_cpu_fraction"))
-        if stage_name == IMAGE_LOADER:  # a pipeline on a folder
+        if stage_name == Stage.IMAGE_LOADER:  # a pipeline on a folder
             return (o.get("data.decode"), o.get("data.path"))
         return (*(o.get(d.path, get_path(self.base, d.path)) for d in grid()), o.get("training.batch_size"),
                 o.get("training.cudnn_benchmark"))
@@ -203,7 +203,7 @@ class Measured:
         return point_of(v)
 
     def ceilings_of(self, vs: list[TrialView], pair: tuple) -> list[TrialView]:
-        return [v for v in vs if v.stage == "ceiling" and v.outcome == "part" and v.imgs_per_s is not None
+        return [v for v in vs if v.stage == Stage.CEILING and v.outcome == Outcome.PART and v.imgs_per_s is not None
                 and self.pair_of(v) == pair]
 
     def pair_state(self, vs: list[TrialView], pair: tuple) -> tuple[str | None, dict[str, Any] | None]:
@@ -211,14 +211,14 @@ class Measured:
         out), ``retry`` with the request to run again, or None (never asked); the request)."""
         if self.ceilings_of(vs, pair):
             return "measured", None
-        mine = [v for v in vs if v.stage == "ceiling" and self.pair_of(v) == pair]
+        mine = [v for v in vs if v.stage == Stage.CEILING and self.pair_of(v) == pair]
         if not mine:
             return None, None
-        if any(v.outcome in ("running", "waiting") for v in mine):
+        if any(v.outcome in (Outcome.RUNNING, Outcome.WAITING) for v in mine):
             return "pending", None
         last = min(mine, key=lambda v: v.setting("training.batch_size") or 0)
         request = last.attrs.get("overrides") or {}
-        status = self.status(vs, "ceiling", self.request_key("ceiling", request))
+        status = self.status(vs, Stage.CEILING, self.request_key(Stage.CEILING, request))
         return ("retry", request) if status == "retry" else ("impossible", None)
 
     def pair_ceiling(self, vs: list[TrialView], pair: tuple) -> float | None:
@@ -354,7 +354,7 @@ def measured_pipes(vs: list[TrialView]) -> dict[tuple, Pipe]:
     hybrid share)."""
     measured: dict[tuple, Pipe] = {}
     for v in vs:
-        if v.stage != "supply" or v.outcome != "part" or v.imgs_per_s is None:
+        if v.stage != Stage.SUPPLY or v.outcome != Outcome.PART or v.imgs_per_s is None:
             continue
         decode = v.setting("data.decode")
         fraction = v.setting("data.hybrid_cpu_fraction") if decode == "hybrid" else None
@@ -412,7 +412,7 @@ def untrainable(vs: list[TrialView]) -> set[tuple[str, Any]]:
             if v.end_to_end and not v.baseline:
                 by_value.setdefault(v.setting(dim.path), []).append(v)
         for value, e2e in by_value.items():
-            alive = any(v.outcome in ("measured", "pruned", "running", "waiting") for v in e2e)
+            alive = any(v.outcome in (Outcome.MEASURED, Outcome.PRUNED, Outcome.RUNNING, Outcome.WAITING) for v in e2e)
             if not alive and any(v.failure_class == str(Failure.DIVERGED) for v in e2e):
                 out.add((dim.path, value))
     return out
@@ -431,7 +431,7 @@ def trainable_ceiling(vs: list[TrialView]) -> TrialView | None:
     """The fastest measurement of the model alone at a point that trains it: what a tuned run can approach (a
     precision whose end-to-end runs all diverged is fast on synthetic data and reaches nothing)."""
     dead = untrainable(vs)
-    return max((v for v in stage(vs, "ceiling") if not point_dead(dead, point_of(v))), key=lambda v: v.imgs_per_s,
+    return max((v for v in stage(vs, Stage.CEILING) if not point_dead(dead, point_of(v))), key=lambda v: v.imgs_per_s,
                default=None)
 
 

@@ -175,7 +175,7 @@ class Engine:
         t0 = time.monotonic()
         part = study is self.parts
         label = f"p{trial.number}" if part else str(trial.number)
-        stage = trial.user_attrs.get("stage") or "search"
+        stage = view.Stage(trial.user_attrs.get("stage") or view.Stage.SEARCH)
         a = trial.user_attrs
         if a.get("retry_of") is not None:
             why = (f"repaired: {a['repaired']} ({a.get('repair_reason')})" if a.get("repaired") else
@@ -192,7 +192,7 @@ class Engine:
             self.parts_s += time.monotonic() - t0
         trials = view.views(self.study, self.parts)
         best, base = view.fastest(trials), view.baseline(trials)
-        outcome = {"complete": "ok" if stage not in view.MEASUREMENT_STAGES else "measured", "pruned": "pruned",
+        outcome = {"complete": "measured" if stage.measures_part else "ok", "pruned": "pruned",
                    "infeasible": f"infeasible:{ev.failure}", "fail": f"FAIL:{ev.failure}"}[state]
         if ev.attrs.get("stopped_early"):
             outcome = "measured (stopped early)"

@@ -26,7 +26,7 @@ from autotune.space import predicted_oom
 from autotune.study.liveness import Heartbeat, owner
 from autotune.study.pruning import LIVE_INTERVAL, best_feasible
 from autotune.study.storage import record_on_trial, set_trial_attrs
-from autotune.study.view import MEASUREMENT_STAGES, views
+from autotune.study.view import Stage, views
 from trainer.config import ConfigError, TrainConfig
 from trainer.estimate import Interval
 from trainer.protocol import Failure, Kind
@@ -36,7 +36,7 @@ BASELINE_CAP = 1.5
 it is: it is input-bound and noisy, every gain the search reports is a ratio to it, and measuring it longer costs less
 than measuring it again in a fresh process."""
 
-BOUNDED_STAGES = ("candidate", "refine", "search", "retry")
+BOUNDED_STAGES = frozenset({Stage.CANDIDATE, Stage.REFINE, Stage.SEARCH, Stage.RETRY})
 """End-to-end trials not launched when what the stages measured bounds them below the best (not the baseline, and
 not a start the spec asked for)."""
 
@@ -45,7 +45,7 @@ not a start the spec asked for)."""
 class Evaluation:
     """What a trial's evaluation found, before it is told to the study."""
 
-    stage: str
+    stage: Stage
     attrs: dict[str, Any] = field(default_factory=dict)
     config: TrainConfig | None = None
     failure: Failure | None = None
@@ -55,6 +55,9 @@ class Evaluation:
     """Pruned before launch: a bound the stages measured is below the best (costs no trial of the budget)."""
 
     launched: bool = False
+
+    def __post_init__(self):
+        self.stage = Stage(self.stage)  # the stored attr's plain string reads as its Stage
 
     def judged(self, v: verdict.Verdict) -> None:
         """Take ``autotune.verdict``'s decision as the trial's failure and message."""
@@ -76,7 +79,7 @@ class Evaluator:
         set_trial_attrs(trial, self.me)
         heartbeat = Heartbeat(trial)
         heartbeat.beat(force=True)
-        stage = trial.user_attrs.get("stage") or "search"
+        stage = Stage(trial.user_attrs.get("stage") or Stage.SEARCH)
         ev = Evaluation(stage=stage)
         trial_dir = self.logs / (f"part-{trial.number}" if part else f"trial-{trial.number}")
         overrides = self.plan.space.settle(self.overrides(trial, stage), self.plan.base.to_dict())
@@ -107,10 +110,10 @@ class Evaluator:
         self.launch(trial, ev, trial_dir, heartbeat)
         return ev
 
-    def overrides(self, trial, stage: str) -> dict[str, Any]:
-        if stage in MEASUREMENT_STAGES:
+    def overrides(self, trial, stage: Stage) -> dict[str, Any]:
+        if stage.measures_part:
             return dict(trial.user_attrs.get("overrides") or {})
-        if stage == "baseline":
+        if stage == Stage.BASELINE:
             # Trial 0 and its re-measure run the baseline's params and the base for the rest (a script's own
             # values the space does not hold): the sampler draws nothing for them.
             overrides = self.plan.space.suggest(trial, self.plan.base.to_dict(), only=set(self.plan.baseline))
@@ -144,7 +147,7 @@ class Evaluator:
 
     def fresh(self, ev: Evaluation, trial) -> bool:
         """Whether the trial needs a worker of its own (see the module's docstring)."""
-        if ev.stage == "baseline":
+        if ev.stage == Stage.BASELINE:
             return True
         shape = conv_shape(ev.config)
         live = self.pool.worker.name if self.pool.worker is not None and self.pool.worker.alive() else None
@@ -227,7 +230,7 @@ class Watch:
     """A trial's records as they arrive: the live view; for an end-to-end trial, each window's running estimate
     reported to Optuna for the pruner (``autotune.study.pruning``); for a supply, its early stop (``stop_when``)."""
 
-    def __init__(self, trial, stage: str, progress: Progress, *, report: bool,
+    def __init__(self, trial, stage: Stage, progress: Progress, *, report: bool,
                  stop_when: dict[str, Any] | None = None):
         self.trial, self.stage, self.progress, self.report = trial, stage, progress, report
         self.stop_when = stop_when
@@ -257,7 +260,7 @@ class Watch:
         if self.stop_when:
             self.stopped = supply_verdict(self.latest, self.stop_when, per=self.progress.per)
             return self.stopped is not None
-        if not self.report or self.stage in MEASUREMENT_STAGES:
+        if not self.report or self.stage.measures_part:
             return False
         record_on_trial(self.trial, LIVE_INTERVAL, [self.latest.value, self.latest.half_width])  # the pruner's
         self.trial.report(self.latest.value, step=int(rec.get("window", self.windows - 1)))

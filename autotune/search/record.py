@@ -20,7 +20,7 @@ from autotune.search.evaluate import Evaluation
 from autotune.search.repair import batch_choices, repair_for
 from autotune.space import SearchSpace
 from autotune.study.storage import CONFIG_KEY, record_on_trial, set_trial_attrs
-from autotune.study.view import FAILED_CONSTRAINT, MEASUREMENT_STAGES, REQUEST_ATTRS
+from autotune.study.view import FAILED_CONSTRAINT, REQUEST_ATTRS
 
 
 def record(study, trial, ev: Evaluation, objective: Objective, space: SearchSpace,
@@ -54,7 +54,7 @@ def plan_repair(trial, ev: Evaluation, space: SearchSpace,
     """(params, user attrs) of the repaired draw of an infeasible trial, or None. An end-to-end draw is repaired
     once, and only through its own parameters; a measurement of a part moves on (its batch keeps going down until
     it fits)."""
-    part = ev.stage in MEASUREMENT_STAGES
+    part = ev.stage.measures_part
     if trial.user_attrs.get("retry_of") is not None and not part:
         return None
     config = ev.config.to_dict() if ev.config is not None else None

@@ -26,6 +26,7 @@ from autotune.exceptions import AutotuneError
 from autotune.hw.nvml import Sampler
 from autotune.runner.trial import TrialJob, TrialRun, run_trial
 from autotune.spec import StudySpec
+from autotune.study.view import Stage
 from autotune.verdict import ending, judge, script_fix
 from trainer.knobs import table
 from trainer.protocol import Failure, Kind
@@ -295,7 +296,7 @@ def apply(plan, found: Probe) -> None:
     plan.script = found
     plan.measures_ceiling = plan.measures_supply = found.loader
     if found.run is not None:  # trial 0 has run: the baseline trial records it instead of running it again
-        plan.preloaded["baseline"] = (found.run, found.samples or [])
+        plan.preloaded[Stage.BASELINE] = (found.run, found.samples or [])
 
 
 def baseline_params(space, base: dict[str, Any]) -> dict[str, Any]:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study.view import MEASUREMENT_STAGES, TrialView, answers
+from autotune.study.view import MEASUREMENT_STAGES, Stage, TrialView, answers
 from trainer.estimate import Interval
 
 LIVE_INTERVAL = "autotune:live_interval"
 """The system attr of a running end-to-end trial: its running estimate and interval, [imgs/s, half-width]."""
 
-NEVER_PRUNED = (*MEASUREMENT_STAGES, "baseline", "confirm")
+NEVER_PRUNED = MEASUREMENT_STAGES | {Stage.BASELINE, Stage.CONFIRM}
 """Stages whose trials always measure to the end."""
 
 

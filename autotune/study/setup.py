@@ -23,6 +23,7 @@ from autotune.spec import StudySpec
 from autotune.study.distinct import DistinctSampler
 from autotune.study.pruning import BestFeasiblePruner
 from autotune.study.storage import SPEC_KEY, first_line, parts_name, record_on_study
+from autotune.study.view import Stage
 
 SETUP_WAIT_S = 30.0
 """A search that finds the study just created by another worker waits this long for that worker to record the spec
@@ -136,9 +137,9 @@ def _record_setup(study, spec: StudySpec, fp: str, objective: Objective, nproc: 
     for k, v in (attrs or {}).items():
         study.set_user_attr(k, v)
     if baseline is not None:
-        study.enqueue_trial(baseline, user_attrs={"stage": "baseline"})
+        study.enqueue_trial(baseline, user_attrs={"stage": Stage.BASELINE})
     for i, params in enumerate(starts or []):
-        study.enqueue_trial(params, user_attrs={"stage": "start", "start": i})
+        study.enqueue_trial(params, user_attrs={"stage": Stage.START, "start": i})
     study.set_user_attr("setup_complete", True)  # last: what other workers wait for
 
 

@@ -1,14 +1,14 @@
 """One reading of a study's trials for search, show, export and report: what each trial is (its stage), how it ended,
 what it measured, and which trials count — feasible, the best, the baseline, the ceiling, the supplies.
 
-A trial's stage says what it measured. ``ceiling`` (the model on synthetic data), ``supply`` (an input pipeline
-alone, no model) and ``image_loader`` (the project's pipeline on a user's script's image folder) are measurements
-of the parts, not training configurations: they never count as an answer. They live
-in a companion Optuna study of the same storage, ``<study>.parts`` (``parts_name``), so that everything that reads the
-main study with Optuna's own tools — optuna-dashboard's best, history and importances, ``optuna best-trial``, the
-sampler — sees end-to-end trials only. ``views(study)`` merges both, in the order they ran: a part is labelled
-``p<N>`` (its number in the parts study), an end-to-end trial by its number. Every other stage (``baseline``,
-``start``, ``candidate``, ``refine``, ``retry``, ``search``, ``confirm``) is an end-to-end training run.
+A trial's stage (``Stage``) says what it measured, its outcome (``Outcome``) how it ended. ``ceiling`` (the model
+on synthetic data), ``supply`` (an input pipeline alone, no model) and ``image_loader`` (the project's pipeline on a
+user's script's image folder) are measurements of the parts, not training configurations: they never count as an
+answer. They live in a companion Optuna study of the same storage, ``<study>.parts`` (``parts_name``), so that
+everything that reads the main study with Optuna's own tools — optuna-dashboard's best, history and importances,
+``optuna best-trial``, the sampler — sees end-to-end trials only. ``views(study)`` merges both, in the order they ran:
+a part is labelled ``p<N>`` (its number in the parts study), an end-to-end trial by its number. Every other stage
+(``baseline``, ``start``, ``candidate``, ``refine``, ``retry``, ``search``, ``confirm``) is an end-to-end training run.
 
 (Studies made before the parts study held their stage measurements in the main study; they read the same.)
 
@@ -20,6 +20,7 @@ estimate with its 95 % interval (``trainer.estimate``): ``TrialView.interval``.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import statistics
 from collections.abc import Iterable
@@ -34,13 +35,79 @@ from trainer.estimate import Interval
 from trainer.knobs import table
 from trainer.protocol import Failure
 
-IMAGE_LOADER = "image_loader"
-"""The stage that measures the project's fastest input pipeline (``run.image_loader``'s) alone on the image folder a
-user's script reads through a loader of its own (``autotune.search.stages._folder``): a figure beside the script's
-own supply, never a pipeline its trials run."""
 
-MEASUREMENT_STAGES = ("ceiling", "supply", IMAGE_LOADER)
-"""Stages that measure a part of the job (not an end-to-end configuration)."""
+class _StrEnum(str, enum.Enum):
+    """A word a trial is labelled with: a str, so it equals the plain string Optuna stores (old studies read as they
+    are) and prints as that string."""
+
+    def __str__(self) -> str:
+        return self.value  # not the member's name (``Stage.CEILING``), as Enum's own would be
+
+
+class Stage(_StrEnum):
+    """What a trial measured: its ``stage`` user attr."""
+
+    BASELINE = "baseline"
+    """Trial 0, the configuration the search starts from, or it again in a fresh process."""
+
+    START = "start"
+    """A starting point the spec asked for."""
+
+    CANDIDATE = "candidate"
+    """An end-to-end trial the measurements of parts call for."""
+
+    REFINE = "refine"
+    """A draw of the sampler with the best end-to-end trials' key settings held."""
+
+    RETRY = "retry"
+    """A trial's parameters run again (repaired, or after its search vanished), where its attrs name no stage."""
+
+    SEARCH = "search"
+    """A draw of the sampler."""
+
+    CONFIRM = "confirm"
+    """A leader run once more, where the best's interval overlaps other configurations'."""
+
+    CEILING = "ceiling"
+    """The model alone on synthetic data."""
+
+    SUPPLY = "supply"
+    """An input pipeline alone, no model."""
+
+    IMAGE_LOADER = "image_loader"
+    """The project's fastest input pipeline (``run.image_loader``'s) alone on the image folder a user's script reads
+    through a loader of its own (``autotune.search.stages._folder``): a figure beside the script's own supply, never
+    a pipeline its trials run."""
+
+    @property
+    def measures_part(self) -> bool:
+        """A measurement of a part of the job (``MEASUREMENT_STAGES``), not an end-to-end configuration."""
+        return self in MEASUREMENT_STAGES
+
+
+MEASUREMENT_STAGES = frozenset({Stage.CEILING, Stage.SUPPLY, Stage.IMAGE_LOADER})
+"""Stages that measure a part of the job (not an end-to-end configuration): trials of the parts study."""
+
+
+class Outcome(_StrEnum):
+    """How a trial ended, as a reader sorts it (``TrialView.outcome``)."""
+
+    MEASURED = "measured"
+    """A complete end-to-end trial."""
+
+    PART = "part"
+    """A complete stage measurement."""
+
+    INFEASIBLE = "infeasible"
+    """The configuration failed (OOM, invalid, diverged)."""
+
+    FAIL = "fail"
+    """The environment failed."""
+
+    PRUNED = "pruned"
+    RUNNING = "running"
+    WAITING = "waiting"
+
 
 REQUEST_ATTRS = ("stage", "overrides", "start", "baseline", "remeasure_of", "cudnn_evidence", "stop_when",
                  "uncertain", "confirm_of")
@@ -57,10 +124,8 @@ class TrialView:
     """The trial's number in its own study (the main one, or the parts study for a measurement of a part)."""
 
     state: TrialState
-    stage: str
-    outcome: str
-    """``measured`` (a complete end-to-end trial), ``part`` (a complete stage measurement), ``infeasible`` (the
-    config failed), ``fail`` (the environment failed), ``pruned``, ``running``, ``waiting``."""
+    stage: Stage
+    outcome: Outcome
 
     imgs_per_s: float | None = None
     util: float | None = None
@@ -78,11 +143,17 @@ class TrialView:
     part: bool = False
     """A trial of the parts study (``parts_name``)."""
 
+    def __post_init__(self):
+        # A view made with plain strings (a copy with another stage) reads them as the words they are.
+        object.__setattr__(self, "stage", Stage(self.stage))
+        object.__setattr__(self, "outcome", Outcome(self.outcome))
+
     @classmethod
     def of(cls, t: FrozenTrial, *, part: bool = False) -> TrialView:
         a = trial_attrs(t)
-        stage = a.get("stage") or ("baseline" if a.get("baseline") else "start" if a.get("start") is not None
-                                   else "retry" if a.get("retry_of") is not None else "search")
+        stage = Stage(a.get("stage") or (Stage.BASELINE if a.get("baseline") else Stage.START
+                                         if a.get("start") is not None else Stage.RETRY
+                                         if a.get("retry_of") is not None else Stage.SEARCH))
         return cls(number=t.number, state=t.state, stage=stage, outcome=_outcome(t, stage),
                    imgs_per_s=finite(a.get("imgs_per_s")), util=finite(a.get("util_mean")),
                    half_width=finite(a.get("ci_half_width")),
@@ -107,16 +178,16 @@ class TrialView:
 
     @property
     def end_to_end(self) -> bool:
-        return self.stage not in MEASUREMENT_STAGES
+        return not self.stage.measures_part
 
     @property
     def feasible(self) -> bool:
         """A complete end-to-end measurement: a candidate answer."""
-        return self.outcome == "measured" and self.imgs_per_s is not None
+        return self.outcome == Outcome.MEASURED and self.imgs_per_s is not None
 
     @property
     def baseline(self) -> bool:
-        return self.stage == "baseline"
+        return self.stage == Stage.BASELINE
 
     def setting(self, dotted: str, default: Any = None) -> Any:
         """A setting of the trial's config (searched or not), by dotted path."""
@@ -165,14 +236,14 @@ def part_settings(overrides: dict[str, Any]) -> dict[str, Any]:
     return {k: overrides[k] for k in ("training.mode", *table().shown) if k in overrides}
 
 
-def _outcome(t: FrozenTrial, stage: str) -> str:
+def _outcome(t: FrozenTrial, stage: Stage) -> Outcome:
     cls = t.user_attrs.get("failure_class")
     if t.state == TrialState.COMPLETE:
         if cls is not None and _caused_by_config(cls):
-            return "infeasible"
-        return "part" if stage in MEASUREMENT_STAGES else "measured"
-    return {TrialState.PRUNED: "pruned", TrialState.FAIL: "fail", TrialState.RUNNING: "running",
-            TrialState.WAITING: "waiting"}[t.state]
+            return Outcome.INFEASIBLE
+        return Outcome.PART if stage.measures_part else Outcome.MEASURED
+    return {TrialState.PRUNED: Outcome.PRUNED, TrialState.FAIL: Outcome.FAIL, TrialState.RUNNING: Outcome.RUNNING,
+            TrialState.WAITING: Outcome.WAITING}[t.state]
 
 
 def _caused_by_config(cls: str) -> bool:
@@ -261,7 +332,7 @@ def answers(trials: list[TrialView]) -> list[TrialView]:
     groups: dict[str, list[TrialView]] = {}
     for v in feasible(trials):
         if v.end_to_end:
-            groups.setdefault("baseline" if v.baseline else _same_config(v), []).append(v)
+            groups.setdefault(Stage.BASELINE if v.baseline else _same_config(v), []).append(v)
     return [_answer(runs) for runs in groups.values()]
 
 
@@ -316,9 +387,9 @@ def baseline(trials: list[TrialView]) -> TrialView | None:
     return _answer(runs) if runs else None
 
 
-def stage(trials: list[TrialView], name: str) -> list[TrialView]:
+def stage(trials: list[TrialView], name: Stage) -> list[TrialView]:
     """The stage's complete measurements."""
-    return [v for v in trials if v.stage == name and v.outcome == "part" and v.imgs_per_s is not None]
+    return [v for v in trials if v.stage == name and v.outcome == Outcome.PART and v.imgs_per_s is not None]
 
 
 def per_second(unit: str | None) -> str:
@@ -340,7 +411,7 @@ def devices(study) -> str:
 
 def ceiling(trials: list[TrialView]) -> TrialView | None:
     """The fastest measurement of the model alone: what the devices can do."""
-    return max(stage(trials, "ceiling"), key=lambda v: v.imgs_per_s, default=None)
+    return max(stage(trials, Stage.CEILING), key=lambda v: v.imgs_per_s, default=None)
 
 
 OWN_LOADER = "its own loader"
@@ -364,7 +435,7 @@ def pipeline(v: TrialView) -> str | None:
 def supplies(trials: list[TrialView]) -> dict[str, TrialView]:
     """Per input pipeline (``pipeline``: its decode path), its best supply measurement: what it can feed."""
     out: dict[str, TrialView] = {}
-    for v in stage(trials, "supply"):
+    for v in stage(trials, Stage.SUPPLY):
         decode = pipeline(v)
         if decode not in out or v.imgs_per_s > out[decode].imgs_per_s:
             out[decode] = v

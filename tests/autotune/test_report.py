@@ -172,7 +172,7 @@ def test_sections_without_data_say_so(tmp_path):
     from autotune.report import plot_study, trial_rows
 
     rows = trial_rows(study)
-    assert [r.outcome for r in rows] == ["complete", "complete", "running", "complete"]
+    assert [r.outcome for r in rows] == ["measured", "measured", "running", "measured"]
     assert [t.number for t in plot_study(study, rows, feasible_only=False).trials] == [0, 1, 2, 3]
     assert 'id="plot-history"' in render_html(study)
 

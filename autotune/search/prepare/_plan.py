@@ -12,6 +12,7 @@ from autotune.runner.torchrun import Torchrun
 from autotune.search.prepare._options import SearchOptions
 from autotune.space import SearchSpace
 from autotune.spec import StudySpec
+from autotune.study.view import Stage
 from trainer.config import TrainConfig
 
 
@@ -81,7 +82,7 @@ class Plan:
     """For a user's script: what its first run found (``autotune.search.script.Probe``); None for the built-in job
     (and for a script until then)."""
 
-    preloaded: dict[str, Any] = field(default_factory=dict)
+    preloaded: dict[Stage, Any] = field(default_factory=dict)
     """Runs already made for a stage's first trial, by stage (a script's probe is its baseline): (run, samples)."""
 
     @property

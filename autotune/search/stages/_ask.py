@@ -9,7 +9,7 @@ from typing import Any
 from autotune.search.bounds import Measured
 from autotune.search.stages._budget import Spend
 from autotune.search.stages._notes import Notes
-from autotune.study.view import TrialView
+from autotune.study.view import Stage, TrialView
 
 REACH = 0.90
 """Candidates and refinement cover what is within this share of the best bound / the best trial."""
@@ -29,8 +29,8 @@ class Ask:
     study: Any
     parts: Any
 
-    def part(self, vs: list[TrialView], stage_name: str, overrides: dict[str, Any], *, part_budget: bool = True,
-             attrs: dict[str, Any] | None = None) -> str | None:
+    def part(self, vs: list[TrialView], stage_name: Stage, overrides: dict[str, Any], *, part_budget: bool = True,
+             attrs: dict[str, Any] | None = None) -> Stage | str | None:
         """Enqueue the measurement unless it exists (None), runs elsewhere (BLOCKED) or the budget says no (None,
         noted)."""
         m = self.measured

@@ -9,7 +9,7 @@ from typing import Any
 
 from autotune.search.bounds import Measured
 from autotune.search.stages._notes import Notes
-from autotune.study.view import MEASUREMENT_STAGES, TrialView
+from autotune.study.view import Stage, TrialView
 from trainer.compile_costs import Paid
 
 PARTS_SHARE = 0.5
@@ -46,17 +46,17 @@ class Spend:
     notes: Notes
     budget: Budget | None = None
 
-    def core(self) -> list[str]:
+    def core(self) -> list[Stage]:
         """The smallest staged plan: what it measures before the first end-to-end candidate."""
         steps = []
         if self.measured.ceilings:
-            steps.append("ceiling")
+            steps.append(Stage.CEILING)
         if self.measured.supplies:
-            steps.append("supply")
+            steps.append(Stage.SUPPLY)
         return steps
 
     def core_words(self) -> str:
-        return ", ".join({"ceiling": "the model alone", "supply": "a pipeline alone"}[s] for s in self.core())
+        return ", ".join({Stage.CEILING: "the model alone", Stage.SUPPLY: "a pipeline alone"}[s] for s in self.core())
 
     def core_fits(self, budget: Budget, extra: int = 0, vs: list[TrialView] | None = None) -> bool:
         """Whether the smallest staged plan (and ``extra`` measurements more) fits: in trials, and — once a trial's
@@ -76,7 +76,7 @@ class Spend:
         stage."""
         for kind in (part, not part):
             walls = [float(v.attrs["wall_s"]) for v in vs if v.attrs.get("wall_s") is not None
-                     and v.stage != "baseline" and (v.stage in MEASUREMENT_STAGES) == kind]
+                     and v.stage != Stage.BASELINE and v.stage.measures_part == kind]
             if walls:
                 return statistics.median(walls)
         return None

@@ -12,7 +12,7 @@ from autotune.search.bounds import NOT_ITS_FAULT, Pipe, grid, pair_label
 from autotune.search.stages._ask import REACH, Ask
 from autotune.search.stages._first import persist_own_workers, pipeline_settings
 from autotune.space import Param, get_path
-from autotune.study.view import TrialView
+from autotune.study.view import Outcome, Stage, TrialView
 from trainer.knobs import table
 
 
@@ -55,9 +55,9 @@ class Candidates:
                 and tuple(v.setting(k) for k in table().identity) == ident and v.failure_class not in NOT_ITS_FAULT]
         if not mine:
             return "untried"
-        if any(v.outcome in ("measured", "pruned") for v in mine):
+        if any(v.outcome in (Outcome.MEASURED, Outcome.PRUNED) for v in mine):
             return "alive"
-        if any(v.outcome in ("running", "waiting") for v in mine):
+        if any(v.outcome in (Outcome.RUNNING, Outcome.WAITING) for v in mine):
             return "pending"
         return "dead"
 
@@ -81,7 +81,7 @@ class Candidates:
             fixed["training.accum_steps"] = min(m.choices("training.accum_steps"))
         return fixed
 
-    def candidates(self, vs: list[TrialView]) -> str | None:
+    def candidates(self, vs: list[TrialView]) -> Stage | None:
         m = self.ask.measured
         ranked = self.ranking(vs)
         if ranked is None:
@@ -97,16 +97,17 @@ class Candidates:
             if running > m.plan.spec.stages.candidates:
                 break
             if state == "untried":
-                self.enqueue(fixed, {"stage": "candidate"})
-                return "candidate"
+                self.enqueue(fixed, {"stage": Stage.CANDIDATE})
+                return Stage.CANDIDATE
         # Pairs the ceiling cannot tell from the best: broken by running the best pipeline at each.
         best = m.best_pair(vs)
         for pair, _ in m.tied_pairs(vs) if sure and best is not None else []:
             tried = any(v.end_to_end and not v.baseline and m.pair_of(v) == pair
                         and v.failure_class not in NOT_ITS_FAULT for v in vs)
             if pair != best[0] and not tried:
-                self.enqueue(self.settings(vs, sure[0], pair), {"stage": "candidate", "tie_of": pair_label(best[0])})
-                return "candidate"
+                self.enqueue(self.settings(vs, sure[0], pair),
+                             {"stage": Stage.CANDIDATE, "tie_of": pair_label(best[0])})
+                return Stage.CANDIDATE
         return None
 
     def enqueue(self, fixed: dict[str, Any], attrs: dict[str, Any]) -> None:
@@ -123,22 +124,22 @@ class Candidates:
             params[p.path] = _value(p, fixed, plan.baseline, base)
         return params
 
-    def baseline_again(self, vs: list[TrialView]) -> str | None:
+    def baseline_again(self, vs: list[TrialView]) -> Stage | None:
         """Trial 0 measured again in a fresh process, where its interval was still wider than the precision asked
         at its time cap: every gain is a ratio to it."""
         runs = [v for v in vs if v.baseline and not v.part]
-        if (not runs or any(v.outcome in ("running", "waiting") for v in runs)
+        if (not runs or any(v.outcome in (Outcome.RUNNING, Outcome.WAITING) for v in runs)
                 or any(v.attrs.get("remeasure_of") is not None for v in runs)):
             return None
         first = runs[0]
-        if first.outcome != "measured" or first.precise is not False or self.ask.spend.budget.left < 2:
+        if first.outcome != Outcome.MEASURED or first.precise is not False or self.ask.spend.budget.left < 2:
             return None
         target = self.ask.measured.plan.base.measure.precision
         self.ask.notes.note("baseline", f"stages: trial {first.label}'s interval was still wider than ±{target:.0%} "
                                         f"at its time cap (± {first.half_width:.1%}): measured again in a fresh "
                                         "process; the baseline combines the two runs")
-        self.ask.trial(dict(first.params), {"stage": "baseline", "remeasure_of": first.number})
-        return "baseline"
+        self.ask.trial(dict(first.params), {"stage": Stage.BASELINE, "remeasure_of": first.number})
+        return Stage.BASELINE
 
 
 def _value(p: Param, fixed: dict[str, Any], baseline: dict[str, Any], base: dict[str, Any]) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.search.stages._ask import Ask
-from autotune.study.view import RUNS, TrialView, tied
+from autotune.study.view import RUNS, Stage, TrialView, tied
 
 CONFIRM_TOP = 3
 """Leaders confirmed at most: each costs one end-to-end trial of the budget's last ones."""
@@ -31,8 +31,8 @@ class Confirm:
         leaders = [a for a in tied(vs) if not a.baseline]
         return leaders[:CONFIRM_TOP] if len(leaders) > 1 else []
 
-    def confirm(self, vs: list[TrialView]) -> str | None:
-        tried = {v.attrs.get("confirm_of") for v in vs if v.stage == "confirm"}
+    def confirm(self, vs: list[TrialView]) -> Stage | None:
+        tried = {v.attrs.get("confirm_of") for v in vs if v.stage == Stage.CONFIRM}
         pending = [a for a in self.leaders(vs) if len(a.attrs.get(RUNS) or []) < 2 and a.number not in tried]
         b = self.ask.spend.budget
         if not pending or b is None:
@@ -45,5 +45,5 @@ class Confirm:
         self.ask.notes.note("confirm", f"stages: the last trials run the leaders whose intervals overlap the best's "
                                        f"once more (at most {CONFIRM_TOP}): the best is named by its runs combined, "
                                        "not by one run's luck, and leaders that still overlap are a tie")
-        self.ask.trial(dict(lead.params), {"stage": "confirm", "confirm_of": lead.number})
-        return "confirm"
+        self.ask.trial(dict(lead.params), {"stage": Stage.CONFIRM, "confirm_of": lead.number})
+        return Stage.CONFIRM

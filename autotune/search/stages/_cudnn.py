@@ -10,7 +10,7 @@ from autotune.search.bounds import grid, pair_label
 from autotune.search.stages._ask import Ask
 from autotune.search.stages._first import ceiling_overrides
 from autotune.space import get_path
-from autotune.study.view import TrialView
+from autotune.study.view import Stage, TrialView
 
 CUDNN_KEEP = 0.99
 """cuDNN's algorithm search stays on only when it is worth more than 1 % of the steady pace (it makes the first step
@@ -23,13 +23,13 @@ class Cudnn:
 
     ask: Ask
 
-    def evidence(self, vs: list[TrialView]) -> str | None:
+    def evidence(self, vs: list[TrialView]) -> Stage | str | None:
         """The measurement without the algorithm search beside the one with it, for each pair a candidate uses."""
         m = self.ask.measured
         if not (m.on_gpu and m.ceilings):
             return None
         decided = self.decisions()
-        used = {m.pair_of(v) for v in vs if v.stage == "candidate" and not v.part}
+        used = {m.pair_of(v) for v in vs if v.stage == Stage.CANDIDATE and not v.part}
         for pair in m.pairs():
             if pair not in used or pair_label(pair) in decided or self.once_of(pair):
                 continue
@@ -37,7 +37,7 @@ class Cudnn:
             if not on:
                 continue
             batch = max(v.setting("training.batch_size") for v in on)
-            name = self.ask.part(vs, "ceiling", ceiling_overrides(m, pair, batch, False),
+            name = self.ask.part(vs, Stage.CEILING, ceiling_overrides(m, pair, batch, False),
                                  attrs={"cudnn_evidence": True})
             if name:
                 return name

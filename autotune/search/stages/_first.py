@@ -11,7 +11,7 @@ from autotune.search.bounds import Measured, grid
 from autotune.search.stages._ask import BLOCKED, REACH, Ask
 from autotune.search.stages._budget import Budget
 from autotune.space import get_path
-from autotune.study.view import TrialView, own_loader
+from autotune.study.view import Stage, TrialView, own_loader
 from trainer.knobs import UNSET, table
 
 CEILING_DATA = {"data.kind": "synthetic"}
@@ -58,7 +58,7 @@ class First:
         """Whether the first ceiling is measured with and without cuDNN's algorithm search (GPU; the budget)."""
         return self.ask.measured.on_gpu and self.ask.spend.core_fits(budget, extra=1, vs=vs)
 
-    def ceiling(self, vs: list[TrialView]) -> str | None:
+    def ceiling(self, vs: list[TrialView]) -> Stage | str | None:
         """The likeliest fastest pair at its first batch (the next pair where one cannot run at any batch)."""
         m, ask = self.ask.measured, self.ask
         if not m.ceilings:
@@ -70,25 +70,25 @@ class First:
             if state == "impossible" or m.pair_dead(vs, pair):
                 continue
             if state == "retry":
-                return ask.part(vs, "ceiling", request, part_budget=False,
+                return ask.part(vs, Stage.CEILING, request, part_budget=False,
                                 attrs={"cudnn_evidence": True} if m.on_gpu else None)
             top = m.ceiling_batch()
             evidence = any(v.attrs.get("cudnn_evidence") for v in vs
-                           if v.stage == "ceiling" and m.pair_of(v) == pair)
+                           if v.stage == Stage.CEILING and m.pair_of(v) == pair)
             compare = m.on_gpu and (evidence or self.compare_first(ask.spend.budget, vs))
             if m.on_gpu and not compare:
                 ask.notes.note("cudnn", "stages: cuDNN's algorithm search is not compared (too little budget left): "
                                         "it stays at cuDNN's default (on)")
             if compare:  # without first: the measurement with it then gets a fresh worker, which lives on
-                name = ask.part(vs, "ceiling", ceiling_overrides(m, pair, top, False), part_budget=False,
+                name = ask.part(vs, Stage.CEILING, ceiling_overrides(m, pair, top, False), part_budget=False,
                                 attrs={"cudnn_evidence": True})
                 if name:
                     return name
-            return ask.part(vs, "ceiling", ceiling_overrides(m, pair, top, True if m.on_gpu else None),
+            return ask.part(vs, Stage.CEILING, ceiling_overrides(m, pair, top, True if m.on_gpu else None),
                             part_budget=False, attrs={"cudnn_evidence": True} if compare else None)
         return None
 
-    def supply(self, vs: list[TrialView]) -> str | None:
+    def supply(self, vs: list[TrialView]) -> Stage | str | None:
         if self.ask.measured.pipes(vs):
             return None
         return self.next_supply(vs, part_budget=False, only_first=True)
@@ -128,18 +128,19 @@ class First:
             out += [(d, f) for f in m.choices("data.hybrid_cpu_fraction")] if d == "hybrid" else [(d, None)]
         return out
 
-    def next_supply(self, vs: list[TrialView], *, part_budget: bool = True, only_first: bool = False) -> str | None:
+    def next_supply(self, vs: list[TrialView], *, part_budget: bool = True,
+                    only_first: bool = False) -> Stage | str | None:
         """The next pipeline in measuring order not measured yet (only the first: ``only_first``)."""
         m = self.ask.measured
         if not m.supplies:
             return None
         for decode, fraction in self.supply_requests()[:1] if only_first else self.supply_requests():
-            status = m.status(vs, "supply", (decode, fraction))
+            status = m.status(vs, Stage.SUPPLY, (decode, fraction))
             if status == "pending":
                 return BLOCKED
             if status in ("done", "given_up"):
                 continue
-            return self.ask.part(vs, "supply", self.supply_overrides(vs, decode, fraction), part_budget=part_budget,
+            return self.ask.part(vs, Stage.SUPPLY, self.supply_overrides(vs, decode, fraction), part_budget=part_budget,
                                  attrs={"stop_when": self.stop_when(vs)})
         return None
 

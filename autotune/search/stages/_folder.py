@@ -17,7 +17,7 @@ from autotune.search.bounds import supply_knob
 from autotune.search.stages._ask import Ask
 from autotune.search.stages._first import First
 from autotune.space import get_path, machine_choices
-from autotune.study.view import IMAGE_LOADER, TrialView, own_loader
+from autotune.study.view import Stage, TrialView, own_loader
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Folder:
     ask: Ask
     first: First
 
-    def image_loader(self, vs: list[TrialView]) -> str | None:
+    def image_loader(self, vs: list[TrialView]) -> Stage | str | None:
         m = self.ask.measured
         found = getattr(m.plan, "script", None)
         folder = getattr(found, "image_folder", None) or {}
@@ -36,7 +36,7 @@ class Folder:
         pipes, best = m.pipes(vs), m.best_pair(vs)
         if not pipes or best is None or max(p.upper for p in pipes) >= m.pair_interval(vs, best[0]).low:
             return None  # the script's own loader feeds what the model takes: nothing to gain from another
-        return self.ask.part(vs, IMAGE_LOADER, self.overrides(vs, folder))
+        return self.ask.part(vs, Stage.IMAGE_LOADER, self.overrides(vs, folder))
 
     def overrides(self, vs: list[TrialView], folder: dict[str, Any]) -> dict[str, Any]:
         """The built-in job in loader mode on ``folder``, decoding with the fastest pipeline this machine runs, at

@@ -11,7 +11,7 @@ from autotune.search.stages._ask import BLOCKED, Ask
 from autotune.search.stages._candidates import Candidates
 from autotune.search.stages._cudnn import Cudnn
 from autotune.search.stages._first import First, ceiling_overrides
-from autotune.study.view import TrialView
+from autotune.study.view import Stage, TrialView
 
 LAUNCH_BOUND = 60.0
 """The model alone keeping the GPUs busy less of the time than this (NVML, %) is bound by the host's kernel launches,
@@ -27,7 +27,7 @@ class Limits:
     candidates: Candidates
     cudnn: Cudnn
 
-    def limiting(self, vs: list[TrialView]) -> str | None:
+    def limiting(self, vs: list[TrialView]) -> Stage | str | None:
         m = self.ask.measured
         best = m.best_pair(vs) if m.ceilings else None
         pipes = m.pipes(vs) if m.supplies else []
@@ -55,7 +55,7 @@ class Limits:
                 return name
         return self.first.next_supply(vs)
 
-    def explore(self, vs: list[TrialView], best: tuple) -> str | None:
+    def explore(self, vs: list[TrialView], best: tuple) -> Stage | str | None:
         """One dimension at a time from the fastest pair: each direction along the dimension's order until a step
         measures slower (its interval below the fastest's). A dimension with a one-off cost (a compile) comes last,
         unless the model alone leaves the GPUs idle (``launch_bound``): its steps then wait on the host's kernel
@@ -88,7 +88,7 @@ class Limits:
                         if dim.once_s is not None and k > 0 and not self.ask.spend.affords_once(
                                 vs, dim, order, k, m.paid_here(dim, request)):
                             break
-                        return self.ask.part(vs, "ceiling", request)
+                        return self.ask.part(vs, Stage.CEILING, request)
                     measured = m.pair_interval(vs, q)
                     ips = measured.value if measured is not None else None
                     if measured is not None and measured.below(top):
@@ -118,7 +118,7 @@ class Limits:
         busy = max(utils, default=None)
         return busy if busy is not None and busy < LAUNCH_BOUND else None
 
-    def batches(self, vs: list[TrialView]) -> str | None:
+    def batches(self, vs: list[TrialView]) -> Stage | str | None:
         """The fastest pair's next smaller batch while the smallest keeps ``PLATEAU`` of its pace; on CPU ranks then
         the next larger one while the largest is clearly the fastest."""
         m = self.ask.measured
@@ -139,7 +139,7 @@ class Limits:
         lower = [b for b in choices if b <= smallest // 2] if by_batch[smallest] >= PLATEAU * top else []
         flag = self.cudnn.decision(pair)
         if lower:
-            return self.ask.part(vs, "ceiling", ceiling_overrides(
+            return self.ask.part(vs, Stage.CEILING, ceiling_overrides(
                 m, pair, max(lower), (True if flag is None else flag) if m.on_gpu else None))
         # CPU ranks start from the baseline's batch (``ceiling_batch``), and a larger one can be faster there too:
         # up the choices while the largest measured is measurably the fastest.
@@ -148,9 +148,9 @@ class Limits:
         if m.on_gpu or not higher or by_batch[largest] < top or \
                 (below and not max(below, key=lambda i: i.value).below(intervals[largest])):
             return None
-        return self.ask.part(vs, "ceiling", ceiling_overrides(m, pair, min(higher), None))
+        return self.ask.part(vs, Stage.CEILING, ceiling_overrides(m, pair, min(higher), None))
 
-    def uncertain(self, vs: list[TrialView]) -> str | None:
+    def uncertain(self, vs: list[TrialView]) -> Stage | None:
         """An end-to-end trial of a pipeline dropped on a supply whose interval stayed wide but whose top reaches
         the band."""
         c = self.candidates
@@ -163,6 +163,6 @@ class Limits:
                 self.ask.notes.note(f"uncertain:{pipe.family}", f"stages: {self.ask.measured.pipe_name(pipe.family)}'s "
                                     f"supply is uncertain ({pipe.point:,.0f} imgs/s, up to {pipe.upper:,.0f}): run "
                                     "end to end as well")
-                c.enqueue(fixed, {"stage": "candidate", "uncertain": True})
-                return "candidate"
+                c.enqueue(fixed, {"stage": Stage.CANDIDATE, "uncertain": True})
+                return Stage.CANDIDATE
         return None

@@ -19,7 +19,7 @@ from autotune.search.stages._folder import Folder
 from autotune.search.stages._limits import Limits
 from autotune.search.stages._notes import Notes
 from autotune.search.stages._refine import Refine
-from autotune.study.view import OWN_LOADER, TrialView, own_loader, views
+from autotune.study.view import OWN_LOADER, Stage, TrialView, own_loader, views
 
 
 @dataclass
@@ -105,7 +105,7 @@ class StagePlanner:
         """What the planner decided to leave out since last asked, one line each."""
         return self.notes.take()
 
-    def enqueue_next(self, budget: Budget | None = None) -> str | None:
+    def enqueue_next(self, budget: Budget | None = None) -> Stage | None:
         """Enqueue the next stage trial unless one is already waiting; returns the stage enqueued (None: the sampler
         draws the next trial freely)."""
         if not self.enabled:
@@ -137,7 +137,7 @@ class StagePlanner:
                 return name
         return self.refine.hold_once()
 
-    def request_key(self, stage_name: str, overrides: dict[str, Any]) -> tuple:
+    def request_key(self, stage_name: Stage, overrides: dict[str, Any]) -> tuple:
         """What makes two requests the same measurement (``Measured.request_key``)."""
         return self.measured.request_key(stage_name, overrides)
 
@@ -152,4 +152,4 @@ class StagePlanner:
 
 def started(vs: list[TrialView]) -> bool:
     """Whether the stages have begun: a measurement of a part exists."""
-    return any(v.stage in ("ceiling", "supply") for v in vs)
+    return any(v.stage in (Stage.CEILING, Stage.SUPPLY) for v in vs)

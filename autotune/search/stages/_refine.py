@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from autotune.search.bounds import grid
 from autotune.search.stages._ask import REACH, Ask
 from autotune.space import get_path
-from autotune.study.view import TrialView, feasible
+from autotune.study.view import Stage, TrialView, feasible
 from trainer.knobs import table
 
 
@@ -19,7 +19,7 @@ class Refine:
 
     ask: Ask
 
-    def refine(self, vs: list[TrialView]) -> str | None:
+    def refine(self, vs: list[TrialView]) -> Stage | None:
         good = [v for v in feasible(vs) if not v.part]
         if not good:
             return None
@@ -31,7 +31,7 @@ class Refine:
                 identities.setdefault(self.identity(v), 0)
                 leaders.setdefault(self.identity(v), v)
         for v in vs:
-            if v.stage == "refine" and self.identity(v) in identities:
+            if v.stage == Stage.REFINE and self.identity(v) in identities:
                 identities[self.identity(v)] += 1
         least = min(identities, key=lambda k: identities[k])  # round-robin: the least refined so far
         fixed = dict(least)
@@ -41,14 +41,14 @@ class Refine:
             fixed.update({k: x for k, x in lead.params.items() if k in graph})
             self.ask.notes.note("graph", "stages: refining a compiled trial holds its batch, accumulation and DDP "
                                          "settings (each change is a new compile) and searches its input side")
-        self.ask.trial(fixed, {"stage": "refine"})
-        return "refine"
+        self.ask.trial(fixed, {"stage": Stage.REFINE})
+        return Stage.REFINE
 
     def identity(self, v: TrialView) -> tuple:
         space = self.ask.measured.space
         return tuple((k, v.params[k]) for k in table().identity if k in space and k in v.params)
 
-    def hold_once(self) -> str | None:
+    def hold_once(self) -> Stage | None:
         """A draw the stages leave to the sampler holds each searched dimension with a one-off cost at the
         baseline's value: only a measurement says a compile pays for itself, and a free draw of it would spend a
         minute of the budget on a coin toss."""
@@ -61,5 +61,5 @@ class Refine:
         words = ", ".join(d.word(held[d.path]) for d in grid() if d.path in held)
         self.ask.notes.note("hold-once", f"stages: draws left to the sampler run {words}: what a compile buys is not "
                                          "measured, and the first run would pay for it")
-        self.ask.trial(held, {"stage": "search"})
-        return "search"
+        self.ask.trial(held, {"stage": Stage.SEARCH})
+        return Stage.SEARCH

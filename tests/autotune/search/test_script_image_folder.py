@@ -90,7 +90,7 @@ def slow_own_loader(**changes):
 
 def test_where_its_own_loader_bounds_the_job_the_projects_pipeline_is_measured_once_on_its_folder(tmp_path, two_cores):
     sim = Sim(tmp_path, slow_own_loader(), 8, image_folder=FOLDER)
-    (part,) = [v for v in sim.views if v.stage == view.IMAGE_LOADER]
+    (part,) = [v for v in sim.views if v.stage == view.Stage.IMAGE_LOADER]
     assert part.outcome == "part" and part.part, (part.failure_class, part.failure_message)
     # The built-in job in loader mode on the script's folder and crop, decoding with the fastest this machine has
     # (on CPU ranks, libjpeg-turbo in the workers), at the batch and workers of the script's own supply.
@@ -103,7 +103,7 @@ def test_where_its_own_loader_bounds_the_job_the_projects_pipeline_is_measured_o
     assert (ran.training.batch_size, ran.loader.num_workers) == (own.training.batch_size, own.loader.num_workers)
     # A figure beside the script's own, never a pipeline its trials run.
     assert all(v.setting("data.decode") == "pil" for v in sim.views if v.end_to_end)
-    assert view.IMAGE_LOADER not in {v.stage for v in sim.views if v.end_to_end}
+    assert view.Stage.IMAGE_LOADER not in {v.stage for v in sim.views if v.end_to_end}
 
 
 def test_the_stages_keep_a_scripts_own_loader_workers_alive_between_epochs(tmp_path, two_cores):
@@ -146,7 +146,7 @@ def test_nothing_is_measured_or_said_where_the_own_loader_keeps_up_or_reads_no_i
         sim = Sim(tmp_path, cpu_ranks(supplies={"pil": 3000.0, "torchvision-cpu": 9000.0}), 8, image_folder=FOLDER)
     else:
         sim = Sim(tmp_path, slow_own_loader(), 8)
-    assert view.IMAGE_LOADER not in {v.stage for v in sim.views}
+    assert view.Stage.IMAGE_LOADER not in {v.stage for v in sim.views}
     assert overview.image_loader_line(sim.views) is None and "would feed" not in overview.table(sim.study)
 
 
