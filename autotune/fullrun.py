@@ -444,11 +444,11 @@ class ProgressView:
             self.bar = None
 
 
-# ---- the verdict ---------------------------------------------------------------------------------------------------
+# ---- the closing lines ---------------------------------------------------------------------------------------------
 
 
-def verdict(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[str, Any]]:
-    """(lines, warnings, a JSON-able summary) comparing the run with the search's figures."""
+def closing_lines(p: TrainPlan, r: TrainResult) -> tuple[list[str], list[str], dict[str, Any]]:
+    """What a finished run says: (lines, warnings, a JSON-able summary) comparing the run with the search's figures."""
     lines: list[str] = []
     warnings: list[str] = []
     s = r.summary or {}

@@ -526,7 +526,7 @@ def _first_screen(study, storage_arg: str | None) -> str:
     tuned = [tuple(line.split(": ", 1)) for line in lines if line.startswith("the tuned configuration: ")]
     items = "".join(f"<li><b>{html.escape(topic)}:</b> {_code(text)}</li>"
                     for topic, text in [*tuned, *conclusions(study, trials, storage=storage_arg)])
-    return f'<section id="verdict"><ul class="verdict">{items}</ul></section>'
+    return f'<section id="conclusions"><ul class="conclusions">{items}</ul></section>'
 
 
 def _code(text: str) -> str:
@@ -582,6 +582,6 @@ h1{font-size:1.6em}h2{font-size:1.25em;margin-top:2em;border-bottom:1px solid #d
 p.caption{color:#444;max-width:1000px}p.empty{color:#777;font-style:italic;padding:1em;background:#f6f6f6}
 table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:4px 8px;text-align:left}
 table.summary th{background:#f3f3f3}table.failures td:nth-child(3){max-width:600px}
-ul.verdict{font-size:1.1em;line-height:1.5;padding-left:1.2em;max-width:1200px}
-ul.verdict code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
+ul.conclusions{font-size:1.1em;line-height:1.5;padding-left:1.2em;max-width:1200px}
+ul.conclusions code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
 """

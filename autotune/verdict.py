@@ -49,7 +49,7 @@ SCRIPT_FIXES: dict[Failure, str] = {
 
 NOT_ITS_FAULT = (str(Failure.INTERRUPTED), str(Failure.STALE), str(Failure.SEARCH))
 """Classes of a trial ended from outside (Ctrl-C, its search gone, the search's own error): they say nothing about
-its configuration nor about the machine, so such a trial is run again and counted in no verdict on the study."""
+its configuration nor about the machine, so such a trial is run again and counted in no conclusion about the study."""
 
 _EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]: )?[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b(?::|$)")
 """A traceback's last line: ``ImportError: no module named x`` (torchrun prefixes a rank's lines with

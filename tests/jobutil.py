@@ -32,7 +32,7 @@ def make_jpeg_folder(root: Path, *, classes: int = 2, per_class: int = 8, size=(
 def tiny_config(**overrides) -> TrainConfig:
     """resnet18 at 32 px: big enough to be a real conv net with BN, small enough for 2 CPU cores. At lr 0.002 it
     learns: at SGD's default 0.1, batches of 4 make its loss jump between 1.5 and 34 from window to window, a run the
-    loss verdict may rightly void (``trainer.learning.RISE_LIMIT``)."""
+    loss check may rightly void (``trainer.learning.RISE_LIMIT``)."""
     base = {"model.name": "resnet18", "data.image_size": 32, "training.batch_size": 4, "loader.num_workers": 1,
             "optimizer.lr": 0.002,
             "measure.warmup_min_steps": 2, "measure.precision": 0.05, "measure.max_s": 1.5,

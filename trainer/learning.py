@@ -1,6 +1,6 @@
-"""Does a run learn? The verdict on a measured run's loss, and the optimizer recipes that make a model learn.
+"""Does a run learn? The check of a measured run's loss, and the optimizer recipes that make a model learn.
 
-A run that does not learn is not fast: its images/s describe no training anyone would keep. ``loss_verdict`` judges
+A run that does not learn is not fast: its images/s describe no training anyone would keep. ``check_loss`` judges
 the loss figures of a run's measurement windows (the built-in job and a user's-script runtime call the same
 function, on plain numbers); ``RECIPES`` holds, for the model families whose reference recipe is not SGD at lr 0.1,
 an optimizer that trains them, so a search by model name starts from one.
@@ -25,7 +25,7 @@ only a little above their lowest figure, while a run that diverges rises by orde
 train at a learning rate that keeps them below this limit."""
 
 
-class Verdict(NamedTuple):
+class LossCheck(NamedTuple):
     ok: bool
     """The figure stands: the loss stayed finite and did not rise."""
 
@@ -37,8 +37,8 @@ DEFAULT_HINT = ("learning rate too high for this model and optimizer; set it wit
                 "(optimizer.lr / optimizer.name in a spec or config)")
 
 
-def loss_verdict(losses: Sequence[float | None], *, nonfinite_steps: int = 0, diverged_steps: int = 0,
-                 hint: str = DEFAULT_HINT) -> Verdict:
+def check_loss(losses: Sequence[float | None], *, nonfinite_steps: int = 0, diverged_steps: int = 0,
+               hint: str = DEFAULT_HINT) -> LossCheck:
     """Whether a run's measured figure stands, judged on its loss; pure, on plain numbers.
 
     ``losses``: the loss figures of the measurement windows in order: the first window's ``loss_start``, then every
@@ -56,23 +56,23 @@ def loss_verdict(losses: Sequence[float | None], *, nonfinite_steps: int = 0, di
     Losses that start at or below zero (a user's loss need not be positive) are judged on (1) and (2) alone.
     """
     if diverged_steps:
-        return Verdict(False, f"loss NaN/inf for the last {diverged_steps} steps")
+        return LossCheck(False, f"loss NaN/inf for the last {diverged_steps} steps")
     if nonfinite_steps:
-        return Verdict(False, f"loss NaN/inf in {nonfinite_steps} step(s) of the measured windows")
+        return LossCheck(False, f"loss NaN/inf in {nonfinite_steps} step(s) of the measured windows")
     # A non-finite figure outside the counted windows is one overflowed fp16 step the GradScaler skipped (the weights
     # stayed finite): (1) and (2) judge non-finite losses; the rise is judged on the finite figures.
     figures = [float(x) for x in losses if x is not None and math.isfinite(x)]
     if len(figures) < 2 or figures[0] <= 0:
-        return Verdict(True, None)
+        return LossCheck(True, None)
     start = figures[0]
     end = min(figures[-2:]) if len(figures) > 2 else figures[-1]
     if end >= RISE_LIMIT * start:
-        return Verdict(False, f"loss rose from {start:.3g} to {end:.3g}: {hint}")
-    return Verdict(True, None)
+        return LossCheck(False, f"loss rose from {start:.3g} to {end:.3g}: {hint}")
+    return LossCheck(True, None)
 
 
 def window_losses(windows: Iterable[Mapping[str, Any] | Any]) -> list[float | None]:
-    """The loss figures of ``windows`` for ``loss_verdict``: the first one's ``loss_start``, then each one's
+    """The loss figures of ``windows`` for ``check_loss``: the first one's ``loss_start``, then each one's
     ``loss_end``. A window is a ``window`` record (a mapping) or an object with those attributes (the meter's)."""
     out: list[float | None] = []
     for i, w in enumerate(windows):
@@ -135,7 +135,7 @@ RECIPES: tuple[Recipe, ...] = (
 )
 """The families whose reference recipe is not SGD at lr 0.1 per 256 images (ResNet, ResNeXt, Wide ResNet, RegNet,
 EfficientNet and the rest train with it or near it: the default). MobileNetV3's recipe is RMSprop, which the job
-does not offer: it keeps the default, and the loss verdict says when that does not train."""
+does not offer: it keeps the default, and the loss check says when that does not train."""
 
 DEFAULT_RECIPE = Recipe(family="default", prefixes=(),
                         optimizer={"name": "sgd", "lr": 0.1, "weight_decay": 1e-4, "reference_global_batch": 256},

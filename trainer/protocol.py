@@ -92,7 +92,7 @@ ROOT_CAUSE_ORDER = (Failure.OOM, Failure.CONFIG, Failure.DIVERGED, Failure.LOADE
 
 def nonfinite_reason(summary: dict[str, Any]) -> str:
     """Why a summary's ``loss_finite`` is False (its figure does not stand), in words: the summary's own
-    ``loss_reason`` (``trainer.learning.loss_verdict``); a summary written before it had one was judged on NaN/inf
+    ``loss_reason`` (``trainer.learning.check_loss``); a summary written before it had one was judged on NaN/inf
     alone."""
     if summary.get("loss_reason"):
         return summary["loss_reason"]

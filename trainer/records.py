@@ -1,6 +1,6 @@
 """The records a run writes about itself, for the built-in job (``trainer.job``) and a user's script
 (``trainer.runtime``) alike: the process's place in the run (``Dist``), the ``start`` record, the ``summary`` record
-with its loss verdict and peak memory, and the non-finite loss counters both keep on the device."""
+with its loss check and peak memory, and the non-finite loss counters both keep on the device."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.learning import DEFAULT_HINT, loss_verdict, window_losses
+from trainer.learning import DEFAULT_HINT, check_loss, window_losses
 from trainer.meter import ThroughputMeter
 from trainer.protocol import Kind
 
@@ -59,7 +59,7 @@ def summary_record(meter: ThroughputMeter, env: Dist, *, mode: str, loss: torch.
                    global_batch: int | None, unit: str = "images", extra: dict[str, Any] | None = None,
                    loss_hint: str = DEFAULT_HINT) -> dict[str, Any]:
     """A run's summary record, for the built-in job and a user's script alike: the meter's figures, the loss
-    verdict, peak memory per rank. Collective: every rank calls it (the worst rank's loss counts). ``nonfinite``:
+    check, peak memory per rank. Collective: every rank calls it (the worst rank's loss counts). ``nonfinite``:
     the (run, total) counters of count_nonfinite; None (loader mode, no loss) judges ``loss`` alone, as one step."""
     loss_value = float(loss.float().item()) if loss.numel() else float("nan")
     # A user's script may end its process group before the summary of a full run is written (at exit): then this
@@ -73,16 +73,16 @@ def summary_record(meter: ThroughputMeter, env: Dist, *, mode: str, loss: torch.
         nonfinite, steps_run = count_nonfinite(torch.tensor(loss_value, device=env.device), zero, zero), 1
     counts = torch.stack(list(nonfinite)).to(torch.int64)
     if group:
-        dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the worst rank decides, as for every other verdict
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # the worst rank decides, as for every other judgement
     run, total = (int(v) for v in counts.tolist())
     measured = meter.summary()
     # A figure is a training figure only if the loss stayed finite where it was measured and at the end, and did
     # not rise across the windows (trainer.learning: one rule for the built-in job and a user's script).
-    verdict = loss_verdict(window_losses(meter.windows), nonfinite_steps=measured["loss_nonfinite_in_windows"],
-                           diverged_steps=run if loss_diverged(run, steps_run) else 0, hint=loss_hint)
+    check = check_loss(window_losses(meter.windows), nonfinite_steps=measured["loss_nonfinite_in_windows"],
+                       diverged_steps=run if loss_diverged(run, steps_run) else 0, hint=loss_hint)
     return {"kind": Kind.SUMMARY, "t": time.time(), "mode": mode, "world_size": env.world_size, "unit": unit,
             **measured, **(extra or {}), "steps": steps, "epochs": epochs, "loss": loss_value,
-            "loss_finite": verdict.ok, "loss_reason": verdict.reason, "loss_nonfinite_steps": total,
+            "loss_finite": check.ok, "loss_reason": check.reason, "loss_nonfinite_steps": total,
             "loss_nonfinite_run": run, "peak_mem_bytes": peaks,
             "peak_mem_kind": "cuda_max_allocated" if env.device.type == "cuda" else "host_max_rss",
             "global_batch": global_batch, "versions": versions()}

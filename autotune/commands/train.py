@@ -58,7 +58,7 @@ def run(args) -> int:
         for line in tr.log_tail(plan.log_path):
             print(f"  | {line}", file=sys.stderr)
         raise tr.TrainError(tr.failure_message(plan, result))
-    lines, warnings, summary = tr.verdict(plan, result)
+    lines, warnings, summary = tr.closing_lines(plan, result)
     for line in lines:
         print(f"autotune train: {line}")
     for w in warnings:

@@ -258,7 +258,7 @@ class Watch:
         if self.stopped or not est:
             return False  # after the decision, the window the job finishes on is not judged
         if self.stop_when:
-            self.stopped = supply_verdict(self.latest, self.stop_when, per=self.progress.per)
+            self.stopped = why_supply_stops(self.latest, self.stop_when, per=self.progress.per)
             return self.stopped is not None
         if not self.report or self.stage.measures_part:
             return False
@@ -272,7 +272,7 @@ class Watch:
         self.progress.tick(self.trial.number, self.stage, time.monotonic() - self.t0)
 
 
-def supply_verdict(est: Interval, stop_when: dict[str, Any], *, per: str = "imgs/s") -> str | None:
+def why_supply_stops(est: Interval, stop_when: dict[str, Any], *, per: str = "imgs/s") -> str | None:
     """Why a supply measurement may stop before its interval is tight, or None: its interval lies above ``above``
     (it feeds more than the model can take) or below ``below`` (out of reach of the best); ``per``: the job's rate
     label (``view.per_second``)."""

@@ -64,7 +64,7 @@ def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
     exported = yaml.safe_load(best.read_text())["autotune"]
     assert exported["torchrun"]["nproc_per_node"] == 2 and exported["measured"]["imgs_per_s"] > 0
 
-    # Uninterrupted: 2 epochs, validation after each, a checkpoint after each, the verdict against the search.
+    # Uninterrupted: 2 epochs, validation after each, a checkpoint after each, the closing lines against the search.
     a = tmp_path / "a"
     r = autotune("train", "--config", str(best), "--out", str(a), *TRAIN_FLAGS, cwd=tmp_path, env=UNBUFFERED)
     out = r.stdout + r.stderr
@@ -224,16 +224,16 @@ def test_progress_view_draws_a_bar_with_rate_loss_and_val_lines():
     assert "epoch 1: val top1 0.2500 top5 0.7500" in text
 
 
-def test_the_verdict_gives_the_loss_and_flags_an_unsteady_or_slower_run(tmp_path):
+def test_the_closing_lines_give_the_loss_and_flag_an_unsteady_or_slower_run(tmp_path):
     p = tr.plan(tr.TrainOptions(config=export_yaml(tmp_path)))  # the search measured 100 imgs/s
     steady = {"imgs_per_s": 99.0, "ci_half_width": 0.01, "windows": 12, "epochs": 3, "steps": 60, "loss_start": 2.31,
               "loss_end": 1.42, "loss": 1.40, "loss_finite": True}
-    lines, warnings, summary = tr.verdict(p, tr.TrainResult(returncode=0, summary=steady, wall_s=60.0))
+    lines, warnings, summary = tr.closing_lines(p, tr.TrainResult(returncode=0, summary=steady, wall_s=60.0))
     assert "loss: 2.31 -> 1.42 over the timed windows, 1.4 at the last step" in lines and warnings == []
     assert (summary["loss_start"], summary["loss_end"]) == (2.31, 1.42)
 
     unsteady = {**steady, "imgs_per_s": 80.0, "ci_half_width": 0.21}
-    _, warnings, _ = tr.verdict(p, tr.TrainResult(returncode=0, summary=unsteady, wall_s=60.0))
+    _, warnings, _ = tr.closing_lines(p, tr.TrainResult(returncode=0, summary=unsteady, wall_s=60.0))
     wide, slower = warnings
     assert wide.startswith("the run's interval is ± 21.0%, wider than measure.precision (2%)")
     assert str(p.result_path) in wide
@@ -242,7 +242,7 @@ def test_the_verdict_gives_the_loss_and_flags_an_unsteady_or_slower_run(tmp_path
     assert "train.log" not in slower
 
     diverged = {**steady, "loss_finite": False}
-    lines, _, _ = tr.verdict(p, tr.TrainResult(returncode=0, summary=diverged, wall_s=60.0))
+    lines, _, _ = tr.closing_lines(p, tr.TrainResult(returncode=0, summary=diverged, wall_s=60.0))
     assert any(line.startswith("loss: not finite (NaN/inf): the run diverged") for line in lines)
 
 
@@ -256,6 +256,6 @@ def test_a_runs_figures_are_given_at_the_tables_precision(tmp_path):
     p = tr.plan(tr.TrainOptions(config=export_yaml(tmp_path)))  # the search measured 100 imgs/s
     run = {"imgs_per_s": 1_234.56, "ci_half_width": 0.012, "windows": 12, "epochs": 3, "steps": 60, "loss_start": 2.31,
            "loss_end": 1.42, "loss": 1.40, "loss_finite": True}
-    lines, _, _ = tr.verdict(p, tr.TrainResult(returncode=0, summary=run, wall_s=60.0))
+    lines, _, _ = tr.closing_lines(p, tr.TrainResult(returncode=0, summary=run, wall_s=60.0))
     assert ("measured: 1,235 ± 1.2 % imgs/s (95 % interval, the whole run's samples over its slowest rank's seconds, "
             "12 windows)") in lines, lines

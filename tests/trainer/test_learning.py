@@ -1,4 +1,4 @@
-"""The loss verdict on constructed window sequences, and the optimizer recipes by model family."""
+"""The loss check on constructed window sequences, and the optimizer recipes by model family."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from trainer.config import TrainConfig
-from trainer.learning import RECIPES, RISE_LIMIT, loss_verdict, recipe_for, window_losses
+from trainer.learning import RECIPES, RISE_LIMIT, check_loss, recipe_for, window_losses
 
 NAN, INF = float("nan"), float("inf")
 
@@ -37,7 +37,7 @@ def test_window_losses_are_the_first_start_then_every_end_for_records_and_object
     [1.10, 1.00, 1.20, 1.08, 0.79, 1.62, 1.19, 1.50, 1.15],  # CPU, batch 4: one bad batch at the very end
 ])
 def test_runs_that_learn_or_wobble_within_noise_stand(figures):
-    assert loss_verdict(figures) == (True, None)
+    assert check_loss(figures) == (True, None)
 
 
 @pytest.mark.parametrize("figures, start, end", [
@@ -47,35 +47,35 @@ def test_runs_that_learn_or_wobble_within_noise_stand(figures):
     ([2.0, 2.2, 3.0, 3.1], "2", "3"),  # a steady rise of half
 ])
 def test_a_loss_that_rises_or_explodes_voids_the_figure_with_its_cause(figures, start, end):
-    ok, reason = loss_verdict(figures)
+    ok, reason = check_loss(figures)
     assert not ok
     assert reason.startswith(f"loss rose from {start} to {end}: learning rate too high for this model and optimizer")
     assert "--lr" in reason and "--optimizer" in reason
 
 
 def test_the_limit_is_the_lower_of_the_last_two_against_the_start():
-    assert loss_verdict([2.0, 2.0, RISE_LIMIT * 2.0 - 0.01, 9.0]).ok  # one figure at 4.5x is one batch
-    assert not loss_verdict([2.0, 2.0, RISE_LIMIT * 2.0, 9.0]).ok
-    assert not loss_verdict([2.0, 3.0]).ok  # one window: its end is all there is
-    assert loss_verdict([2.0]).ok and loss_verdict([]).ok
+    assert check_loss([2.0, 2.0, RISE_LIMIT * 2.0 - 0.01, 9.0]).ok  # one figure at 4.5x is one batch
+    assert not check_loss([2.0, 2.0, RISE_LIMIT * 2.0, 9.0]).ok
+    assert not check_loss([2.0, 3.0]).ok  # one window: its end is all there is
+    assert check_loss([2.0]).ok and check_loss([]).ok
 
 
 def test_nan_and_divergence_void_the_figure_and_a_skipped_overflow_outside_the_windows_does_not():
-    assert loss_verdict([4.6, 4.5], nonfinite_steps=3) == (False, "loss NaN/inf in 3 step(s) of the measured windows")
-    assert loss_verdict([4.6, NAN, NAN], diverged_steps=7) == (False, "loss NaN/inf for the last 7 steps")
+    assert check_loss([4.6, 4.5], nonfinite_steps=3) == (False, "loss NaN/inf in 3 step(s) of the measured windows")
+    assert check_loss([4.6, NAN, NAN], diverged_steps=7) == (False, "loss NaN/inf for the last 7 steps")
     # An fp16 step the GradScaler skipped, counted in a warm-up window: not counted, and no rise either.
-    assert loss_verdict([4.6, INF, 4.4, 4.3]).ok
-    assert loss_verdict([4.6, NAN, 9.5, 9.4]).reason.startswith("loss rose from 4.6 to 9.4")
+    assert check_loss([4.6, INF, 4.4, 4.3]).ok
+    assert check_loss([4.6, NAN, 9.5, 9.4]).reason.startswith("loss rose from 4.6 to 9.4")
 
 
 def test_no_loss_or_a_loss_that_is_not_positive_is_judged_on_nan_alone():
-    assert loss_verdict([None, None, None]).ok  # loader mode: no model
-    assert loss_verdict([-3.0, -1.0, 2.0]).ok  # a user's loss may be negative: a ratio means nothing there
-    assert loss_verdict([0.0, 1.0, 1.0]).ok
+    assert check_loss([None, None, None]).ok  # loader mode: no model
+    assert check_loss([-3.0, -1.0, 2.0]).ok  # a user's loss may be negative: a ratio means nothing there
+    assert check_loss([0.0, 1.0, 1.0]).ok
 
 
 def test_a_runtime_can_name_its_own_fix():
-    ok, reason = loss_verdict([1.0, 3.0, 3.0], hint="lower LR in train.py")
+    ok, reason = check_loss([1.0, 3.0, 3.0], hint="lower LR in train.py")
     assert not ok and reason == "loss rose from 1 to 3: lower LR in train.py"
 
 

@@ -26,7 +26,7 @@ def data_cache_root(spec: StudySpec) -> Path:
 
 def given_data(spec: StudySpec, data_arg: str | None) -> tuple[TrainConfig | None, DataCheck | None]:
     """The base config when its data already exists (``--data``, the spec's path, synthetic), checked: the folder
-    exists and holds images (``DataCheck``: the verdict, to be recorded once every other check passed too). None
+    exists and holds images (``DataCheck``: its result, to be recorded once every other check passed too). None
     when the spec's data is to be generated (``generate_data``)."""
     if data_arg:
         path = Path(data_arg).expanduser().resolve()

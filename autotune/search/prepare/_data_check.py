@@ -25,10 +25,10 @@ PROGRESS_AFTER_S = 3.0
 
 @dataclass(kw_only=True)
 class DataCheck:
-    """A data folder's files and their verdict. A clean check is recorded in the data cache (a small JSON file per
-    folder, by its resolved path) with a signature of the files it checked; a later search whose files have the
-    same signature skips the check (ImageNet's 1.3 M files would be a long wait at every search start, also on
-    resume). A failing check is never recorded."""
+    """The check of a data folder's files. A clean check is recorded in the data cache (a small JSON file per folder,
+    by its resolved path) with a signature of the files it checked; a later search whose files have the same
+    signature skips the check (ImageNet's 1.3 M files would be a long wait at every search start, also on resume). A
+    failing check is never recorded."""
 
     path: str
     """The folder, resolved."""

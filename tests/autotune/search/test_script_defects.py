@@ -32,7 +32,7 @@ from autotune.runner.torchrun import Torchrun
 from autotune.runner.trial import TrialJob
 from autotune.search import script
 from autotune.search.engine import Engine, best_line
-from autotune.search.evaluate import supply_verdict
+from autotune.search.evaluate import why_supply_stops
 from autotune.search.prepare import Plan, SearchOptions
 from autotune.search.progress import Progress
 from autotune.space import resolve
@@ -289,10 +289,10 @@ SCRIPT_SUMMARY = {"mode": "train", "unit": "images", "imgs_per_s": 150.0, "windo
 
 
 def test_train_of_a_script_claims_no_checkpoints_folder_it_does_not_keep(tmp_path, two_cores):
-    from autotune.fullrun import verdict
+    from autotune.fullrun import closing_lines
 
     p = script_train_plan(tmp_path, Sim(tmp_path / "sim", cpu_ranks(), 2))
-    lines, _, _ = verdict(p, train_result(SCRIPT_SUMMARY))
+    lines, _, _ = closing_lines(p, train_result(SCRIPT_SUMMARY))
     claimed = [ln for ln in lines if "checkpoints in" in ln]
     # The script keeps its own checkpoints (if any): the runtime writes none in that folder.
     assert not claimed or Path(p.config.checkpoint_dir).is_dir(), claimed
@@ -311,19 +311,19 @@ def test_train_progress_of_a_script_prints_no_none():
 
 
 def test_train_compares_with_the_re_measure_the_export_said_to_trust(tmp_path, two_cores):
-    from autotune.fullrun import verdict
+    from autotune.fullrun import closing_lines
 
     p = script_train_plan(tmp_path, Sim(tmp_path / "sim", cpu_ranks(), 2), remeasured=160.0)
-    lines, warnings, _ = verdict(p, train_result(SCRIPT_SUMMARY))
+    lines, warnings, _ = closing_lines(p, train_result(SCRIPT_SUMMARY))
     compared = [ln for ln in lines + warnings if ln.startswith("search") or "re-measure" in ln]
     assert any("160" in ln for ln in compared), compared
 
 
 def test_train_of_one_window_claims_no_spread(tmp_path, two_cores):
-    from autotune.fullrun import verdict
+    from autotune.fullrun import closing_lines
 
     p = script_train_plan(tmp_path, Sim(tmp_path / "sim", cpu_ranks(), 2))
-    lines, _, _ = verdict(p, train_result({**SCRIPT_SUMMARY, "windows": 1, "spread": 0.0}))
+    lines, _, _ = closing_lines(p, train_result({**SCRIPT_SUMMARY, "windows": 1, "spread": 0.0}))
     measured = next(ln for ln in lines if ln.startswith("measured"))
     # One window has no spread to speak of (and "1 windows" is not English).
     assert "1 windows" not in measured and "spread 0.0%" not in measured, measured
@@ -571,9 +571,9 @@ def test_the_gain_column_names_the_baseline_it_is_against(tmp_path):
 def test_a_supply_stopped_early_says_its_bound_in_the_jobs_unit():
     # A script counting samples: its supply stopped above the ceiling printed "(37,543 imgs/s)".
     stop = {"above": 37_543.0, "below": None}
-    why = supply_verdict(Interval(90_000.0, 0.1), stop, per="samples/s")
+    why = why_supply_stops(Interval(90_000.0, 0.1), stop, per="samples/s")
     assert why == "above the ceiling (37,543 samples/s): 81,000 at the least", why
-    assert "imgs/s" in supply_verdict(Interval(90_000.0, 0.1), stop)  # the built-in job's images
+    assert "imgs/s" in why_supply_stops(Interval(90_000.0, 0.1), stop)  # the built-in job's images
 
 
 def test_the_searchs_last_line_gives_its_figures_as_the_table_does(tmp_path):
