@@ -62,7 +62,7 @@ def fmt_params(params: dict[str, Any], limit: int | None = None) -> str:
             if v:
                 parts.append(label)
             continue
-        if k.is_unmarked(v):
+        if k.is_omitted(v):
             continue  # e.g. NCCL's own choice: nothing to say
         parts.append(f"{label}={fmt_value(v)}" if label else fmt_value(v))
     text = " ".join(parts)

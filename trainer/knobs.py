@@ -162,10 +162,10 @@ class Knob:
     cpu_order: tuple[Any, ...] = ()
     """Measuring order on CPU ranks."""
 
-    words: tuple[tuple[Any, str], ...] = ()
+    value_labels: tuple[tuple[Any, str], ...] = ()
     """How a value reads in lines (default: the value itself)."""
 
-    unmarked: tuple[Any, ...] = ()
+    omitted: tuple[Any, ...] = ()
     """Values a line leaves out: eager reads ``fp16 channels_last``, not ``... eager``; NCCL's own choice is not
     mentioned."""
 
@@ -173,16 +173,16 @@ class Knob:
     """Whether the model trains depends on its value: end-to-end trials that diverged at a value, none of which
     trained, rule the value out at every other setting."""
 
-    once_s: float | None = None
+    one_off_s: float | None = None
     """What a value after the first costs once, on its first run in a worker (torch.compile: the compile), before
     anything is measured: seconds, a prior the stage planner uses until a run of it says what it cost. Such a
     dimension is measured last, and only where the budget left pays for the cost and for end-to-end trials after it
-    (``autotune.search.stages._budget.Spend.affords_once``)."""
+    (``autotune.search.stages._budget.Spend.affords_one_off``)."""
 
-    once_attr: str | None = None
+    one_off_attr: str | None = None
     """The trial attribute a run records that one-off cost in (``compile_s``)."""
 
-    once_cached_share: float | None = None
+    one_off_cached_share: float | None = None
     """What the first run pays where this machine already paid the cost for the same graph (torch.compile loading it
     from the on-disk caches; ``trainer.compile_costs`` records each compile), as a share of what it paid then: a
     prior the planner uses until a run from the caches says what it cost. ``None``: nothing is cached."""
@@ -206,9 +206,10 @@ class Knob:
     takes it, whatever the base holds (a script's own ``prefetch_factor=2`` under a draw of ``num_workers=0``);
     ``UNSET``: the base's value stands."""
 
-    identity: bool = False
-    """Part of what the refine stage holds of a good end-to-end trial (its pipeline family, precision, layout,
-    compile); the sampler draws the rest."""
+    defining: bool = False
+    """One of the settings that tell one kind of configuration from another for the stages (its pipeline family,
+    precision, layout, compile): what the refine stage holds of a good end-to-end trial while the sampler draws the
+    rest, and what tells one candidate from another."""
 
     shown: int | None = None
     """Its place in a stage measurement's line, lower first (``autotune show``, the live view); ``None``: not shown
@@ -230,16 +231,17 @@ class Knob:
     applied_by: Helper | None = None
     """The runtime helper that applies it (``Helper``); ``None``: the script reads it itself."""
 
-    def word(self, value: Any) -> str:
-        return dict(self.words).get(value, str(value))
+    def value_label(self, value: Any) -> str:
+        """How ``value`` reads in lines (``value_labels``)."""
+        return dict(self.value_labels).get(value, str(value))
 
     def order(self, choices: list[Any], on_gpu: bool) -> list[Any]:
         """``choices`` in measuring order here (those the order does not know last, as given)."""
         prior = list(self.gpu_order if on_gpu else self.cpu_order)
         return sorted(choices, key=lambda c: prior.index(c) if c in prior else len(prior) + choices.index(c))
 
-    def is_unmarked(self, value: Any) -> bool:
-        return any(value is u for u in self.unmarked)  # identity: 0 is not False
+    def is_omitted(self, value: Any) -> bool:
+        return any(value is u for u in self.omitted)  # ``is``: 0 is not False
 
     @property
     def gpu_values(self) -> tuple[Any, ...]:
@@ -268,20 +270,21 @@ _KNOBS = (
     Knob(path="training.precision", label="", scope="model", space=Range(choices=("fp32", "bf16", "fp16")),
          gpu_only=(GpuChoice(value="fp16", why="CPU autocast is bf16", runs_on_cpu=True),), memory=True, graph=True,
          measured="ceiling", gpu_order=("fp16", "bf16", "fp32"), cpu_order=("fp32", "bf16", "fp16"), trains=True,
-         identity=True, shown=3, runtime="precision", runtime_default="fp32", applied_by="step",
+         defining=True, shown=3, runtime="precision", runtime_default="fp32", applied_by="step",
          doc="autocast dtype; fp16 adds a GradScaler"),
     # channels_last is the tensor cores' native convolution layout; on CPU ranks NCHW is the native one.
     Knob(path="training.channels_last", label="cl", scope="model", space=Range(choices=(False, True)), memory=True,
          graph=True, measured="ceiling", gpu_order=(True, False), cpu_order=(False, True),
-         words=((True, "channels_last"), (False, "NCHW")), identity=True, shown=4, runtime="channels_last",
+         value_labels=((True, "channels_last"), (False, "NCHW")), defining=True, shown=4, runtime="channels_last",
          runtime_default=False, applied_by="model", doc="NHWC memory format for model and inputs"),
     # Eager first on both: a cold compile makes the first ceiling many times longer than an eager one, and the first
     # end-to-end answer waits on that ceiling. From the on-disk caches a fresh process compiles the same graph in a
-    # small share of the cold time (once_cached_share; docs/benchmarks.md).
+    # small share of the cold time (one_off_cached_share; docs/benchmarks.md).
     Knob(path="training.compile", label="compile", scope="model", space=Range(choices=(False, True)), memory=True,
          default_space="gpu", measured="ceiling", gpu_order=(False, True), cpu_order=(False, True),
-         words=((False, "eager"), (True, "compiled")), unmarked=(False,), once_s=60.0, once_attr="compile_s",
-         once_cached_share=0.15, identity=True, shown=8, runtime="compile", runtime_default=False, applied_by="model",
+         value_labels=((False, "eager"), (True, "compiled")), omitted=(False,), one_off_s=60.0,
+         one_off_attr="compile_s", one_off_cached_share=0.15, defining=True, shown=8, runtime="compile",
+         runtime_default=False, applied_by="model",
          doc="torch.compile; a cold compile costs about a minute on a GPU, so the stages measure it last, where "
              "the budget pays for it (on CPU ranks Inductor's C++ compile takes minutes: a spec adds it there)"),
     # None: torch's default mode; reduce-overhead: CUDA graphs for forward and backward; the autotuning modes cost
@@ -316,7 +319,7 @@ _KNOBS = (
     Knob(path="data.decode", label="", scope="pipeline", memory=True,
          space=Range(choices=("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid", "dali")), gpu_only=_DECODE_ON_GPU,
          measured="supply", gpu_order=("dali", "nvjpeg-gpu", "hybrid", "torchvision-cpu", "pil"),
-         cpu_order=("torchvision-cpu", "pil"), identity=True, shown=1, runtime="decode", runtime_default="pil",
+         cpu_order=("torchvision-cpu", "pil"), defining=True, shown=1, runtime="decode", runtime_default="pil",
          applied_by="image_loader", doc="the input pipeline of an ImageFolder read through trainer.data"),
     # Three points span the trade: the ends (0 and 1) are nvjpeg-gpu and torchvision-cpu, already decode choices.
     Knob(path="data.hybrid_cpu_fraction", label="cpu_share", scope="pipeline",
@@ -348,7 +351,7 @@ _KNOBS = (
     # of the default space; a spec adds it.
     Knob(path="data.dali_gpu_huffman", label="gpu_huff", scope="pipeline",
          space=Range(choices=(False, True), when="data.decode == dali"), default_space=False,
-         words=((True, "gpu_huffman"), (False, "cpu_huffman")), unmarked=(False,), runtime="dali_gpu_huffman",
+         value_labels=((True, "gpu_huffman"), (False, "cpu_huffman")), omitted=(False,), runtime="dali_gpu_huffman",
          runtime_default=False, applied_by="image_loader",
          doc="DALI: Huffman decoding with the GPU's help for the images the hardware engines do not take"),
     Knob(path="ddp.bucket_cap_mb", label="bkt", scope="model", space=Range(low=5.0, high=200.0, log=True),
@@ -365,7 +368,7 @@ _KNOBS = (
          runtime_default=False, applied_by="model", doc="DDP static graph"),
     # NCCL's algorithm, protocol, CTA and buffer variables: NCCL documents them as debugging variables, no
     # measurement here has shown them to matter, and each change takes a new process: a spec adds them.
-    *(Knob(path=f"nccl.{name}", label=label, scope="process", space=space, default_space=False, unmarked=(None,),
+    *(Knob(path=f"nccl.{name}", label=label, scope="process", space=space, default_space=False, omitted=(None,),
            needs_gpu="gloo does not read NCCL settings")
       for name, label, space in (("algo", "algo", Range(choices=(None, "Ring", "Tree"))),
                                  ("proto", "proto", Range(choices=(None, "Simple", "LL"))),
@@ -432,9 +435,9 @@ class Table:
         return {k.path: k.ceiling_value for k in self.entries if k.ceiling_value is not UNSET}
 
     @cached_property
-    def identity(self) -> tuple[str, ...]:
-        """What the refine stage holds of a good end-to-end trial (``Knob.identity``)."""
-        return tuple(k.path for k in self.entries if k.identity)
+    def defining_settings(self) -> tuple[str, ...]:
+        """What the refine stage holds of a good end-to-end trial (``Knob.defining``)."""
+        return tuple(k.path for k in self.entries if k.defining)
 
     @cached_property
     def shown(self) -> tuple[str, ...]:

@@ -120,18 +120,18 @@ class Measured:
         return list(p.choices) if p.kind == "categorical" else sorted({p.low, p.high})
 
     def pairs(self) -> list[tuple]:
-        """The ceiling's grid, the likeliest fastest first; every point without a one-off cost (``once_s``: eager)
+        """The ceiling's grid, the likeliest fastest first; every point without a one-off cost (``one_off_s``: eager)
         before any with one."""
         orders = [d.order(self.choices(d.path), self.on_gpu) for d in grid()]
-        costly = [i for i, d in enumerate(grid()) if d.once_s is not None]
+        costly = [i for i, d in enumerate(grid()) if d.one_off_s is not None]
         return sorted(product(*orders), key=lambda p: [orders[i].index(p[i]) for i in costly])
 
     def plain(self, pair: tuple) -> tuple:
         """``pair`` at the first value of each dimension with a one-off cost: eager for compiled."""
-        return tuple(d.order(self.choices(d.path), self.on_gpu)[0] if d.once_s is not None else x
+        return tuple(d.order(self.choices(d.path), self.on_gpu)[0] if d.one_off_s is not None else x
                      for d, x in zip(grid(), pair, strict=True))
 
-    def without_once(self, vs: list[TrialView], pair: tuple) -> tuple:
+    def without_one_off(self, vs: list[TrialView], pair: tuple) -> tuple:
         """``plain(pair)`` where that point is measured; else ``pair``."""
         plain = self.plain(pair)
         return plain if self.pair_ceiling(vs, plain) is not None else pair
@@ -139,7 +139,7 @@ class Measured:
     def paid_here(self, dim: Knob, overrides: dict[str, Any]) -> list[Paid]:
         """What this machine paid before for the one-off cost of a measurement with ``overrides`` at a value of
         ``dim`` (a compile of its graph: ``autotune.search.compile_cache``); nothing for a dimension without one."""
-        if dim.once_cached_share is None or self.plan.base is None:
+        if dim.one_off_cached_share is None or self.plan.base is None:
             return []
         classes = self.plan.data.classes if self.plan.data else None
         try:
@@ -437,7 +437,7 @@ def trainable_ceiling(vs: list[TrialView]) -> TrialView | None:
 
 def pair_label(pair: tuple) -> str:
     """A point of the ceiling's grid as a person reads it: ``fp16 channels_last``, ``fp32 NCHW compiled``."""
-    return " ".join(d.word(v) for d, v in zip(grid(), pair, strict=True)
-                    if not d.is_unmarked(v))
+    return " ".join(d.value_label(v) for d, v in zip(grid(), pair, strict=True)
+                    if not d.is_omitted(v))
 
 

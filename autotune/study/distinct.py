@@ -1,11 +1,11 @@
 """A sampler that does not draw again what a trial already ran: TPE's relative draw, drawn once more (a few times at
 most) while it repeats a trial that ran or runs.
 
-Where the stages hold most knobs (a refine trial holds the best's identity; a compiled one its graph too), the knobs
-left to TPE are a few discrete ones, and its model of the best region is sharp: TPE then often draws an earlier trial's
-configuration exactly, a run that measures nothing new (docs/benchmarks.md). A repeat is no exploration, and the
-leaders' repeats the search wants are the confirm stage's, which it enqueues whole (this sampler leaves a trial whose
-every searched knob is fixed as it is).
+Where the stages hold most knobs (a refine trial holds the best's defining settings; a compiled one its graph too),
+the knobs left to TPE are a few discrete ones, and its model of the best region is sharp: TPE then often draws an
+earlier trial's configuration exactly, a run that measures nothing new (docs/benchmarks.md). A repeat is no
+exploration, and the leaders' repeats the search wants are the confirm stage's, which it enqueues whole (this sampler
+leaves a trial whose every searched knob is fixed as it is).
 """
 
 from __future__ import annotations

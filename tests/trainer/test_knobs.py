@@ -33,7 +33,7 @@ def test_every_knob_is_a_setting_with_valid_choices(path):
                   *k.gpu_order, *k.cpu_order]:
         TrainConfig().with_overrides({**where, path: value})  # raises ConfigError for a value the job refuses
     assert scope_of(path) == k.scope
-    assert (k.once_s is None) == (k.once_attr is None)
+    assert (k.one_off_s is None) == (k.one_off_attr is None)
 
 
 def test_runtime_names_are_unique_and_cover_every_non_nccl_knob():

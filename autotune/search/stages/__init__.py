@@ -31,8 +31,8 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    supply; otherwise the ceiling's grid, one dimension at a time from the fastest pair, along the dimension's order
    until a step is measurably slower (the rest of that direction is then taken as dominated: the order is the prior, the
    measurement confirms it), a dimension with a one-off cost (torch.compile: a compile per graph) last and only
-   where the budget left pays for that cost and end-to-end trials after it (``affords_once``), the cost priced by
-   what this machine paid for the same graph (``_budget.once_price``: a compile from the on-disk caches costs
+   where the budget left pays for that cost and end-to-end trials after it (``affords_one_off``), the cost priced by
+   what this machine paid for the same graph (``_budget.one_off_price``: a compile from the on-disk caches costs
    seconds), and said when it runs slower; then the pipelines not measured yet (they can only tie, and ties are run
    end to end).
    A supply stops early, in-band, once its interval lies above the ceiling's or below what could still reach the
@@ -46,10 +46,10 @@ what is known and enqueues the next thing worth running, in this order (``StageP
 10. **refine** — the sampler draws the other knobs (batch, accumulation, loader, DDP, the hybrid share, ...) with the
    pipeline, precision, layout and compile of the best end-to-end trials held, round-robin over those within
    ``REACH`` of the best; a compiled one also holds what its graph is keyed by (``Table.graph_settings``: each
-   change is a new compile) and searches the input side around it. Draws the stages do not
-   make (no stages, nothing measured yet) hold compile at the baseline's (``Refine.hold_once``). A draw whose measured
-   ceiling (its precision, layout and batch) or supply reaches no higher than the bottom of the best's interval is not
-   launched (``bound``): it is told to Optuna as pruned, so the sampler learns it, and costs no trial of the budget.
+   change is a new compile) and searches the input side around it. Draws the stages do not make (no stages, nothing
+   measured yet) hold compile at the baseline's (``Refine.hold_one_off``). A draw whose measured ceiling (its
+   precision, layout and batch) or supply reaches no higher than the bottom of the best's interval is not launched
+   (``bound``): it is told to Optuna as pruned, so the sampler learns it, and costs no trial of the budget.
 11. **confirm** — when the budget left pays for no more than that, and only where the best's interval overlaps
    other answers', each tied leader (at most ``CONFIRM_TOP``) runs once more, before any step from 5 on: the best is
    named by its runs combined (``autotune.study.view.answers``), not by the luckiest of several single runs, and

@@ -101,13 +101,13 @@ class Spend:
                                       f"search's budget ({used}); end to end from here")
         return ok
 
-    def affords_once(self, vs: list[TrialView], dim, order: list[Any], k: int, here: Sequence[Paid] = ()) -> bool:
+    def affords_one_off(self, vs: list[TrialView], dim, order: list[Any], k: int, here: Sequence[Paid] = ()) -> bool:
         """Whether the budget pays for measuring ``order[k]`` of a dimension with a one-off cost (priced by
-        ``once_price``; ``here``: what this machine paid for the measurement's graph before): the measurement with
+        ``one_off_price``; ``here``: what this machine paid for the measurement's graph before): the measurement with
         its cost inside the trial timeout, within the parts' share of the time, and two end-to-end trials after it in
         the time left (the candidate it makes, and one more). Said when not, and when the machine's records made
         it affordable."""
-        price = once_price(vs, dim, here)
+        price = one_off_price(vs, dim, here)
         once, part = price.seconds, self.cost(vs, part=True) or 0.0
         e2e = self.cost(vs, part=False) or part
         timeout, b = self.measured.plan.trial_timeout_s, self.budget
@@ -122,10 +122,10 @@ class Spend:
             why = "share", (f"{costs}, over the measurements' share of this search's time ({b.parts_s:.0f} of "
                             f"{b.seconds:.0f} s spent)")
         if why:
-            self.notes.note(f"once:{dim.path}:{why[0]}", f"stages: {dim.word(order[k])} not measured: {why[1]}; "
-                                                         f"{dim.word(order[0])} stays")
+            self.notes.note(f"one-off:{dim.path}:{why[0]}", f"stages: {dim.value_label(order[k])} not measured: "
+                                                            f"{why[1]}; {dim.value_label(order[0])} stays")
         elif price.here:
-            self.notes.note(f"once:{dim.path}:here", f"stages: {dim.word(order[k])} measured: {costs}")
+            self.notes.note(f"one-off:{dim.path}:here", f"stages: {dim.value_label(order[k])} measured: {costs}")
         return why is None
 
 
@@ -139,22 +139,22 @@ class Price:
     """Priced by what this machine paid for the same graph."""
 
 
-def once_price(vs: list[TrialView], dim, here: Sequence[Paid] = ()) -> Price:
+def one_off_price(vs: list[TrialView], dim, here: Sequence[Paid] = ()) -> Price:
     """Seconds the first run at a costly value of ``dim`` pays once (a compile), cheapest evidence first: what loading
     the measurement's graph from this machine's caches cost (``here``: the job's records, ``trainer.compile_costs``);
-    where only a cold compile of it is recorded, the caches hold it: that compile's ``once_cached_share``; else the
-    most any run of this search recorded (``dim.once_attr``); else the dimension's prior."""
+    where only a cold compile of it is recorded, the caches hold it: that compile's ``one_off_cached_share``; else the
+    most any run of this search recorded (``dim.one_off_attr``); else the dimension's prior."""
     cached = [p.seconds for p in here if p.from_caches]
-    if cached and dim.once_cached_share is not None:
+    if cached and dim.one_off_cached_share is not None:
         return Price(max(cached), "its graph loads from this machine's compile caches: at most "
                                   f"{max(cached):.0f} s when it did", True)
-    if here and dim.once_cached_share is not None:
+    if here and dim.one_off_cached_share is not None:
         cold = max(p.seconds for p in here)
-        return Price(cold * dim.once_cached_share, f"its graph is in this machine's compile caches, compiled in "
-                     f"{cold:.0f} s; loading it is priced at {dim.once_cached_share:.0%} of that until a run says",
+        return Price(cold * dim.one_off_cached_share, f"its graph is in this machine's compile caches, compiled in "
+                     f"{cold:.0f} s; loading it is priced at {dim.one_off_cached_share:.0%} of that until a run says",
                      True)
-    paid = [float(v.attrs[dim.once_attr]) for v in vs if v.attrs.get(dim.once_attr) is not None]
+    paid = [float(v.attrs[dim.one_off_attr]) for v in vs if v.attrs.get(dim.one_off_attr) is not None]
     if paid:
         return Price(max(paid), "as it cost in this search", False)
-    return Price(float(dim.once_s), "a prior: no compile of its graph is recorded on this machine"
-                 if dim.once_cached_share is not None else "a prior", False)
+    return Price(float(dim.one_off_s), "a prior: no compile of its graph is recorded on this machine"
+                 if dim.one_off_cached_share is not None else "a prior", False)

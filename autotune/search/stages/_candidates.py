@@ -43,16 +43,19 @@ class Candidates:
                   and p.with_model(ceiling, reach=True) >= REACH * top]
         return sure, unsure, ceiling
 
-    def identity_of(self, fixed: dict[str, Any]) -> tuple:
-        """The identity (``trainer.knobs.Table.identity``: what the refine stage holds) of the trial ``fixed`` would
-        enqueue: its settings, else what it inherits."""
+    def defining_values(self, fixed: dict[str, Any]) -> tuple:
+        """The values of the defining settings (``trainer.knobs.Table.defining_settings``: what the refine stage
+        holds) of the trial ``fixed`` would enqueue: its settings, else what it inherits."""
         params = self.complete(fixed)
-        return tuple(params[k] if k in params else get_path(self.ask.measured.base, k) for k in table().identity)
+        return tuple(params[k] if k in params else get_path(self.ask.measured.base, k)
+                     for k in table().defining_settings)
 
-    def identity_state(self, vs: list[TrialView], ident: tuple) -> str:
-        """``untried``, ``pending``, ``alive`` (it trained: measured or pruned) or ``dead`` (every trial failed)."""
+    def state_of(self, vs: list[TrialView], values: tuple) -> str:
+        """How the end-to-end trials at these ``defining_values`` went: ``untried``, ``pending``, ``alive`` (one
+        trained: measured or pruned) or ``dead`` (every one failed)."""
         mine = [v for v in vs if v.end_to_end and not v.baseline and not v.part
-                and tuple(v.setting(k) for k in table().identity) == ident and v.failure_class not in NOT_ITS_FAULT]
+                and tuple(v.setting(k) for k in table().defining_settings) == values
+                and v.failure_class not in NOT_ITS_FAULT]
         if not mine:
             return "untried"
         if any(v.outcome in (Outcome.MEASURED, Outcome.PRUNED) for v in mine):
@@ -90,7 +93,7 @@ class Candidates:
         running = 0
         for pipe in sure:
             fixed = self.settings(vs, pipe)
-            state = self.identity_state(vs, self.identity_of(fixed))
+            state = self.state_of(vs, self.defining_values(fixed))
             if state == "dead":
                 continue  # replaced by the next (it does not count against the cap)
             running += 1

@@ -31,7 +31,7 @@ class Cudnn:
         decided = self.decisions()
         used = {m.pair_of(v) for v in vs if v.stage == Stage.CANDIDATE and not v.part}
         for pair in m.pairs():
-            if pair not in used or pair_label(pair) in decided or self.once_of(pair):
+            if pair not in used or pair_label(pair) in decided or self.has_one_off(pair):
                 continue
             on = [v for v in m.ceilings_of(vs, pair) if v.setting("training.cudnn_benchmark") is True]
             if not on:
@@ -84,7 +84,7 @@ class Cudnn:
         d = decided.get(pair_label(pair)) or decided.get(pair_label(self.ask.measured.plain(pair)))
         return d["benchmark"] if d else None
 
-    def once_of(self, pair: tuple) -> bool:
+    def has_one_off(self, pair: tuple) -> bool:
         """Whether ``pair`` is at a value with a one-off cost (compiled)."""
         return self.ask.measured.plain(pair) != tuple(pair)
 

@@ -64,14 +64,14 @@ class Limits:
         dims = list(enumerate(grid()))
         busy = self.launch_bound(vs, best)
         if busy is not None:
-            dims.sort(key=lambda d: d[1].once_s is None)
+            dims.sort(key=lambda d: d[1].one_off_s is None)
             self.ask.notes.note("launch-bound", f"stages: the model alone keeps the GPUs {busy:.0f} % busy at "
                                                 f"{pair_label(best)}: the host's kernel launches bound its steps, so "
                                                 "compiled is weighed before other precisions and layouts")
         for i, dim in dims:
             # The other dimensions are explored without the one-off cost (each compiled point is a compile); the
             # costly one last, from the best (the grid's order), where the budget pays for it.
-            frm = best if dim.once_s is not None else m.without_once(vs, best)
+            frm = best if dim.one_off_s is not None else m.without_one_off(vs, best)
             top = m.pair_interval(vs, frm)
             top_ips = top.value
             order = dim.order(m.choices(dim.path), m.on_gpu)
@@ -85,7 +85,7 @@ class Limits:
                         return BLOCKED
                     if state in (None, "retry"):
                         request = request or ceiling_overrides(m, q, m.ceiling_batch(), True if m.on_gpu else None)
-                        if dim.once_s is not None and k > 0 and not self.ask.spend.affords_once(
+                        if dim.one_off_s is not None and k > 0 and not self.ask.spend.affords_one_off(
                                 vs, dim, order, k, m.paid_here(dim, request)):
                             break
                         return self.ask.part(vs, Stage.CEILING, request)
@@ -93,17 +93,17 @@ class Limits:
                     ips = measured.value if measured is not None else None
                     if measured is not None and measured.below(top):
                         rest = order[k + 1:] if step > 0 else order[:k][::-1]
-                        if dim.once_s is not None:  # what its one-off cost bought, measured: nothing
-                            self.ask.notes.note(f"slower:{dim.path}:{q}", f"stages: {dim.word(order[k])} ran slower "
-                                                f"than {dim.word(frm[i])} at {pair_label(frm)}'s other settings "
-                                                f"({ips:,.0f} against {top_ips:,.0f} imgs/s): {dim.word(frm[i])} "
-                                                "stays")
+                        slower, held = dim.value_label(order[k]), dim.value_label(frm[i])
+                        if dim.one_off_s is not None:  # what its one-off cost bought, measured: nothing
+                            self.ask.notes.note(f"slower:{dim.path}:{q}", f"stages: {slower} ran slower than {held} "
+                                                f"at {pair_label(frm)}'s other settings ({ips:,.0f} against "
+                                                f"{top_ips:,.0f} imgs/s): {held} stays")
                         if rest:
-                            words = ", ".join(dim.word(x) for x in rest)
-                            self.ask.notes.note(f"dominated:{dim.path}:{q}", f"stages: {words} not measured: "
-                                                f"{dim.word(order[k])} already ran slower than {dim.word(frm[i])} at "
+                            labels = ", ".join(dim.value_label(x) for x in rest)
+                            self.ask.notes.note(f"dominated:{dim.path}:{q}", f"stages: {labels} not measured: "
+                                                f"{slower} already ran slower than {held} at "
                                                 f"{pair_label(frm)}'s other settings ({ips:,.0f} against "
-                                                f"{top_ips:,.0f} imgs/s), and the order ranks {words} below it")
+                                                f"{top_ips:,.0f} imgs/s), and the order ranks {labels} below it")
                         break
                     k += step
         return None
@@ -112,7 +112,7 @@ class Limits:
         """The GPUs' busy share (NVML, %) while the model alone ran at ``best``, where it is below ``LAUNCH_BOUND``
         and a one-off dimension (compile) is there to weigh; else None (on CPU ranks: no utilization)."""
         m = self.ask.measured
-        if not any(d.once_s is not None and len(m.choices(d.path)) > 1 for d in grid()):
+        if not any(d.one_off_s is not None and len(m.choices(d.path)) > 1 for d in grid()):
             return None
         utils = [v.util for v in m.ceilings_of(vs, best) if v.util is not None]
         busy = max(utils, default=None)
@@ -125,7 +125,7 @@ class Limits:
         best = m.best_pair(vs) if m.ceilings else None
         if best is None:
             return None
-        if self.cudnn.once_of(best[0]):
+        if self.cudnn.has_one_off(best[0]):
             return None  # a ladder of compiled points is a compile at every batch, and compiled refinement holds it
         pair, top = best
         by_batch: dict[int, float] = {}
@@ -159,7 +159,7 @@ class Limits:
             return None
         for pipe in ranked[1]:
             fixed = c.settings(vs, pipe)
-            if c.identity_state(vs, c.identity_of(fixed)) == "untried":
+            if c.state_of(vs, c.defining_values(fixed)) == "untried":
                 self.ask.notes.note(f"uncertain:{pipe.family}", f"stages: {self.ask.measured.pipe_name(pipe.family)}'s "
                                     f"supply is uncertain ({pipe.point:,.0f} imgs/s, up to {pipe.upper:,.0f}): run "
                                     "end to end as well")

@@ -94,9 +94,9 @@ class StagePlanner:
             parts.append(f"the model alone at {pair_label(first)} batch {m.ceiling_batch()}{cudnn}")
         if m.supplies:
             parts.append(f"the {m.decodes()[0]} pipeline alone" if not own_loader(m.base) else f"{OWN_LOADER} alone")
-        orders = [(d, d.order(m.choices(d.path), m.on_gpu)) for d in grid() if d.once_s is not None]
-        costly = "".join(f"; {d.word(o[-1])} against {d.word(o[0])} last, where the budget pays for its one-off cost"
-                         for d, o in orders if len(o) > 1)
+        orders = [(d, d.order(m.choices(d.path), m.on_gpu)) for d in grid() if d.one_off_s is not None]
+        costly = "".join(f"; {d.value_label(o[-1])} against {d.value_label(o[0])} last, where the budget pays for its "
+                         "one-off cost" for d, o in orders if len(o) > 1)
         return (f"stages: first the likeliest fastest — {', then '.join(parts)} — then end to end; further "
                 f"precisions, layouts, pipelines and batches only while they can raise the bound, within {share}"
                 f"{costly}; the sampler refines from the end-to-end trials")
@@ -112,7 +112,7 @@ class StagePlanner:
             if self.plan.spec.stages.enabled:
                 self.notes.note("none", "stages: not run: this job can measure neither the model alone nor its input "
                                         "pipeline alone; the sampler alone, from the baseline")
-                return self.refine.hold_once()
+                return self.refine.hold_one_off()
             return None
         self.spend.budget = budget = budget or Budget(trials=10 ** 6, left=10 ** 6)
         if any(s.get_trials(deepcopy=False, states=(TrialState.WAITING,)) for s in (self.study, self.parts)):
@@ -123,7 +123,7 @@ class StagePlanner:
             left = f"{budget.left} trial(s)" + (f" and {budget.left_s:.0f} s" if budget.left_s is not None else "")
             self.notes.note("small", f"stages: not run: {left} left, too little for the smallest staged plan "
                                      f"({self.spend.core_words()}, one end-to-end trial); the sampler alone")
-            return self.refine.hold_once()
+            return self.refine.hold_one_off()
         # Confirming the leaders comes before any further exploration: it runs only where the budget left pays for
         # no more than their runs again.
         for step in (self.first.ceiling, self.first.supply, self.candidates.candidates,
@@ -135,7 +135,7 @@ class StagePlanner:
                 return None
             if name:
                 return name
-        return self.refine.hold_once()
+        return self.refine.hold_one_off()
 
     def request_key(self, stage_name: Stage, overrides: dict[str, Any]) -> tuple:
         """What makes two requests the same measurement (``Measured.request_key``)."""

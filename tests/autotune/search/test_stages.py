@@ -429,9 +429,9 @@ def test_a_compile_the_trial_timeout_or_the_time_left_cannot_pay_for_is_not_meas
     vs = view.views(r.study)
     dim, order = planner_dim("training.compile"), [False, True]
     planner.spend.budget = Budget(trials=30, left=20, seconds=400.0, left_s=100.0, parts_run=3, parts_s=30.0)
-    assert planner.spend.affords_once(vs, dim, order, 1)  # 60 s of compile, 10 s of measurement, 2 x 10 s after it
+    assert planner.spend.affords_one_off(vs, dim, order, 1)  # 60 s of compile, 10 s of measurement, 2 x 10 s after it
     planner.spend.budget = Budget(trials=30, left=20, seconds=400.0, left_s=80.0, parts_run=3, parts_s=30.0)
-    assert not planner.spend.affords_once(vs, dim, order, 1)
+    assert not planner.spend.affords_one_off(vs, dim, order, 1)
     assert any("its first run costs about 60 s more (a prior: no compile of its graph is recorded on this machine), "
                "and the 80 s left cannot pay for it" in n for n in planner.take_notes())
 

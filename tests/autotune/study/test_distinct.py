@@ -1,6 +1,6 @@
 """The search's sampler does not draw again a configuration a trial ran: the DALI refine trials of the 1xH200 search
-``s10`` (its trials 0-16 as they ran, the best's identity held as the refine stage holds it), asked for one more
-draw under 20 seeds."""
+``s10`` (its trials 0-16 as they ran, the best's defining settings held as the refine stage holds them), asked for one
+more draw under 20 seeds."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from autotune.study.distinct import DistinctSampler
 from autotune.study.setup import make_sampler
 
 HELD = {"training.batch_size": 512, "training.precision": "fp16", "training.compile": True, "data.decode": "dali"}
-"""The identity and graph settings the refine stage held (the rest of s10's were at their one value)."""
+"""The defining and graph settings the refine stage held (the rest of s10's were at their one value)."""
 
 SPACE = {"training.batch_size": CategoricalDistribution((64, 128, 256, 512)),
          "training.precision": CategoricalDistribution(("fp32", "bf16", "fp16")),
