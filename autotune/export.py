@@ -68,9 +68,9 @@ def pareto_front(trials: list[TrialView]) -> list[TrialView]:
 def pick_trial(study, pick: str = "best") -> TrialView:
     """``best``: the objective's best (pareto: the fastest on the front); ``fastest``: max imgs/s; ``util``: max
     utilization on the front; ``balanced``: the front's best product of normalized imgs/s and util; or a trial
-    number. A configuration run more than once is picked by its runs combined (``view.answers``)."""
+    number. A configuration run more than once is picked by its runs combined (``view.configurations``)."""
     trials = view.views(study)
-    ok = view.answers(trials)
+    ok = view.configurations(trials)
     if pick.isdigit():
         match = [v for v in trials if v.number == int(pick) and not v.part]
         if not match:
@@ -276,7 +276,7 @@ def record_remeasure(study, trial: TrialView, data: dict[str, Any], s: dict[str,
                                    "ci_half_width": base.half_width}
     data["autotune"]["measured"]["remeasured"] = again
     line = (f"re-measured in a fresh process: {fmt_interval(fresh.value, fresh.half_width, per)} = {ratio:.1%} of "
-            f"the search's {fmt_interval(searched.value, searched.half_width)}{view.runs_words(trial, per)}")
+            f"the search's {fmt_interval(searched.value, searched.half_width)}{view.describe_runs(trial, per)}")
     if fresh.ties(searched):
         line += ": inside its interval"
     elif agrees:

@@ -32,7 +32,7 @@ def fmt_ratio(r: Interval) -> str:
     return f"{r.value:.2f}x {fmt_pm(r.half_width)}"
 
 
-def gain_words(best: Interval, base: Interval) -> str:
+def describe_gain(best: Interval, base: Interval) -> str:
     """What a ratio to the baseline says, honestly: the ratio with its uncertainty, and where the intervals overlap,
     that the two are a tie (no gain the noise does not explain)."""
     ratio = best.over(base)

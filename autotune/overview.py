@@ -40,7 +40,7 @@ def why_failed(cls: str | None, message: str | None) -> str:
     return msg if msg.split(" ", 1)[0].rstrip(":") == cls else f"{cls}: {msg}"
 
 
-def loss_words(attrs: dict) -> str:
+def describe_loss(attrs: dict) -> str:
     """The loss over the measured windows (``fmt_loss``), with a word when it rose: a fast figure of a run whose loss
     went up is a figure of a run that may not be learning."""
     text = fmt_loss(attrs)
@@ -132,7 +132,7 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
         out.append(("what limits it", f"the model's compute on the {devices}: the data is synthetic (made on the "
                                       "device), so no input pipeline takes part"))
     elif top is not None and feed is not None:
-        out.append(("what limits it", limit_words(best, top, feed, decode, devices, per)))
+        out.append(("what limits it", describe_limit(best, top, feed, decode, devices, per)))
     elif top is not None:
         share = ceiling_share(best.interval, top.interval) if best is not None else None
         reach = ("" if best is None else f"; the tuned configuration reaches {share:.0%} of it" if share is not None
@@ -156,7 +156,7 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     where = f" --study {study.study_name}" + (f" --storage {storage}" if storage else "")
     out.append(("run it", f"`autotune export best.yaml{where}` (measures it again in a fresh process), then "
                           "`autotune train --config best.yaml`"))
-    sure = sure_words(best)
+    sure = describe_certainty(best)
     again = remeasures(study).get(best.number)
     if again and again.get("imgs_per_s") is not None:
         sure += (f"; in a fresh process it measured {fmt_interval(again['imgs_per_s'], again.get('ci_half_width'))}"
@@ -191,7 +191,7 @@ def feed_of(trials: list[TrialView], best: TrialView) -> Pipe | None:
     return pipe_for(trials, decode, best.setting("data.hybrid_cpu_fraction") if decode == "hybrid" else None)
 
 
-def limit_words(best: TrialView, top: TrialView, pipe: Pipe, decode: str, devices: str, per: str) -> str:
+def describe_limit(best: TrialView, top: TrialView, pipe: Pipe, decode: str, devices: str, per: str) -> str:
     """What limits a job whose model alone (``top``, the ceiling) and input pipeline alone (``feed``, its supply)
     were measured, with the fix where there is one: the pipeline, when it feeds less than the model takes; the GPUs'
     time, when the pipeline decodes on them and its decode beside the model's steps takes a share of each sample
@@ -229,7 +229,7 @@ def limit_words(best: TrialView, top: TrialView, pipe: Pipe, decode: str, device
             f"{fmt_ips(best.imgs_per_s)}, {best.imgs_per_s / ceiling:.0%} of that")
 
 
-def sure_words(v: TrialView) -> str:
+def describe_certainty(v: TrialView) -> str:
     """How sure a figure is: its interval and what it stands on."""
     if v.half_width is None:
         return "its figure has no interval (measured before intervals were)"
@@ -241,7 +241,7 @@ def sure_words(v: TrialView) -> str:
         text += f", the first {a['steady_start']} windows left out as warm-up"
     text += ")"
     if len(a.get(view.RUNS) or []) > 1:
-        text += "; its runs combined" + view.runs_words(v)
+        text += "; its runs combined" + view.describe_runs(v)
     if imprecise(v):
         text += "; wider than the precision asked: it reached its time cap (measure.max_s) first"
     return text
@@ -288,7 +288,7 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         note = fmt_params(v.shown(searched), 90)
         if v.failure_class and v.outcome != Outcome.PRUNED:
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
-        # The best is an answer (``view.answers``): a configuration run more than once is a new view of its first run.
+        # The best is a configuration (``view.configurations``): one run more than once is a new view of its first run.
         starred = best is not None and not v.part and v.number == best.number
         mark = ("*" if starred else "") + (BELOW if not v.part and v.number in below else "")
         rows.append((f"{v.label}{mark}", v.stage,

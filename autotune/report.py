@@ -30,7 +30,7 @@ from typing import Any
 
 from autotune.formatting import fmt_interval, fmt_ips, plural
 from autotune.outputs import write_atomic
-from autotune.overview import conclusions, fmt_loss, headline, loss_words
+from autotune.overview import conclusions, describe_loss, fmt_loss, headline
 from autotune.study import view
 from autotune.study.found import found
 from autotune.study.view import Outcome, Stage, finite
@@ -551,7 +551,7 @@ def _header(study, rows: list[TrialRow], storage_url: str | None) -> str:
     if best is not None:
         util = f"; {best.util:.0f} % util" if best.util is not None else ""
         items.append(("fastest", f"{found(trials, view.rate(study))}{util}; loss over its windows "
-                                 f"{loss_words(best.attrs)}"))
+                                 f"{describe_loss(best.attrs)}"))
     where = (f"{fp.get('gpu_count')} × {fp.get('gpu_model')}" if fp.get("gpu_count") else
              f"CPU ({study.user_attrs.get('nproc_per_node', '?')} gloo ranks)")
     if fp.get("driver"):

@@ -104,7 +104,7 @@ RETIRED = {"pruner": ("tolerance", "min_windows")}
 @dataclass(kw_only=True)
 class PrunerSpec:
     kind: Literal["best", "none"] = "best"
-    """``best``: stop an end-to-end trial as soon as its figure's interval lies below the best answer's (racing:
+    """``best``: stop an end-to-end trial as soon as its figure's interval lies below the best configuration's (racing:
     it is measurably slower); a draw whose measured ceiling or supply reaches no higher than the bottom of the
     best's interval is not launched. Infeasible, failed and pruned trials never set the bar, and stage measurements,
     the baseline and confirmations are never pruned (``autotune.study.pruning``). ``none``: every trial measures to

@@ -39,9 +39,9 @@ CPU_DECODE = ("pil", "torchvision-cpu")
 
 
 def picks(trials: list[view.TrialView]) -> dict[str, view.TrialView]:
-    """The best answer (a configuration run more than once at the mean of its runs: ``view.answers``), then the
+    """The best configuration (one run more than once at the mean of its runs: ``view.configurations``), then the
     best of each decode kind that is not already picked."""
-    ok = sorted(view.answers(trials), key=lambda v: -v.imgs_per_s)
+    ok = sorted(view.configurations(trials), key=lambda v: -v.imgs_per_s)
     chosen: dict[str, view.TrialView] = {}
     if ok:
         chosen["best"] = ok[0]

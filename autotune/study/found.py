@@ -1,6 +1,6 @@
-"""What a study found, in the one sentence the search's last line, ``show`` and the report share: the fastest answer
-with its interval and its ratio to the baseline, said as the intervals allow (a gain inside the noise is no gain, and
-configurations whose intervals overlap are a tie)."""
+"""What a study found, in the one sentence the search's last line, ``show`` and the report share: the fastest
+configuration with its interval and its ratio to the baseline, said as the intervals allow (a gain inside the noise is
+no gain, and configurations whose intervals overlap are a tie)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ def found(trials: list[TrialView], per: str = "imgs/s", *, share: str = "") -> s
     best, base = view.fastest(trials), view.baseline(trials)
     if best is None:
         return "none yet"
-    figure = f"{fmt_interval(best.imgs_per_s, best.half_width, per)}{view.runs_words(best, per)}{share}"
+    figure = f"{fmt_interval(best.imgs_per_s, best.half_width, per)}{view.describe_runs(best, per)}{share}"
     if base is not None and (best.baseline or best.interval.ties(base.interval)):
         if best.baseline:
-            return f"no configuration measurably faster than the baseline on this machine: {baseline_words(base)}"
+            return f"no configuration measurably faster than the baseline on this machine: {describe_baseline(base)}"
         return (f"no configuration measurably faster than the baseline on this machine: the fastest, trial "
-                f"{best.label} ({figure}), is a tie with {baseline_words(base)}, their intervals overlapping")
+                f"{best.label} ({figure}), is a tie with {describe_baseline(base)}, their intervals overlapping")
     text = f"trial {best.label}, {figure}"
     if base is not None:
-        text += f", {fmt_ratio(best.interval.over(base.interval))} {baseline_words(base)}"
+        text += f", {fmt_ratio(best.interval.over(base.interval))} {describe_baseline(base)}"
     others = [a for a in view.tied(trials) if a is not best]
     if others:
         text += ("; a tie with " + ", ".join(f"trial {a.label} ({fmt_interval(a.imgs_per_s, a.half_width)})"
@@ -33,9 +33,9 @@ def found(trials: list[TrialView], per: str = "imgs/s", *, share: str = "") -> s
     return text
 
 
-def baseline_words(base: TrialView) -> str:
+def describe_baseline(base: TrialView) -> str:
     """The baseline as a line names it, with its figure: trial 0, or trial 0 with its re-measures in fresh
     processes, combined (``trial 0 (the baseline, 1,681 ± 1.5 %)``)."""
-    runs = view.runs_words(base)
+    runs = view.describe_runs(base)
     return (f"trial {base.label}" + (" with its re-measure" if runs else "") + " (the baseline, "
             f"{fmt_interval(base.imgs_per_s, base.half_width)}{runs.replace(' (', '; ', 1)[:-1] if runs else ''})")

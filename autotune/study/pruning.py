@@ -4,11 +4,11 @@ A percentile pruner keeps only the top share of trials at each window, and its s
 reported windows, also the ones later ruled infeasible: it stops trials that are well above the best complete
 feasible trial whenever others reported faster windows.
 
-``BestFeasiblePruner`` compares a trial with one thing only: the interval of the best answer (``autotune.study.view
-.answers``: a feasible, complete, end-to-end configuration, its runs combined). While a trial measures, each window
-brings its running estimate and interval (``trainer.estimate``); once that interval lies entirely below the best's
-(``Interval.below``), the trial is measurably slower and more windows would only narrow an answer already known. A
-trial whose interval still overlaps the best's runs on: it may be a tie, or the faster.
+``BestFeasiblePruner`` compares a trial with one thing only: the interval of the best configuration
+(``autotune.study.view.configurations``: feasible, complete, end to end, its runs combined). While a trial measures,
+each window brings its running estimate and interval (``trainer.estimate``); once that interval lies entirely below the
+best's (``Interval.below``), the trial is measurably slower and more windows would only narrow a figure already known
+to lose. A trial whose interval still overlaps the best's runs on: it may be a tie, or the faster.
 
 What a trial reports (``autotune.search.evaluate.Watch``): at each window with an estimate, the estimate as Optuna's
 intermediate value and the interval as the ``live_interval`` system attr ([imgs/s, half-width]). A pruned trial's
@@ -23,7 +23,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.study.view import MEASUREMENT_STAGES, Stage, TrialView, answers
+from autotune.study.view import MEASUREMENT_STAGES, Stage, TrialView, configurations
 from trainer.estimate import Interval
 
 LIVE_INTERVAL = "autotune:live_interval"
@@ -45,8 +45,8 @@ class BestFeasiblePruner(optuna.pruners.BasePruner):
 
 
 def best_feasible(study: optuna.Study) -> Interval | None:
-    """The interval of the best answer (``view.answers``: a configuration run more than once at its runs combined);
-    None before there is one."""
+    """The interval of the best configuration (``view.configurations``: one run more than once at its runs
+    combined); None before there is one."""
     done = [TrialView.of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    best = max(answers(done), key=lambda v: v.imgs_per_s, default=None)
+    best = max(configurations(done), key=lambda v: v.imgs_per_s, default=None)
     return best.interval if best is not None else None

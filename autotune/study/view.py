@@ -3,8 +3,8 @@ what it measured, and which trials count — feasible, the best, the baseline, t
 
 A trial's stage (``Stage``) says what it measured, its outcome (``Outcome``) how it ended. ``ceiling`` (the model
 on synthetic data), ``supply`` (an input pipeline alone, no model) and ``image_loader`` (the project's pipeline on a
-user's script's image folder) are measurements of the parts, not training configurations: they never count as an
-answer. They live in a companion Optuna study of the same storage, ``<study>.parts`` (``parts_name``), so that
+user's script's image folder) are measurements of the parts, not training configurations: they never count as one.
+They live in a companion Optuna study of the same storage, ``<study>.parts`` (``parts_name``), so that
 everything that reads the main study with Optuna's own tools — optuna-dashboard's best, history and importances,
 ``optuna best-trial``, the sampler — sees end-to-end trials only. ``views(study)`` merges both, in the order they ran:
 a part is labelled ``p<N>`` (its number in the parts study), an end-to-end trial by its number. Every other stage
@@ -12,9 +12,9 @@ a part is labelled ``p<N>`` (its number in the parts study), an end-to-end trial
 
 (Studies made before the parts study held their stage measurements in the main study; they read the same.)
 
-A configuration run more than once (``confirm``: the search's last trials run its leaders again) is one answer: its
-figure combines its runs (``combined``), and the best is picked among answers, not single runs. Every figure is an
-estimate with its 95 % interval (``trainer.estimate``): ``TrialView.interval``.
+A configuration run more than once (``confirm``: the search's last trials run its leaders again) counts once
+(``configurations``): its figure combines its runs (``combined``), and the best is picked among configurations, not
+single runs. Every figure is an estimate with its 95 % interval (``trainer.estimate``): ``TrialView.interval``.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class TrialView:
 
     @property
     def feasible(self) -> bool:
-        """A complete end-to-end measurement: a candidate answer."""
+        """A complete end-to-end measurement: a configuration that may be the best."""
         return self.outcome == Outcome.MEASURED and self.imgs_per_s is not None
 
     @property
@@ -288,22 +288,22 @@ def feasible(trials: list[TrialView]) -> list[TrialView]:
 
 
 def fastest(trials: list[TrialView]) -> TrialView | None:
-    """The fastest answer (``answers``): a configuration run more than once stands at the figure of its runs."""
-    return max(answers(trials), key=lambda v: v.imgs_per_s, default=None)
+    """The fastest configuration (``configurations``): one run more than once stands at the figure of its runs."""
+    return max(configurations(trials), key=lambda v: v.imgs_per_s, default=None)
 
 
 def tied(trials: list[TrialView]) -> list[TrialView]:
-    """The answers that tie with the fastest (their intervals overlap its), the fastest first; the baseline never
+    """The configurations that tie with the fastest (their intervals overlap its), the fastest first; the baseline never
     counts as one."""
     best = fastest(trials)
     if best is None:
         return []
-    return sorted((a for a in answers(trials) if a is best or (not a.baseline and a.interval.ties(best.interval))),
-                  key=lambda a: -a.imgs_per_s)
+    return sorted((c for c in configurations(trials)
+                   if c is best or (not c.baseline and c.interval.ties(best.interval))), key=lambda c: -c.imgs_per_s)
 
 
 RUNS = "runs"
-"""The attr of an answer run more than once (``answers``): each run's trial number, figure and interval
+"""The attr of a configuration run more than once (``configurations``): each run's trial number, figure and interval
 ([number, imgs/s, half-width]), in the order they ran."""
 
 FLOOR = 0.002
@@ -323,20 +323,20 @@ def combined(runs: list[TrialView]) -> Interval:
     return Interval(value, max(within, (max(values) - min(values)) / 2 / value))
 
 
-def answers(trials: list[TrialView]) -> list[TrialView]:
+def configurations(trials: list[TrialView]) -> list[TrialView]:
     """The feasible end-to-end trials, one per configuration: a configuration run more than once (``_same_config``)
     is its first trial with its runs ``combined`` as its figure (``imgs_per_s``, ``half_width``, ``value``, ``util``;
     ``attrs[RUNS]`` lists them). The fastest of several near-identical single runs is the top of a noisy draw, so a
     figure that picks the best combines runs where there are several. Trial 0 and its re-measures in fresh
-    processes are one answer too, ``baseline``: the figure every gain is a ratio to."""
+    processes are one configuration too, ``baseline``: the figure every gain is a ratio to."""
     groups: dict[str, list[TrialView]] = {}
     for v in feasible(trials):
         if v.end_to_end:
             groups.setdefault(Stage.BASELINE if v.baseline else _same_config(v), []).append(v)
-    return [_answer(runs) for runs in groups.values()]
+    return [_as_one(runs) for runs in groups.values()]
 
 
-def _answer(runs: list[TrialView]) -> TrialView:
+def _as_one(runs: list[TrialView]) -> TrialView:
     first = runs[0]
     if len(runs) == 1:
         return first
@@ -369,8 +369,8 @@ def searched(trials: list[TrialView]) -> list[str]:
     return [path for path in table().knobs if path in drawn]
 
 
-def runs_words(v: TrialView, per: str = "imgs/s") -> str:
-    """What an answer run more than once stands on, for the line that gives its figure (``" (trials 13 and 25:
+def describe_runs(v: TrialView, per: str = "imgs/s") -> str:
+    """What a configuration run more than once stands on, for the line that gives its figure (``" (trials 13 and 25:
     6,848 ± 1.1 % / 6,612 ± 1.4 % imgs/s)"``); "" for a single run."""
     runs = v.attrs.get(RUNS) or []
     if len(runs) < 2:
@@ -384,7 +384,7 @@ def baseline(trials: list[TrialView]) -> TrialView | None:
     """Trial 0 as measured (None until it is): trial 0, or with its re-measures in fresh processes (where its
     interval stayed wider than the target), their runs ``combined``."""
     runs = [v for v in feasible(trials) if v.baseline]
-    return _answer(runs) if runs else None
+    return _as_one(runs) if runs else None
 
 
 def stage(trials: list[TrialView], name: Stage) -> list[TrialView]:

@@ -79,7 +79,7 @@ def test_same_global_batch_keeps_the_lr(tmp_path):
 
 
 def test_pareto_picks_from_the_front():
-    # Four configurations (a configuration run twice would be one answer at the mean of its runs).
+    # Four configurations (a configuration run twice would count once, at the mean of its runs).
     rows = [(64, 1700.0, 59.0, None), (256, 3200.0, 46.0, None), (64, 2000.0, 40.0, None), (128, 2600.0, 80.0, None)]
     study = make_study("pareto", rows)
     assert [v.number for v in export.pareto_front(view.feasible(view.views(study)))] == [1, 3]
@@ -181,7 +181,7 @@ def test_a_configuration_run_twice_is_exported_and_checked_at_its_runs_combined(
 
 def test_trial_0_measured_twice_is_one_answer_its_runs_combined():
     study = make_study("throughput", [(64, 1000.0, None, None), (128, 900.0, None, None)], stage="baseline")
-    (only,) = view.answers(view.views(study))
+    (only,) = view.configurations(view.views(study))
     base = view.baseline(view.views(study))
     assert only.imgs_per_s == base.imgs_per_s == pytest.approx(950.0) and base.half_width == pytest.approx(50 / 950)
 
@@ -190,16 +190,16 @@ def test_a_precise_run_counts_for_more_than_a_wide_one():
     study = make_study("throughput", [(64, 1000.0, None, None), (256, 3300.0, None, None), (256, 3100.0, None, None)])
     widths = {1: 0.05, 2: 0.01}  # trial 1 reached its time cap at ± 5 %, trial 2 came within ± 1 %
     vs = [dataclasses.replace(v, half_width=widths.get(v.number, v.half_width)) for v in view.views(study)]
-    (best,) = [a for a in view.answers(vs) if not a.baseline]
+    (best,) = [a for a in view.configurations(vs) if not a.baseline]
     assert best.imgs_per_s == pytest.approx((3300 / 25 + 3100) / (1 / 25 + 1))  # weights 1 / 0.05² and 1 / 0.01²
     assert best.half_width == pytest.approx(100 / best.imgs_per_s)  # half their range: they disagree
 
 
 def test_the_runs_of_an_answer_read_at_the_tables_precision():
-    """A CPU study's answer named its runs "(75)": the table gives 75.3."""
+    """A CPU study's best configuration named its runs "(75)": the table gives 75.3."""
     study = make_study("throughput", [(64, 60.0, None, None), (256, 75.3, None, None), (256, 68.5, None, None)])
-    (best,) = [a for a in view.answers(view.views(study)) if not a.baseline]
-    assert view.runs_words(best) == " (trials 1 and 2: 75.3 ± 1.0 % / 68.5 ± 1.0 % imgs/s)"
+    (best,) = [a for a in view.configurations(view.views(study)) if not a.baseline]
+    assert view.describe_runs(best) == " (trials 1 and 2: 75.3 ± 1.0 % / 68.5 ± 1.0 % imgs/s)"
 
 
 def test_show_marks_the_best_when_its_figure_is_the_mean_of_its_runs():

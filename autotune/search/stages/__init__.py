@@ -51,9 +51,9 @@ what is known and enqueues the next thing worth running, in this order (``StageP
    precision, layout and batch) or supply reaches no higher than the bottom of the best's interval is not launched
    (``bound``): it is told to Optuna as pruned, so the sampler learns it, and costs no trial of the budget.
 11. **confirm** — when the budget left pays for no more than that, and only where the best's interval overlaps
-   other answers', each tied leader (at most ``CONFIRM_TOP``) runs once more, before any step from 5 on: the best is
-   named by its runs combined (``autotune.study.view.answers``), not by the luckiest of several single runs, and
-   leaders that still overlap are named a tie.
+   other configurations', each tied leader (at most ``CONFIRM_TOP``) runs once more, before any step from 5 on: the
+   best is named by its runs combined (``autotune.study.view.configurations``), not by the luckiest of several single
+   runs, and leaders that still overlap are named a tie.
 
 **The budget.** Measurements of parts spend at most ``PARTS_SHARE`` of this search's trials and of its time (the
 first ceiling and supply excepted): the rest is end to end. A budget too small for the first ceiling, the first

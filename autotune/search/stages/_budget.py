@@ -55,7 +55,7 @@ class Spend:
             steps.append(Stage.SUPPLY)
         return steps
 
-    def core_words(self) -> str:
+    def describe_core(self) -> str:
         return ", ".join({Stage.CEILING: "the model alone", Stage.SUPPLY: "a pipeline alone"}[s] for s in self.core())
 
     def core_fits(self, budget: Budget, extra: int = 0, vs: list[TrialView] | None = None) -> bool:

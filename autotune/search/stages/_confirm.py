@@ -2,8 +2,8 @@
 best stands on more than one run.
 
 Configurations whose intervals overlap cannot be told apart by one run each, and the fastest of them is the top of
-that draw: a fresh run of it falls back towards the others. Where the best answer's interval overlaps another
-answer's (``view.tied``), each tied leader, at most ``CONFIRM_TOP`` of them, runs once more when the budget left pays
+that draw: a fresh run of it falls back towards the others. Where the best configuration's interval overlaps
+another's (``view.tied``), each tied leader, at most ``CONFIRM_TOP`` of them, runs once more when the budget left pays
 for no more than those runs; their runs are combined (``view.combined``), and leaders that still tie are named a
 tie. Where the best stands clear of the rest, nothing is run again: its interval already says it is the fastest.
 """
@@ -26,8 +26,8 @@ class Confirm:
     ask: Ask
 
     def leaders(self, vs: list[TrialView]) -> list[TrialView]:
-        """The answers tied with the best (their intervals overlap its), the best among them, fastest first, at most
-        ``CONFIRM_TOP``; none where the best has no tie (the baseline never counts: it has its own re-measure)."""
+        """The configurations tied with the best (their intervals overlap its), the best among them, fastest first, at
+        most ``CONFIRM_TOP``; none where the best has no tie (the baseline never counts: it has its own re-measure)."""
         leaders = [a for a in tied(vs) if not a.baseline]
         return leaders[:CONFIRM_TOP] if len(leaders) > 1 else []
 

@@ -83,7 +83,7 @@ class StagePlanner:
             need = len(spend.core()) + 1
             self.notes.said_elsewhere("small")
             return (f"stages: not run: {budget.left} trial(s) left for them, fewer than the {need} the smallest staged "
-                    f"plan needs ({spend.core_words()}, one end-to-end trial); the sampler alone, from the baseline "
+                    f"plan needs ({spend.describe_core()}, one end-to-end trial); the sampler alone, from the baseline "
                     f"(--trials {budget.trials - budget.left + need} or more runs them)")
         first = m.pairs()[0]
         parts = []
@@ -122,7 +122,7 @@ class StagePlanner:
         if not started(vs) and not self.spend.core_fits(budget, vs=vs):
             left = f"{budget.left} trial(s)" + (f" and {budget.left_s:.0f} s" if budget.left_s is not None else "")
             self.notes.note("small", f"stages: not run: {left} left, too little for the smallest staged plan "
-                                     f"({self.spend.core_words()}, one end-to-end trial); the sampler alone")
+                                     f"({self.spend.describe_core()}, one end-to-end trial); the sampler alone")
             return self.refine.hold_one_off()
         # Confirming the leaders comes before any further exploration: it runs only where the budget left pays for
         # no more than their runs again.

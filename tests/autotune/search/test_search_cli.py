@@ -71,7 +71,7 @@ def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_co
     # One live worker ran nearly everything: a fresh one for trial 0 (and its re-measure, if unsettled).
     workers = {trial_attrs(t).get("worker") for t in trials + parts}
     assert len(workers) <= 4, workers
-    # Stage measurements are never answers: no Optuna parameter, and a folder of their own beside the trials'.
+    # Stage measurements are never configurations: no Optuna parameter, and a folder of their own beside the trials'.
     for t in parts:
         assert t.params == {} and t.constraints == {"failed": 0.0}
         assert Path(trial_attrs(t)["result_path"]).parent.name == f"part-{t.number}"
@@ -81,7 +81,7 @@ def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_co
         if t.state == S.PRUNED and not trial_attrs(t).get("pruned_before_launch"):
             assert max(t.intermediate_values.values()) < best and t.value == t.user_attrs["imgs_per_s"]
 
-    # The stock Optuna CLI reads the same storage, in rows a terminal can show, and sees answers only.
+    # The stock Optuna CLI reads the same storage, in rows a terminal can show, and sees configurations only.
     optuna_cli = shutil.which("optuna", path=str(Path(sys.executable).parent)) or shutil.which("optuna")
     listed = subprocess.run([optuna_cli, "trials", "--study-name", "cpu-demo", "--storage",
                              storage, "-f", "json"], capture_output=True, text=True, cwd=tmp_path)
@@ -127,7 +127,7 @@ def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_co
     assert cfg.training.mode == "train" and cfg.training.epochs == 1
     doc = yaml.safe_load((tmp_path / "best.yaml").read_text())["autotune"]
     # The best answer: a configuration the search's last trials ran again stands at the mean of its runs.
-    best = max(view.answers(view.views(optuna.load_study(study_name="cpu-demo", storage=storage))),
+    best = max(view.configurations(view.views(optuna.load_study(study_name="cpu-demo", storage=storage))),
                key=lambda v: v.value)
     assert doc["trial"] == best.number and doc["measured"]["imgs_per_s"] == pytest.approx(best.value)
     assert doc["measured"].get("runs") == best.attrs.get(view.RUNS)

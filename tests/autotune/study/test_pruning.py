@@ -1,4 +1,4 @@
-"""The pruner races intervals: a trial stops once its interval lies below the best answer's, never while the two
+"""The pruner races intervals: a trial stops once its interval lies below the best configuration's, never while the two
 overlap; a pruned trial's stored value is the figure it shows."""
 
 from __future__ import annotations
