@@ -11,7 +11,7 @@ import sys
 import yaml
 
 from trainer.config import ConfigError, TrainConfig
-from trainer.lifeline import die_with_parent, stacks_on_sigterm
+from trainer.exit_signals import die_with_parent, stacks_on_sigterm
 from trainer.protocol import ResultWriter, error_record
 
 

@@ -4,8 +4,9 @@ tracked so that all of it can be killed, and the JSON-lines stream it writes, ta
 torchrun starts each rank in a session of its own, so "the process" of a run is the set of groups of torchrun, its
 ranks and their DataLoader workers: all get SIGTERM, then SIGKILL, and the launcher checks that none is left. If the
 launcher itself dies (even by SIGKILL, which runs no clean-up), nothing of the run outlives it: the command is started
-with a parent-death signal (``prctl(PR_SET_PDEATHSIG)``), each rank sets one towards torchrun (``trainer.lifeline``),
-and DataLoader workers exit when their rank is gone. No process left means no GPU memory held.
+with a parent-death signal (``prctl(PR_SET_PDEATHSIG)``), each rank sets one towards torchrun
+(``trainer.exit_signals``), and DataLoader workers exit when their rank is gone. No process left means no GPU memory
+held.
 """
 
 from __future__ import annotations

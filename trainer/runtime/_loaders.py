@@ -47,16 +47,16 @@ class Loaders:
               folder: dict[str, Any] | None) -> Batches:
         """A loader the script made, with the settings it applied (``applied``; ``before``: the run's record as it
         was): the run's training loader if it is the first; another (a validation loader, most often) records
-        nothing unless the steps report on its batches (``_adopt`` at the first report)."""
+        nothing unless the steps report on its batches (``_use_as_training_loader`` at the first report)."""
         batches.applied, batches.image_folder = applied, folder
         self._closables.append(batches.close)
         if self._loader is None:
-            self._adopt(batches)
+            self._use_as_training_loader(batches)
         else:
             self._applied = before
         return batches
 
-    def _adopt(self, batches: Batches) -> None:
+    def _use_as_training_loader(self, batches: Batches) -> None:
         """``batches`` is the training loader: its settings are the ones the run records."""
         for name in self._loader.applied if self._loader is not None else ():
             self._applied.pop(name, None)
@@ -64,7 +64,7 @@ class Loaders:
         self._applied.update(batches.applied)
         self._image_folder = batches.image_folder
 
-    def _foreign(self, batches: Batches) -> bool:
+    def _is_other_loader(self, batches: Batches) -> bool:
         """Whether ``batches`` is a loader the steps do not report on (a validation loader), once that is known."""
         return self.meter is not None and self._loader is not batches
 
@@ -262,7 +262,7 @@ class Batches:
             self._supply()  # ends the run (TrialDone)
         run._mark_ready()
         channels_last = bool(run._value("channels_last"))
-        if mode == "ceiling" and not run._foreign(self):
+        if mode == "ceiling" and not run._is_other_loader(self):
             first = self._counted(to_device(next(self._iter()), run.device, channels_last))
             while True:
                 run._feeding = self
@@ -281,7 +281,7 @@ class Batches:
         turn, from its last whole round to the next epoch's first, is marked for the meter (``Run._turn``); the
         first epoch's start is timed alone (``Run._first_start``)."""
         run = self._run
-        if run._foreign(self):  # a validation loader, once the steps report on another: no part of training
+        if run._is_other_loader(self):  # a validation loader, once the steps report on another: no part of training
             with run.meter.paused():
                 yield from self._iter()
             return
@@ -309,7 +309,7 @@ class Batches:
         figure; then the summary, and the trial ends. The loader the script iterates first is its training loader."""
         run = self._run
         if run._loader is not self:
-            run._adopt(self)
+            run._use_as_training_loader(self)
         run._mark_ready()
         meter = run.meter = run._meter(continuous=False, buffered=self.buffered)
         checksum = torch.zeros((), device=run.device)

@@ -83,7 +83,7 @@ class Reports:
         if own:
             raise ScriptError(own)
         if self._feeding is not None and self._feeding is not self._loader:
-            self._adopt(self._feeding)  # the steps report on another loader than the first made
+            self._use_as_training_loader(self._feeding)  # the steps report on another loader than the first made
         counted = getattr(self._loader, "first_samples", None)
         if self.in_search and counted is not None and counted != samples:
             # The loader alone (the supply) is measured in what the loader counts: it must be the report's unit.

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from trainer.apply import script_distributed
+from trainer.exit_signals import die_with_parent, stacks_on_sigterm
 from trainer.knobs import table
-from trainer.lifeline import die_with_parent, stacks_on_sigterm
 from trainer.meter import ThroughputMeter
 from trainer.protocol import ResultWriter, error_record
 from trainer.records import Dist, start_record
@@ -78,8 +78,8 @@ class Run(Settings, Loaders, Steps, Reports):
         self._pending = 0
         self._closables: list[Callable[[], None]] = []
         self._loader: Batches | None = None
-        """The training loader: the one the steps report on (``_adopt``); another (a validation loader) is passed
-        out of the meter's windows and cuts no epoch."""
+        """The training loader: the one the steps report on (``_use_as_training_loader``); another (a validation
+        loader) is passed out of the meter's windows and cuts no epoch."""
 
         self._feeding: Batches | None = None
         """The loader that handed out the latest batch: at the first report, the training loader."""

@@ -22,7 +22,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     """Ask the kernel to send ``sig`` to this process when its parent (the torchrun agent) exits. Returns whether
-    the lifeline is in place. Call it first thing: a rank orphaned before the call exits at once."""
+    the signal is set. Call it first thing: a rank orphaned before the call exits at once."""
     if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
         return False
     parent = os.getppid()
