@@ -27,6 +27,12 @@ def fmt_interval(x: float | None, half_width: float | None, per: str | None = No
     return f"{fmt_ips(x)} {fmt_pm(half_width)}" + (f" {per}" if per else "")
 
 
+def per_second(unit: str | None) -> str:
+    """The label of a rate in a job's unit: ``imgs/s`` for the built-in job's images, ``tokens/s`` for a script that
+    counts tokens."""
+    return "imgs/s" if unit in (None, "images") else f"{unit}/s"
+
+
 def fmt_ratio(r: Interval) -> str:
     """A ratio of two figures with its uncertainty: ``2.31x ± 2.6 %``."""
     return f"{r.value:.2f}x {fmt_pm(r.half_width)}"
@@ -39,6 +45,17 @@ def describe_gain(best: Interval, base: Interval) -> str:
     if best.ties(base):
         return f"{fmt_ratio(ratio)}: a tie with the baseline (their intervals overlap)"
     return f"{fmt_ratio(ratio)} the baseline"
+
+
+def fmt_loss(attrs: dict) -> str:
+    """A trial's loss over its measured windows, start -> end; "diverged" when it did not stay finite: a figure
+    without its loss says nothing about training."""
+    if attrs.get("loss_finite") is False:
+        return "diverged"
+    start, end = attrs.get("loss_start"), attrs.get("loss_end")
+    if end is None:
+        return "-"
+    return f"{start:.3g}->{end:.3g}" if start is not None else f"{end:.3g}"
 
 
 def fmt_value(v: Any) -> str:

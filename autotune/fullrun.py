@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from autotune.exceptions import AutotuneError, LaunchError, Terminated
-from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, plural
+from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, per_second, plural
 from autotune.hw.nvml import Nvml, Sampler, summarize
 from autotune.hw.placement import gpu_count, place, to_nvml, visible_entries
 from autotune.runner.process import LineReader, ProcessTree
 from autotune.runner.torchrun import Torchrun, merge_args, program, run_env
 from autotune.runner.trial import TrialRun, follow, steady_windows
 from autotune.space import uninstalled
-from autotune.study.view import per_second
 from autotune.verdict import FIXES, OK, Verdict, ending
 from trainer.config import TrainConfig, load_yaml_mapping
 from trainer.protocol import Failure, Kind, nccl_env_problems

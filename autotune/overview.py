@@ -9,23 +9,12 @@ from __future__ import annotations
 
 import statistics
 
-from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_params, fmt_pm, plural
+from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_loss, fmt_params, fmt_pm, plural
 from autotune.search.bounds import Pipe, ceiling_share, pair_label, pipe_for, point_of, trainable_ceiling
 from autotune.study import view
 from autotune.study.found import found
 from autotune.study.view import Outcome, Stage, TrialView
 from trainer.knobs import DALI_INSTALL
-
-
-def fmt_loss(attrs: dict) -> str:
-    """The loss over the measured windows, start -> end; "diverged" when it did not stay finite: a figure without
-    its loss says nothing about training."""
-    if attrs.get("loss_finite") is False:
-        return "diverged"
-    start, end = attrs.get("loss_start"), attrs.get("loss_end")
-    if end is None:
-        return "-"
-    return f"{start:.3g}->{end:.3g}" if start is not None else f"{end:.3g}"
 
 
 def why_failed(cls: str | None, message: str | None) -> str:

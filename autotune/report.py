@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.formatting import fmt_interval, fmt_ips, plural
+from autotune.formatting import fmt_interval, fmt_ips, fmt_loss, plural
 from autotune.outputs import write_atomic
-from autotune.overview import conclusions, describe_loss, fmt_loss, headline
+from autotune.overview import conclusions, describe_loss, headline
 from autotune.study import view
 from autotune.study.found import found
 from autotune.study.view import Outcome, Stage, finite

@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import verdict
+from autotune.formatting import per_second
 from autotune.hw.nvml import fingerprint
 from autotune.runner.pool import WorkerPool
 from autotune.search import script
@@ -66,7 +67,7 @@ class Engine:
         self.stale_after = plan.options.stale_after_s or STALE_AFTER_S
         self.stages = StagePlanner(plan=plan, study=study, parts=self.parts)
         self.progress = Progress(total=plan.trials, timeout_s=plan.timeout_s,
-                                 per=view.per_second(plan.script.unit if plan.script else None))
+                                 per=per_second(plan.script.unit if plan.script else None))
         self.t_start = time.monotonic()
         self.parts_run, self.parts_s = 0, 0.0
 

@@ -275,7 +275,7 @@ class Watch:
 def why_supply_stops(est: Interval, stop_when: dict[str, Any], *, per: str = "imgs/s") -> str | None:
     """Why a supply measurement may stop before its interval is tight, or None: its interval lies above ``above``
     (it feeds more than the model can take) or below ``below`` (out of reach of the best); ``per``: the job's rate
-    label (``view.per_second``)."""
+    label (``autotune.formatting.per_second``)."""
     if stop_when.get("above") is not None and est.low > stop_when["above"]:
         return f"above the ceiling ({stop_when['above']:,.0f} {per}): {est.low:,.0f} at the least"
     if stop_when.get("below") is not None and est.high < stop_when["below"]:

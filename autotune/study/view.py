@@ -29,7 +29,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.formatting import fmt_interval
+from autotune.formatting import fmt_interval, per_second
 from autotune.study.storage import CONFIG_KEY, parts_name, trial_attrs
 from trainer.estimate import Interval
 from trainer.knobs import table
@@ -390,12 +390,6 @@ def baseline(trials: list[TrialView]) -> TrialView | None:
 def stage(trials: list[TrialView], name: Stage) -> list[TrialView]:
     """The stage's complete measurements."""
     return [v for v in trials if v.stage == name and v.outcome == Outcome.PART and v.imgs_per_s is not None]
-
-
-def per_second(unit: str | None) -> str:
-    """The label of a rate in a job's unit: ``imgs/s`` for the built-in job's images, ``tokens/s`` for a script that
-    counts tokens."""
-    return "imgs/s" if unit in (None, "images") else f"{unit}/s"
 
 
 def rate(study) -> str:
