@@ -92,7 +92,7 @@ def image_loader_line(trials: list[TrialView], per: str = "imgs/s") -> str | Non
     pipeline, measured alone on the same folder (the ``image_loader`` stage), would feed more: both figures and the
     change to make, in one line; else None."""
     own = view.supplies(trials).get(view.OWN_LOADER)
-    theirs = max(view.stage(trials, Stage.IMAGE_LOADER), key=lambda v: v.imgs_per_s, default=None)
+    theirs = max(view.measurements(trials, Stage.IMAGE_LOADER), key=lambda v: v.imgs_per_s, default=None)
     top = trainable_ceiling(trials)
     if own is None or theirs is None or top is None or own.imgs_per_s >= top.imgs_per_s \
             or theirs.imgs_per_s <= own.imgs_per_s:

@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.search.compile_cache import paid_here
 from autotune.space import get_path
-from autotune.study.view import OWN_LOADER, Outcome, Stage, TrialView, feasible, own_loader, stage
+from autotune.study.view import OWN_LOADER, Outcome, Stage, TrialView, feasible, measurements, own_loader
 from autotune.verdict import NOT_ITS_FAULT
 from trainer.compile_costs import Paid
 from trainer.config import ConfigError
@@ -431,8 +431,8 @@ def trainable_ceiling(vs: list[TrialView]) -> TrialView | None:
     """The fastest measurement of the model alone at a point that trains it: what a tuned run can approach (a
     precision whose end-to-end runs all diverged is fast on synthetic data and reaches nothing)."""
     dead = untrainable(vs)
-    return max((v for v in stage(vs, Stage.CEILING) if not point_dead(dead, point_of(v))), key=lambda v: v.imgs_per_s,
-               default=None)
+    return max((v for v in measurements(vs, Stage.CEILING) if not point_dead(dead, point_of(v))),
+               key=lambda v: v.imgs_per_s, default=None)
 
 
 def pair_label(pair: tuple) -> str:

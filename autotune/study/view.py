@@ -387,9 +387,9 @@ def baseline(trials: list[TrialView]) -> TrialView | None:
     return _as_one(runs) if runs else None
 
 
-def stage(trials: list[TrialView], name: Stage) -> list[TrialView]:
-    """The stage's complete measurements."""
-    return [v for v in trials if v.stage == name and v.outcome == Outcome.PART and v.imgs_per_s is not None]
+def measurements(trials: list[TrialView], stage: Stage) -> list[TrialView]:
+    """The complete measurements of a stage that measures a part (``MEASUREMENT_STAGES``)."""
+    return [v for v in trials if v.stage == stage and v.outcome == Outcome.PART and v.imgs_per_s is not None]
 
 
 def rate(study) -> str:
@@ -405,7 +405,7 @@ def devices(study) -> str:
 
 def ceiling(trials: list[TrialView]) -> TrialView | None:
     """The fastest measurement of the model alone: what the devices can do."""
-    return max(stage(trials, Stage.CEILING), key=lambda v: v.imgs_per_s, default=None)
+    return max(measurements(trials, Stage.CEILING), key=lambda v: v.imgs_per_s, default=None)
 
 
 OWN_LOADER = "its own loader"
@@ -429,7 +429,7 @@ def pipeline(v: TrialView) -> str | None:
 def supplies(trials: list[TrialView]) -> dict[str, TrialView]:
     """Per input pipeline (``pipeline``: its decode path), its best supply measurement: what it can feed."""
     out: dict[str, TrialView] = {}
-    for v in stage(trials, Stage.SUPPLY):
+    for v in measurements(trials, Stage.SUPPLY):
         decode = pipeline(v)
         if decode not in out or v.imgs_per_s > out[decode].imgs_per_s:
             out[decode] = v
