@@ -4,6 +4,7 @@ uncertainty, a duration. One module, so that a figure reads the same in the sear
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trainer.estimate import Interval
@@ -17,7 +18,7 @@ def fmt_ips(x: float | None) -> str:
 
 def fmt_pm(half_width: float | None) -> str:
     """An interval's relative half-width: ``± 1.2 %`` (``± ?`` where none was measured)."""
-    return "± ?" if half_width is None else f"± {100 * half_width:.1f} %"
+    return "± ?" if half_width is None or not math.isfinite(half_width) else f"± {100 * half_width:.1f} %"
 
 
 def fmt_interval(x: float | None, half_width: float | None, per: str | None = None) -> str:

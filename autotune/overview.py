@@ -273,7 +273,8 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         if v.feasible and base:
             ratio = v.interval.over(base.interval)
             gain = f"{ratio.value:.2f}x" + ("=" if v.interval.ties(base.interval) and v is not base else "")
-        pm = f"{100 * v.half_width:.1f}%" + ("~" if imprecise(v) else "") if v.half_width is not None else "-"
+        pm = (f"{100 * v.half_width:.1f}%" if v.half_width is not None else "?" if v.precise is False else "-") \
+            + ("~" if imprecise(v) else "")
         note = fmt_params(v.shown(searched), 90)
         if v.failure_class and v.outcome != Outcome.PRUNED:
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"

@@ -125,9 +125,8 @@ class Estimate(Interval):
             "ci_low": round(self.low, 3) if known else None, "ci_high": round(self.high, 3) if known else None,
             "ci_half_width": round(self.half_width, 5) if known else None,
             "ci_batches": self.batches, "ci_batch_windows": self.batch_windows, "ci_lag1": round(self.lag1, 3),
-            "steady_start": self.start, "imgs_per_s_steady": round(self.steady, 3)}
-        if self.turn_s:
-            out.update(epoch_turns=self.turns, epoch_turn_s=round(self.turn_s, 4))
+            "steady_start": self.start, "imgs_per_s_steady": round(self.steady, 3),
+            "epoch_turns": self.turns, "epoch_turn_s": round(self.turn_s, 4)}
         return out
 
 

@@ -250,7 +250,7 @@ class Watch:
             return False
         self.windows += 1
         est = rec.get("estimate")
-        if est:
+        if est and not self.stopped:  # after the decision, the figure stays the one it was decided on
             self.latest = Interval(float(est["imgs_per_s"]), float(est["half_width"]))
         shown = self.latest or Interval(float(rec.get("imgs_per_s", 0.0)), 0.0)
         self.progress.window(self.trial.number, self.stage, self.windows, shown.value,

@@ -110,7 +110,8 @@ class Progress:
         util_txt = "util n/a" if util is None else f"util {util:.0f}%"
         best_txt = "best -"
         if best is not None:
-            gain = f" {fmt_ratio(best[1].over(baseline))}" if baseline else ""
+            # The baseline against itself is 1.00x exactly, whatever its interval.
+            gain = (f" {fmt_ratio(best[1].over(baseline))}" if best[1] != baseline else " 1.00x") if baseline else ""
             best_txt = f"best {fmt_ips(best[1].value)} (#{best[0]}{gain})"
         ips_txt = f"{fmt_interval(ips, half_width)} {self.per}" if ips is not None else ""
         eta = fmt_duration(self.eta()) if self.done < self.total else "-"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -168,8 +169,13 @@ class TrialView:
 
     @property
     def interval(self) -> Interval | None:
-        """Its figure with its interval (a figure measured without one reads as exact)."""
-        return Interval(self.imgs_per_s, self.half_width or 0.0) if self.imgs_per_s is not None else None
+        """Its figure with its interval. A figure of too few windows for an interval (``precise`` false, no
+        half-width) could be anything: its interval is unbounded; one of a study made before intervals reads as
+        exact."""
+        if self.imgs_per_s is None:
+            return None
+        half = self.half_width if self.half_width is not None else math.inf if self.precise is False else 0.0
+        return Interval(self.imgs_per_s, half)
 
     @property
     def precise(self) -> bool | None:
@@ -317,10 +323,23 @@ def combined(runs: list[TrialView]) -> Interval:
     in fresh processes differ by more than the noise inside one (where the process lands, its clocks), and that
     difference is the honest uncertainty then."""
     values = [v.imgs_per_s for v in runs]
-    weights = [1 / max(v.half_width or 0.0, FLOOR) ** 2 for v in runs]
-    value = sum(w * x for w, x in zip(weights, values, strict=True)) / sum(weights)
+    weights = _weights(runs)
+    if not sum(weights):  # no run had an interval: their mean, which could be anything
+        return Interval(statistics.fmean(values), math.inf)
+    value = _weighted(values, weights)
     within = 1 / sum(weights) ** 0.5
     return Interval(value, max(within, (max(values) - min(values)) / 2 / value))
+
+
+def _weights(runs: list[TrialView]) -> list[float]:
+    """Each run's weight in ``combined``: the inverse of its interval's relative variance (0 for a run without one)."""
+    halves = [v.interval.half_width for v in runs]
+    return [1 / max(h, FLOOR) ** 2 if math.isfinite(h) else 0.0 for h in halves]
+
+
+def _weighted(xs: list[float], weights: list[float]) -> float:
+    return sum(w * x for w, x in zip(weights, xs, strict=True)) / sum(weights) if sum(weights) else \
+        statistics.fmean(xs)
 
 
 def configurations(trials: list[TrialView]) -> list[TrialView]:
@@ -341,13 +360,16 @@ def _as_one(runs: list[TrialView]) -> TrialView:
     if len(runs) == 1:
         return first
     both = combined(runs)
-    values = [v.value for v in runs if v.value is not None]
+    # The objective's value weighs the runs as the figure does (throughput's value is the figure).
+    weights = _weights(runs)
+    valued = [(v.value, w) for v, w in zip(runs, weights, strict=True) if v.value is not None]
+    value = _weighted([x for x, _ in valued], [w for _, w in valued]) if valued else first.value
     utils = [v.util for v in runs if v.util is not None]
     util = statistics.fmean(utils) if utils else first.util
     attrs = {**first.attrs, "imgs_per_s": both.value, "ci_half_width": both.half_width, "util_mean": util,
              RUNS: [[v.number, v.imgs_per_s, v.half_width] for v in runs]}
-    return dataclasses.replace(first, imgs_per_s=both.value, half_width=both.half_width, util=util,
-                               value=statistics.fmean(values) if values else first.value, attrs=attrs)
+    return dataclasses.replace(first, imgs_per_s=both.value, half_width=both.half_width, util=util, value=value,
+                               attrs=attrs)
 
 
 SAME_CONFIG_IGNORES = ("name", "output_dir")

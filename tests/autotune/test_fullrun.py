@@ -72,7 +72,7 @@ def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
     assert "2 gloo rank(s) on the CPU" in out
     assert "epoch 1: val top1" in out and "epoch 2: val top1" in out
     assert "NVML utilization unavailable (no GPU)" in out
-    assert "autotune train: measured: " in out and " imgs/s (median of " in out  # the export measures
+    assert "autotune train: measured: " in out and " imgs/s (95 % interval" in out  # the export measures
     # Set against the figure the export said to trust: its fresh-process re-measure (the search's, without one).
     again = exported["measured"].get("remeasured") or {}
     trusted = again.get("imgs_per_s") or exported["measured"]["imgs_per_s"]
@@ -139,7 +139,7 @@ def test_report_of_the_real_search(search_dir, tmp_path):
     r = autotune("report", "--study", "cpu-demo", "--out", str(tmp_path / "r.html"), cwd=search_dir, env=UNBUFFERED)
     assert r.returncode == 0, r.stdout + r.stderr
     page = (tmp_path / "r.html").read_text()
-    for div in ("plot-history", "plot-spread"):
+    for div in ("plot-history", "plot-intervals"):
         assert f'id="{div}"' in page
     assert 'id="empty-util"' in page and "utilization is recorded as unavailable" in page  # CPU study
 

@@ -76,9 +76,10 @@ def test_each_setting_of_a_trial_reaches_the_script_and_its_steps_are_measured(t
     # The meter counts optimizer steps, each of 2 micro-batches of 4 images on each of 2 ranks.
     assert all(w["images"] == w["steps"] * 2 * 4 * 2 for w in windows)
     # Told to stop, the script broke out of its loop at once: its micro-steps are the meter's optimizer steps
-    # (discarded and measured) times 2, and it ran more than its 2 epochs (run.epochs goes on until measured).
+    # (discarded and measured) times 2 (one step more where the measurement ended as an epoch's turn began: the script
+    # learns it at its next report), and it ran more than its 2 epochs (run.epochs goes on until measured).
     measured = of(records, "warmup_done")[0]["steps"] + sum(w["steps"] for w in windows)
-    assert seen["steps"] == 2 * measured
+    assert 2 * measured <= seen["steps"] <= 2 * (measured + 1)
 
 
 def test_the_supply_mode_measures_the_loader_alone_and_the_ceiling_mode_replays_one_batch(tmp_path):

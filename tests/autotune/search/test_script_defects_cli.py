@@ -220,32 +220,34 @@ def test_a_script_that_starts_its_own_process_group_runs_as_a_function_or_is_tol
 # ---- the epochs of a script's own loader, restarted every epoch -------------------------------------------------
 
 
-def test_the_short_epochs_of_a_scripts_loader_are_its_windows_cut_on_the_same_step_on_every_rank(tmp_path):
+def test_the_turns_of_a_scripts_short_epochs_are_windows_of_their_own_on_the_same_step_on_every_rank(tmp_path):
     epochs = tmp_path / "epochs.txt"
-    # 64 images, batch 4, 2 ranks: 8 batches an epoch from 2 workers started anew each epoch, 4 rounds: too few
-    # between two turns for two windows of whole rounds, so each window is whole epochs.
+    # 64 images, batch 4, 2 ranks: 8 batches an epoch from 2 workers started anew each epoch, in rounds of 2. Each
+    # turn, from the epoch's end (a whole last round: nothing of it left) through the next epoch's first round, is a
+    # window of its own, cut on the same steps on every rank (or a rank would wait on a collective forever).
     code, records, out = torchrun_request(tmp_path, "short", Request(mode="measure", measure=MEASURE,
                                                                      settings={"batch_size": 4, "num_workers": 2}),
                                           env={"SEGMENT_EPOCHS": str(epochs)})
-    assert code == 0, out[-3000:]  # no rank waited on a collective another rank never made
+    assert code == 0, out[-3000:]
     summary = next(r for r in records if r["kind"] == "summary")
     windows = [r for r in records if r["kind"] == "window"]
-    assert summary["epoch_windows"] and "epoch_start_s" not in summary, summary
-    assert windows and all(w["steps"] == 8 * w["epochs"] and not w["paused_s"] for w in windows), windows
-    # Cut at each epoch's start (just after the script's loop notes it): a window of n epochs holds the next n.
+    turns = [w for w in windows if w["turn"]]
+    assert turns and all(w["steps"] == 2 for w in turns), windows
+    assert summary["turn_windows"] == [w["window"] for w in turns] and summary["epoch_turns"] >= 1, summary
+    # Every epoch's start while windows were measured falls inside a turn's window, none inside a steady one.
     starts = [float(x) for x in epochs.read_text().split()]
-    inside = [sum(w["t0"] < t < w["t1"] for t in starts) for w in windows]
-    assert inside == [w["epochs"] for w in windows], (inside, windows)
+    measured = [t for t in starts if windows[0]["t0"] < t < windows[-1]["t1"]]
+    assert measured and all(any(w["t0"] < t < w["t1"] for w in turns) for t in measured), (measured, windows)
+    assert not any(w["t0"] < t < w["t1"] for t in measured for w in windows if not w["turn"])
 
 
-def test_the_epoch_turns_of_a_loader_restarted_every_epoch_fall_on_the_same_steps_on_every_rank(tmp_path):
+def test_the_turns_of_a_loader_restarted_every_epoch_are_charged_over_its_real_epoch(tmp_path):
     # 64 images, batch 2, 2 ranks: 16 batches an epoch from 2 workers started anew each epoch, in rounds of 2.
     code, records, out = torchrun_request(tmp_path, "short", Request(mode="measure", measure=MEASURE,
                                                                      settings={"batch_size": 2, "num_workers": 2}))
-    assert code == 0, out[-3000:]  # no rank waited on a collective another rank never made
+    assert code == 0, out[-3000:]
     summary = next(r for r in records if r["kind"] == "summary")
-    windows = [r for r in records if r["kind"] == "window"]
-    # Each epoch's turn kept out of windows of whole rounds, and charged to the figure net of its steps.
-    assert not summary["epoch_windows"], summary
-    assert summary.get("epoch_turns_s") and summary["epoch_starts"] == len(summary["epoch_turns_s"]), summary
-    assert all(w["steps"] % 2 == 0 for w in windows) and summary["imgs_per_s"] < summary["imgs_per_s_steady"]
+    turns = [r for r in records if r["kind"] == "window" and r["turn"]]
+    # Each turn measured is charged once per epoch of 16 steps: the figure is below the steady windows' own.
+    assert turns and summary["epoch_turns"] >= 1 and summary["epoch_turn_s"] > 0, summary
+    assert summary["imgs_per_s"] < summary["imgs_per_s_steady"]
