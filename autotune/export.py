@@ -278,7 +278,7 @@ def record_remeasure(study, trial: TrialView, data: dict[str, Any], s: dict[str,
     line = (f"re-measured in a fresh process: {fmt_interval(fresh.value, fresh.half_width, per)} = {ratio:.1%} of "
             f"the search's {fmt_interval(searched.value, searched.half_width)}{view.describe_runs(trial, per)}")
     if fresh.ties(searched):
-        line += ": inside its interval"
+        line += ": their intervals overlap"
     elif agrees:
         line += f": within {GAP_WARNING:.0%} of it"
     else:

@@ -204,10 +204,11 @@ def describe_limit(best: TrialView, top: TrialView, pipe: Pipe, decode: str, dev
         fix = ("a larger share on DALI's hardware decoder (data.dali_hw_decoder_load) would free it"
                if decode == "dali" else f"NVIDIA DALI's hardware decoder ({DALI_INSTALL}) or a larger CPU share of "
                                         "the decode (data.decode: hybrid) would free it")
+        alone = " (from its two ends' supplies)" if pipe.derived else ""
         return (f"the {devices}' time, shared by the model and the decode: {decode} alone feeds {fmt_ips(supply)} "
-                f"{per} with the {devices} {100 * pipe.device_share:.0f} % busy decoding, and the model alone runs "
-                f"{fmt_ips(ceiling)}; side by side, decode on the {devices} takes {share:.0%} of each sample's time, "
-                f"which bounds a run at {fmt_ips(bound)}; the tuned configuration reaches "
+                f"{per}{alone} with the {devices} {100 * pipe.device_share:.0f} % busy decoding, and the model alone "
+                f"runs {fmt_ips(ceiling)}; side by side, decode on the {devices} takes {share:.0%} of each sample's "
+                f"time, which bounds a run at {fmt_ips(bound)}; the tuned configuration reaches "
                 f"{fmt_ips(best.imgs_per_s)}, {reach:.0%} of that. {fix[0].upper()}{fix[1:]}")
     if supply < ceiling:
         return (f"the input pipeline: {decode} alone feeds {fmt_ips(supply)} {per}, less than the model alone "
@@ -225,7 +226,7 @@ def describe_certainty(v: TrialView) -> str:
     a = v.attrs
     text = f"{fmt_pm(v.half_width)} (95 % interval"
     if a.get("ci_batches"):
-        text += f", from {a['ci_batches']} batches of {a.get('ci_batch_windows', 1)} windows"
+        text += f", from {a['ci_batches']} batches of {plural(a.get('ci_batch_windows', 1), 'window')}"
     if a.get("steady_start"):
         text += f", the first {a['steady_start']} windows left out as warm-up"
     text += ")"

@@ -71,6 +71,9 @@ class Pipe:
     """Seconds of the GPUs' time each sample's decode takes (all ranks' samples): their busy share while it fed
     alone, over its rate. 0 for a pipeline that decodes on the CPU, or where the GPUs' utilization is unknown."""
 
+    derived: bool = False
+    """Not measured alone: a hybrid's figures derived from its two ends' supplies."""
+
     @property
     def family(self) -> str:
         return self.settings.get("data.decode", "")
@@ -380,7 +383,8 @@ def derived(measured: dict[tuple, Pipe], f: float) -> Pipe | None:
         return 1.0 / max(f / a, (1.0 - f) / b)
 
     return Pipe(settings={"data.decode": "hybrid", "data.hybrid_cpu_fraction": f}, point=mix(cpu.point, gpu.point),
-                upper=mix(cpu.upper, gpu.upper), precise=cpu.precise and gpu.precise, device_s=(1 - f) * gpu.device_s)
+                upper=mix(cpu.upper, gpu.upper), precise=cpu.precise and gpu.precise, device_s=(1 - f) * gpu.device_s,
+                derived=True)
 
 
 def pipe_for(vs: list[TrialView], decode: str, fraction: float | None) -> Pipe | None:

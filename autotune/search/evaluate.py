@@ -36,6 +36,11 @@ BASELINE_CAP = 1.5
 it is: it is input-bound and noisy, every gain the search reports is a ratio to it, and measuring it longer costs less
 than measuring it again in a fresh process."""
 
+BASELINE_PRECISION = 0.05
+"""Trial 0 measures until its interval is within this (or the study's own precision, if looser): it is the input-bound
+seed configuration, noisy window to window and process to process, and a ratio to it carries its interval either
+way; measuring it as tightly as a candidate costs a search a fifth of its budget."""
+
 BOUNDED_STAGES = frozenset({Stage.CANDIDATE, Stage.REFINE, Stage.SEARCH, Stage.RETRY})
 """End-to-end trials not launched when what the stages measured bounds them below the best (not the baseline, and
 not a start the spec asked for)."""
@@ -118,7 +123,9 @@ class Evaluator:
             # values the space does not hold): the sampler draws nothing for them.
             overrides = self.plan.space.suggest(trial, self.plan.base.to_dict(), only=set(self.plan.baseline))
             if stage not in self.plan.preloaded:  # a run made before the study existed has its measurement
-                overrides["measure.max_s"] = BASELINE_CAP * self.plan.base.measure.max_s
+                m = self.plan.base.measure
+                overrides.update({"measure.max_s": BASELINE_CAP * m.max_s,
+                                  "measure.precision": max(m.precision, BASELINE_PRECISION)})
             return overrides
         return self.plan.space.suggest(trial, self.plan.base.to_dict())
 

@@ -41,9 +41,9 @@ BASE_SPEC: dict[str, Any] = {
 }
 """A script study's spec besides the script and its measurement: a modest budget."""
 
-MEASURE = {"warmup_min_steps": 5, "warmup_max_s": 60, "window_s": 0.5, "precision": 0.02, "max_s": 40}
-"""The measurement protocol of a script's trials: windows of half a second until the figure is known within ±2 %,
-for at most 40 s (a script's own DataLoader restarts every epoch, and its rounds vary: it takes longer to know)."""
+MEASURE = {"warmup_min_steps": 5, "warmup_max_s": 60, "window_s": 0.25, "precision": 0.03, "max_s": 30}
+"""The measurement protocol of a script's trials: windows of a quarter second until the figure is known within ±3 %,
+for at most 30 s (a script's own DataLoader restarts every epoch, and its rounds vary: it takes longer to know)."""
 
 CPU_MEASURE = {"warmup_min_steps": 3, "warmup_max_s": 30, "window_s": 0.5, "precision": 0.03, "max_s": 10}
 """On a machine without GPUs, the cpu-demo study's: a CPU trial should take seconds, not minutes."""

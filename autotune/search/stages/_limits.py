@@ -34,21 +34,29 @@ class Limits:
         if m.supplies and not pipes:
             return self.first.next_supply(vs)
         ceiling = m.pair_interval(vs, best[0]) if best is not None else None
-        if ceiling is not None and pipes and max(p.with_model(ceiling.value, reach=True) for p in pipes) < ceiling.low:
-            # The pipelines bound every run below the ceiling (alone, or by the GPUs' time their decode takes): a
-            # faster model cannot raise the bound; another pipeline can.
+        if ceiling is not None and pipes and max(p.upper for p in pipes) < ceiling.low:
+            # The pipelines alone feed less than the model takes: a faster model cannot raise the bound; another
+            # pipeline can.
             name = self.first.next_supply(vs)
             if name:
                 return name
-            top = max(pipes, key=lambda p: p.with_model(ceiling.value))
-            why = (f"{m.pipe_name(top.family)}'s decode takes {top.decode_share(ceiling.value):.0%} of each "
-                   f"sample's time on the GPUs beside the model, bounding it at {top.with_model(ceiling.value):,.0f}"
-                   if top.device_s and top.upper >= ceiling.low else
-                   f"at most {max(p.point for p in pipes):,.0f} imgs/s")
             self.ask.notes.note("input-bound", f"stages: no other precision or layout is measured: the input "
-                                               f"pipelines bound every trial below the ceiling ({best[1]:,.0f}): "
-                                               f"{why}")
+                                               f"pipelines (at most {max(p.point for p in pipes):,.0f} imgs/s) bound "
+                                               f"every trial below the ceiling ({best[1]:,.0f})")
             return None
+        if ceiling is not None and pipes and \
+                max(p.with_model(ceiling.value, reach=True) for p in pipes) < ceiling.low:
+            # Their decode shares the GPUs with the model: a pipeline that decodes less of each batch on them raises
+            # the bound more than a faster model does, so the pipelines are measured first.
+            top = max(pipes, key=lambda p: p.with_model(ceiling.value))
+            name = self.first.next_supply(vs)
+            if name:
+                self.ask.notes.note("decode-bound", f"stages: {m.pipe_name(top.family)}'s decode takes "
+                                                    f"{top.decode_share(ceiling.value):.0%} of each sample's time on "
+                                                    "the GPUs beside the model, bounding it at "
+                                                    f"{top.with_model(ceiling.value):,.0f}: the other pipelines are "
+                                                    "measured before other precisions and layouts")
+                return name
         if best is not None:
             name = self.explore(vs, best[0])
             if name:
