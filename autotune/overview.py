@@ -145,7 +145,7 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     where = f" --study {study.study_name}" + (f" --storage {storage}" if storage else "")
     out.append(("run it", f"`autotune export best.yaml{where}` (measures it again in a fresh process), then "
                           "`autotune train --config best.yaml`"))
-    sure = describe_certainty(best)
+    sure = describe_certainty(best, per)
     again = remeasures(study).get(best.number)
     if again and again.get("imgs_per_s") is not None:
         sure += (f"; in a fresh process it measured {fmt_interval(again['imgs_per_s'], again.get('ci_half_width'))}"
@@ -219,7 +219,7 @@ def describe_limit(best: TrialView, top: TrialView, pipe: Pipe, decode: str, dev
             f"{fmt_ips(best.imgs_per_s)}, {best.imgs_per_s / ceiling:.0%} of that")
 
 
-def describe_certainty(v: TrialView) -> str:
+def describe_certainty(v: TrialView, per: str = "imgs/s") -> str:
     """How sure a figure is: its interval and what it stands on."""
     if v.half_width is None:
         return "its figure has no interval (measured before intervals were)"
@@ -231,18 +231,18 @@ def describe_certainty(v: TrialView) -> str:
         text += f", the first {a['steady_start']} windows left out as warm-up"
     text += ")"
     if len(a.get(view.RUNS) or []) > 1:
-        text += "; its runs combined" + view.describe_runs(v)
+        text += "; its runs combined" + view.describe_runs(v, per)
     if imprecise(v):
         text += "; wider than the precision asked: it reached its time cap (measure.max_s) first"
     return text
 
 
-def cudnn_lines(study) -> list[str]:
+def cudnn_lines(study, per: str = "imgs/s") -> list[str]:
     """cuDNN's algorithm search as the stages decided it, per precision and layout, with the two measurements each
     decision stands on (steady pace, and the first step, where the search spends its time)."""
     def one(e: dict) -> str:
         first = f", first step {e['first_step_s']:.1f} s" if e.get("first_step_s") is not None else ""
-        return f"{fmt_ips(e.get('imgs_per_s'))} imgs/s (trial {e.get('trial')}{first})"
+        return f"{fmt_ips(e.get('imgs_per_s'))} {per} (trial {e.get('trial')}{first})"
 
     out = []
     for pair, d in sorted((study.user_attrs.get("cudnn") or {}).items()):
@@ -302,8 +302,8 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
                      f"{r['below_baseline']['trial']}'s "
                      f"{fmt_ips(r['below_baseline']['imgs_per_s'])}: its search figure does not hold here")
     first = [f"{topic}: {text}" for topic, text in conclusions(study, trials, storage=storage)]
-    return "\n".join([summary, *headline(trials, view.devices(study), again, per), *first, *cudnn_lines(study), *lines,
-                      *notes, *trial_time(trials), *pruning(trials)])
+    return "\n".join([summary, *headline(trials, view.devices(study), again, per), *first, *cudnn_lines(study, per),
+                      *lines, *notes, *trial_time(trials), *pruning(trials)])
 
 
 LABELS = {Outcome.MEASURED: "measured end to end", Outcome.PART: "stage measurements",

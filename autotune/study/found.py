@@ -19,12 +19,13 @@ def found(trials: list[TrialView], per: str = "imgs/s", *, share: str = "") -> s
     figure = f"{fmt_interval(best.imgs_per_s, best.half_width, per)}{view.describe_runs(best, per)}{share}"
     if base is not None and (best.baseline or best.interval.ties(base.interval)):
         if best.baseline:
-            return f"no configuration measurably faster than the baseline on this machine: {describe_baseline(base)}"
+            return ("no configuration measurably faster than the baseline on this machine: "
+                    f"{describe_baseline(base, per)}")
         return (f"no configuration measurably faster than the baseline on this machine: the fastest, trial "
-                f"{best.label} ({figure}), is a tie with {describe_baseline(base)}, their intervals overlapping")
+                f"{best.label} ({figure}), is a tie with {describe_baseline(base, per)}, their intervals overlapping")
     text = f"trial {best.label}, {figure}"
     if base is not None:
-        text += f", {fmt_ratio(best.interval.over(base.interval))} {describe_baseline(base)}"
+        text += f", {fmt_ratio(best.interval.over(base.interval))} {describe_baseline(base, per)}"
     others = [a for a in view.tied(trials) if a is not best]
     if others:
         text += ("; a tie with " + ", ".join(f"trial {a.label} ({fmt_interval(a.imgs_per_s, a.half_width)})"
@@ -33,9 +34,9 @@ def found(trials: list[TrialView], per: str = "imgs/s", *, share: str = "") -> s
     return text
 
 
-def describe_baseline(base: TrialView) -> str:
+def describe_baseline(base: TrialView, per: str = "imgs/s") -> str:
     """The baseline as a line names it, with its figure: trial 0, or trial 0 with its re-measures in fresh
     processes, combined (``trial 0 (the baseline, 1,681 ± 1.5 %)``)."""
-    runs = view.describe_runs(base)
+    runs = view.describe_runs(base, per)
     return (f"trial {base.label}" + (" with its re-measure" if runs else "") + " (the baseline, "
             f"{fmt_interval(base.imgs_per_s, base.half_width)}{runs.replace(' (', '; ', 1)[:-1] if runs else ''})")

@@ -222,3 +222,18 @@ def test_a_script_counting_samples_is_exported_in_samples():
     warning = export.below_baseline_warning(best, data)
     assert warning.startswith("trial 1 re-measured at 15,000 ± 2.0 % samples/s in a fresh process, measurably below "
                               "trial 0 (the baseline, 16,218 ± 1.0 %)"), warning
+
+
+
+def test_a_study_in_tokens_names_every_figure_of_its_overview_in_tokens():
+    """A language model's study: the line of a configuration measured twice said "trials 1 and 2: ... imgs/s", and
+    cuDNN's line "1,137,416 imgs/s"."""
+    study = make_study("throughput", [(64, 176_667.0, None, None), (256, 1_097_298.0, None, None),
+                                      (256, 1_090_000.0, None, None)])
+    study.set_user_attr("unit", "tokens")
+    study.set_user_attr("cudnn", {"fp16 NCHW": {"benchmark": False, "batch": 256,
+                                                "with_search": {"imgs_per_s": 1_137_416.0, "trial": "p1"},
+                                                "without_search": {"imgs_per_s": 1_138_897.0, "trial": "p0"}}})
+    text = overview.table(study)
+    assert "(trials 1 and 2: 1,097,298 ± 1.0 % / 1,090,000 ± 1.0 % tokens/s)" in text, text
+    assert "with it 1,137,416 tokens/s" in text and "imgs/s" not in text, text
