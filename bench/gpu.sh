@@ -72,6 +72,8 @@
 # --storage sqlite:///studies.db --study NAME`), tables.txt, trials.tgz, and the JSON of the bench stages run (count
 # them when planning a call: each final=STUDY, ddp, drill, scale and rows= adds one).
 # Studies also resume on a fresh machine from bench/state/studies.db when that is carried.
+# SCRIPT_ARGS: words passed to the script of a script=, script-fn=, folder= or lightning= stage after its --data
+# (e.g. "--lr 0.025" where its own learning rate diverges at fp16).
 # SCRATCH (default /tmp): where the state (studies, trials, exports) and the bench rows' trial folders go.
 # DRY=1: the same stages on a machine without GPUs at toy sizes (ResNet-18, 32 px; one rank, two gloo ranks for the
 # drill and scale's N): checks the plumbing only.
@@ -226,6 +228,8 @@ PY
       elif [ "$kind" = script ] || [ "$kind" = script-fn ] || [ "$kind" = folder ] || [ "$kind" = lightning ]; then
         what+=(--trial-timeout "${TRIAL_TIMEOUT:-150}"); [ -n "${DRY:-}" ] && what+=(--nproc-per-node 1)
         extra=(-- --data "$train"); [ -n "${DRY:-}" ] && extra+=(--model resnet18 --image-size 32)
+        # shellcheck disable=SC2206  # SCRIPT_ARGS: words for the script's own parser, e.g. "--lr 0.025"
+        [ -n "${SCRIPT_ARGS:-}" ] && extra+=(${SCRIPT_ARGS})
         if [ -n "${SCRIPT_SPEC:-}" ]; then what+=(--spec "$SCRIPT_SPEC"); name=$name-$(basename "$SCRIPT_SPEC" .yaml); fi
       fi
       if [ "$budget" -gt 30 ]; then

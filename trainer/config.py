@@ -197,9 +197,9 @@ class TrainingConfig:
     else ``/tmp/torchinductor_<user>``)."""
 
     cudnn_benchmark: bool = True
-    """cuDNN tries several convolution algorithms per new shape and keeps the fastest. On ResNet-50 (one H200, bs 256,
-    fp16) the trying took the first step from 0.9 to 14 s and left the steady state unchanged: a search decides it
-    by measurement once (the ceiling stage) instead of paying it in every trial."""
+    """cuDNN tries several convolution algorithms per new shape and keeps the fastest. The trying makes the first step
+    many times longer and may leave the steady state unchanged (``docs/benchmarks.md``): a search decides it by
+    measurement once (the ceiling stage) instead of paying it in every trial."""
 
     epochs: int | None = None
     """Train mode: epochs over the dataset."""
@@ -287,8 +287,8 @@ class DDPConfig:
 class NcclConfig:
     algo: Literal["Ring", "Tree"] | None = None
     """The all-reduce algorithm (``NCCL_ALGO=allreduce:<algo>``); ``None`` leaves NCCL's choice. Scoped to
-    all-reduce because a bare ``NCCL_ALGO=Tree`` leaves broadcast and all-gather without any algorithm: on 2xH200
-    (NCCL 2.28.9) DDP's first broadcast then fails with "invalid usage"."""
+    all-reduce because a bare ``NCCL_ALGO=Tree`` leaves broadcast and all-gather without any algorithm: DDP's first
+    broadcast then fails with "invalid usage"."""
 
     proto: Literal["Simple", "LL"] | None = None
     """NCCL_PROTO; ``None`` leaves NCCL's choice (LL128 is never forced)."""

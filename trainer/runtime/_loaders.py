@@ -216,8 +216,8 @@ class Batches:
         """Its loader closed (an image pipeline's ``close``), or its DataLoader's workers joined: persistent ones
         live as long as the loader, which the script's frames or a framework's objects may keep past the run, and an
         epoch's as long as its iterator. A worker process still running after a trial ends the live worker that ran
-        it (``trainer.worker.leftovers``): on 1xH200 every trial of a script with 16 persistent loader workers cost
-        the next one a fresh worker."""
+        it (``trainer.worker.leftovers``): left open, a script's persistent loader workers would cost every next
+        trial a fresh worker."""
         own = getattr(self._loader, "close", None)
         if callable(own):
             own()
