@@ -34,6 +34,7 @@ from autotune.space import resolve
 from autotune.spec import StudySpec
 from tests.helpers.traces import Clock
 from trainer.compile_costs import Paid, graph_key, record
+from trainer.config import TrainConfig
 from trainer.meter import ThroughputMeter
 
 FOLDER_CLASSES = 10
@@ -336,12 +337,22 @@ _CPU = __import__("torch").device("cpu")
 
 
 def _what(cfg) -> str:
-    """What a run's config runs, without where: its folders and its name."""
-    d = cfg.to_dict()
-    d.pop("name"), d.pop("output_dir")
-    d["training"] = {k: v for k, v in d["training"].items() if k != "compile_cache_dir"}
-    d["data"] = {k: v for k, v in d["data"].items() if k != "path"}
-    return repr(sorted(d.items(), key=str))
+    """What a run's config runs, without where (its folders and its name): the settings where it differs from the
+    job's defaults, so that a setting added to the job at its default leaves every run's noise as it was."""
+    where = {"name", "output_dir", "training.compile_cache_dir", "data.path"}
+    default = flat(TrainConfig().to_dict())
+    return repr(sorted((k, v) for k, v in flat(cfg.to_dict()).items() if k not in where and default.get(k) != v))
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    """A nested config dict as one level of dotted paths."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 SPEC: dict[str, Any] = {

@@ -27,7 +27,7 @@ import yaml
 from autotune.search.engine import Engine
 from autotune.search.progress import Progress
 from autotune.study.setup import create_or_load
-from tests.helpers.machine import FakePool, Machine, SimClock, constructed_plan
+from tests.helpers.machine import FakePool, Machine, SimClock, constructed_plan, flat
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -54,17 +54,6 @@ TIMED = {  # name: (study, its machine, budget, caches warmed first). Seconds of
     f"resnet50-240s-{state}": ("resnet50", dataclasses.replace(
         MACHINES["resnet50"][1], compile_s=55.0, cached_compile_s=6.0, run_s=6.0, fresh_s=15.0, noisy={}), 240.0,
         state == "cached") for state in ("cold", "cached")}
-
-
-def flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flat(v, f"{key}."))
-        else:
-            out[key] = v
-    return out
 
 
 def launched(study: str, gpu: bool, machine: Machine, timeout_s: float | None = None,
