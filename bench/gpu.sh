@@ -66,7 +66,9 @@
 #   dali           issue #26's rows: DALI's supply alone (hw_decoder_load 0.65, 0.5, 0.95) and end to end (eager,
 #                  compiled) beside nvJPEG's and the hybrid's, each with its loss, in dali.json (DALI_ROWS; ~35 s a
 #                  row, ~80 s more for the compile; no row starts after the call's deadline minus 60 s). Needs
-#                  nvidia.dali (the split wheels' install line first); without it the stage says so and runs nothing
+#                  nvidia.dali (the split wheels' install line first); without it the stage says so and runs nothing.
+#                  DALI_ROWS=shapes: issue #41's rows instead, the shape of DALI's graph (bench/run.py SHAPES:
+#                  16 rows, about one call)
 #
 # Everything comes back in at most 8 files under $OUT: call.log (all output), studies.db (every study: `autotune show
 # --storage sqlite:///studies.db --study NAME`), tables.txt, trials.tgz, and the JSON of the bench stages run (count
@@ -274,7 +276,9 @@ PY
       else
         dflt="supply-nvjpeg supply-split-50-0 supply-dali supply-dali-hw-50 supply-dali-hw-95 e2e-nvjpeg e2e-hybrid-50"
         dflt+=" e2e-dali"; [ -z "${DRY:-}" ] && dflt+=" e2e-dali-compile"  # DRY: Inductor's C++ compile takes minutes
-        list=(${DALI_ROWS:-$dflt})
+        rows=${DALI_ROWS:-$dflt}; [ "$rows" = shapes ] && rows=$(python3 bench/run.py --list shape- ; \
+          python3 bench/run.py --list supply-shape-)
+        list=($rows)
         python3 bench/run.py --data "$data" --out "$out/dali.json" --trials-dir "$scratch/bench-dali" --timeout 180 \
           --start-before "$(( $(left) - 60 ))" "${bench_set[@]}" "${list[@]}" 2>&1 | quiet
       fi ;;

@@ -104,6 +104,28 @@ LAUNCH: dict[str, tuple[str, dict]] = {
        for row, base in (("e2e-dali-best", {**E2E, **COMPILED}), ("supply-dali-best", {**LOADER, **E2E}))
        for h in (50, 65, 80, 95)},
 }
+# Issue #41: the shape of DALI's graph against today's (the crop decoded alone, float32 out, antialiased resize),
+# compiled as the search runs it: the whole image decoded then cropped on the GPU (MLPerf's shape), float16 out,
+# no antialias; the engines' share at 0.35, 0.65 and 0.99, DALI's threads 6 and 16, its queue 2 and 5, and MLPerf's
+# own settings together. The dali stage of bench/gpu.sh runs them with DALI_ROWS="$(python3 bench/run.py --list
+# shape-)".
+DALI_SHAPES = {"roi": {}, "full": {"data.dali_crop": "full"}, "half": {"data.dali_half_out": True},
+               "full-half": {"data.dali_crop": "full", "data.dali_half_out": True},
+               "half-noaa": {"data.dali_half_out": True, "data.dali_antialias": False},
+               "full-half-noaa": {"data.dali_crop": "full", "data.dali_half_out": True, "data.dali_antialias": False}}
+DALI_E2E = {**E2E, **COMPILED, **DALI_BEST, **AS_SEARCHED}
+SHAPES: dict[str, tuple[str, dict]] = {
+    **{f"shape-{name}": ("strong", {**DALI_E2E, **shape}) for name, shape in DALI_SHAPES.items()},
+    **{f"shape-{name}-hw-{h}": ("strong", {**DALI_E2E, **DALI_SHAPES[name], "data.dali_hw_decoder_load": h / 100})
+       for name in ("roi", "full-half") for h in (65, 99)},
+    **{f"shape-full-half-thr-{t}": ("strong", {**DALI_E2E, **DALI_SHAPES["full-half"], "data.dali_threads": t})
+       for t in (6, 16)},
+    **{f"shape-full-half-q-{q}": ("strong", {**DALI_E2E, **DALI_SHAPES["full-half"], "data.dali_prefetch": q})
+       for q in (2, 5)},
+    "shape-mlperf": ("strong", {**DALI_E2E, **DALI_SHAPES["full-half"], "data.dali_hw_decoder_load": 0.99,
+                                "data.dali_threads": 6, "data.dali_prefetch": 5}),
+    "supply-shape-full-half": ("strong", {**LOADER, **E2E, **DALI_BEST, **DALI_SHAPES["full-half"]}),
+}
 # ---- issue #21: the DDP and NCCL knobs, each alone against DDP_BASE, on the best end-to-end config known
 # (e2e-hybrid-50: hybrid 50 %, fp16, channels_last, bs 512 per GPU, 12 workers per rank). Two changes that do not
 # change the step: the search's lr 0.1 (strong's 0.4 sent nvjpeg-gpu fp16 to NaN on 2xH200 on 2026-11-30, and a
@@ -162,6 +184,7 @@ PLAN: dict[str, tuple[str, dict]] = {
     **SUPPLIES,
     **END_TO_END,
     **LAUNCH,
+    **SHAPES,
     **DDP_ROWS,
 }
 
@@ -279,7 +302,8 @@ def main() -> int:
     p.add_argument("--label", help="run name prefix for --config runs (default: the file's stem)")
     p.add_argument("--data", help="JPEG ImageFolder for the imagefolder runs")
     p.add_argument("--nproc", type=int, help="ranks (default: every visible GPU; 2 without GPUs)")
-    p.add_argument("--out", required=True, help="JSON file for all results (trial logs go beside it)")
+    p.add_argument("--out", help="JSON file for all results (trial logs go beside it)")
+    p.add_argument("--list", metavar="PREFIX", help="print the names of the rows that start with PREFIX, and exit")
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--against", metavar="RUN",
                    help="a run of this list that the table sets every other against (imgs/s as a ratio of its)")
@@ -289,6 +313,11 @@ def main() -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override for every run")
     args = p.parse_args()
+    if args.list is not None:
+        print(" ".join(name for name in PLAN if name.startswith(args.list)))
+        return 0
+    if not args.out:
+        p.error("--out is required")
     import yaml
 
     out = Path(args.out)

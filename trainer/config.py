@@ -93,6 +93,21 @@ class DataConfig:
     the GPU's help (nvJPEG's hybrid Huffman decoder for every image: DALI's ``hybrid_huffman_threshold`` 0), rather
     than on DALI's CPU threads, whose decoded coefficients are then copied to the device image by image."""
 
+    dali_crop: Literal["roi", "full"] = "roi"
+    """``decode: dali`` only, training: ``roi`` decodes only each image's random crop (DALI's fused
+    ``decoders.image_random_crop``); ``full`` decodes the whole image and crops it on the GPU
+    (``random_resized_crop``), the shape of MLPerf's ResNet-50 pipeline: more decode work, a separate crop kernel,
+    a decode the hardware engines take whole."""
+
+    dali_half_out: bool = False
+    """``decode: dali`` only: where the run computes in fp16 or bf16, DALI's normalize emits float16 images (half the
+    bytes its last kernel writes and the model's first layer reads; autocast casts them on) instead of float32; an
+    fp32 run gets float32 either way."""
+
+    dali_antialias: bool = True
+    """``decode: dali`` only: the resize to the model's input filters out what the downscale would alias (as
+    torchvision's ``antialias=True``); off, a plain bilinear resize that costs less device time."""
+
     crop_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as in torchvision."""
 
@@ -117,6 +132,8 @@ class DataConfig:
             p.append(f"data.hybrid_cpu_fraction={self.hybrid_cpu_fraction}: must be in [0, 1]")
         if not 0.0 <= self.dali_hw_decoder_load <= 1.0:
             p.append(f"data.dali_hw_decoder_load={self.dali_hw_decoder_load}: must be in [0, 1]")
+        if self.dali_crop not in DALI_CROPS:
+            p.append(f"data.dali_crop={self.dali_crop!r}: expected one of {', '.join(DALI_CROPS)}")
         for name in ("dali_threads", "dali_prefetch"):
             if getattr(self, name) < 1:
                 p.append(f"data.{name}={getattr(self, name)}: must be >= 1")
@@ -132,6 +149,9 @@ class DataConfig:
 
 DECODES: tuple[str, ...] = typing.get_args(typing.get_type_hints(DataConfig)["decode"])
 """The input pipelines ``data.decode`` names."""
+
+DALI_CROPS: tuple[str, ...] = typing.get_args(typing.get_type_hints(DataConfig)["dali_crop"])
+"""The shapes of DALI's training decode ``data.dali_crop`` names."""
 
 
 @dataclass(kw_only=True)

@@ -10,6 +10,7 @@ from autotune.ranges import default_space
 from autotune.space import predicted_oom, resolve
 from autotune.spec import StudySpec
 from trainer.config import TrainConfig
+from trainer.knobs import table
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -20,7 +21,8 @@ def _spec(**over):
     return StudySpec.from_dict(data)
 
 
-DALI_KNOBS = {"data.dali_hw_decoder_load", "data.dali_threads", "data.dali_prefetch"}
+DALI_KNOBS = {k.path for k in table().entries if k.space is not None and k.space.when == "data.decode == dali"
+              and k.default_space}
 
 
 @pytest.fixture
@@ -252,5 +254,6 @@ def test_a_scripts_own_dali_pipeline_has_its_settings_searched_without_the_proje
     space = resolve(_spec(), world_size=1, nproc_per_node=1, cpu_only=False, cores=8,
                     applies={"batch_size", "dali_threads", "dali_prefetch", "dali_hw_decoder_load"})
     p = space.by_path()
-    assert {"data.dali_threads", "data.dali_prefetch", "data.dali_hw_decoder_load"} <= set(p)
-    assert "data.decode" not in p and all(p[k].when is None for k in DALI_KNOBS)
+    applied = {"data.dali_threads", "data.dali_prefetch", "data.dali_hw_decoder_load"}
+    assert applied <= set(p) and not DALI_KNOBS - applied & set(p)  # what it does not read is not searched
+    assert "data.decode" not in p and all(p[k].when is None for k in applied)

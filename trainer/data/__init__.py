@@ -1,7 +1,8 @@
 """Datasets and input pipelines.
 
 Every pipeline yields ``(images, labels)`` already on the device, images float32 normalized (channels_last when the
-config asks), labels int64 — so the loop never knows which path produced them (``Pipeline`` is that contract):
+config asks; DALI's float16 under ``data.dali_half_out`` in a half-precision run), labels int64 — so the loop never
+knows which path produced them (``Pipeline`` is that contract):
 
 - ``synthetic`` (``synthetic.py``): one random batch made on the device and replayed: the compute ceiling, no input
   cost at all.
@@ -11,8 +12,9 @@ config asks), labels int64 — so the loop never knows which path produced them 
   tensors in the workers; uint8 crosses the queue and the bus (4x fewer bytes) and normalization runs on the device.
 - ``nvjpeg-gpu`` (``gpu/``): workers only read bytes; the GPU decodes and augments.
 - ``hybrid`` (``gpu/``): a fixed share of every batch as ``torchvision-cpu``, the rest as ``nvjpeg-gpu``.
-- ``dali`` (``dali.py``): an NVIDIA DALI pipeline reads the files and decodes each image's random crop on the GPU's
-  hardware JPEG engines and CUDA; no DataLoader. Validation through it too, without augmentation.
+- ``dali`` (``dali.py``): an NVIDIA DALI pipeline reads the files and decodes each image (its random crop alone, or
+  the whole of it cropped after) on the GPU's hardware JPEG engines and CUDA; no DataLoader. Validation through it
+  too, without augmentation.
 
 ``files.py`` lists the images of the training and validation splits; ``sampling.py`` decides which of them each
 rank reads, in which order. The modules of this package import one another, never this one: it is the public API
@@ -50,8 +52,9 @@ class Pipeline(Protocol):
     A structural type, not a base class: the pipelines do not inherit from it (the modules that define them never
     import this package's ``__init__``), and ``isinstance(p, Pipeline)`` checks that the four methods exist.
 
-    - Iterating yields ``(images, labels)`` on the device: images float32, normalized with the ImageNet mean and
-      std, channels_last when ``training.channels_last`` asks; labels int64.
+    - Iterating yields ``(images, labels)`` on the device: images float32 (DALI's float16 where
+      ``data.dali_half_out`` asks in an fp16 or bf16 run), normalized with the ImageNet mean and std, channels_last
+      when ``training.channels_last`` asks; labels int64.
     - ``len()`` is the number of batches one epoch gives this rank. Measure and loader runs iterate on past it (their
       samplers stream epochs without end, and the synthetic pipeline repeats its batch forever): the loop takes what
       it needs.

@@ -1,11 +1,12 @@
 """The ``dali`` input pipeline: NVIDIA DALI reads, decodes and augments each batch
 (``pip install 'ddp-autotune[dali]'``).
 
-What MLPerf's ResNet-50 submissions feed NVIDIA GPUs with: decode and random crop fused in one operator on the
-``mixed`` device (``fn.decoders.image_random_crop``: only the crop's part of each JPEG is decoded), the decode shared
-between the GPU's hardware JPEG engines and CUDA (``hw_decoder_load``: the engines' share), resize and
-crop-mirror-normalize on the GPU, all prefetched on DALI's own stream (``prefetch_queue_depth``) and handed to torch on
-the training stream.
+What MLPerf's ResNet-50 submissions feed NVIDIA GPUs with: a JPEG decode on the ``mixed`` device shared between the
+GPU's hardware JPEG engines and CUDA (``hw_decoder_load``: the engines' share), resize and crop-mirror-normalize on
+the GPU, all prefetched on DALI's own stream (``prefetch_queue_depth``) and handed to torch on the training stream.
+The graph's shape is the run's to choose (``data.dali_crop``, ``dali_half_out``, ``dali_antialias``): decode and
+random crop fused in one operator (``fn.decoders.image_random_crop``: only the crop's part of each JPEG is decoded)
+or the whole image decoded and cropped after, as MLPerf's pipeline does; float32 or float16 out.
 
 The files are read by DALI's own file reader, sharded by rank and reshuffled every epoch as DistributedSampler does
 (its own permutation of the same seed, not the other pipelines' order). No Python runs per batch but the hand-over:
@@ -65,10 +66,16 @@ def decoder_args(cfg: TrainConfig, *, on_gpu: bool) -> dict:
             **({"hybrid_huffman_threshold": 0} if d.dali_gpu_huffman else {})}
 
 
+def half_out(cfg: TrainConfig) -> bool:
+    """Whether the pipeline emits float16 images: asked for (``data.dali_half_out``) and the run computes in fp16 or
+    bf16 (autocast casts them on; an fp32 model's first layer takes float32 only)."""
+    return cfg.data.dali_half_out and cfg.training.precision != "fp32"
+
+
 def _graph(dali, files: list[str], cfg: TrainConfig, *, train: bool, on_gpu: bool, rank: int, world_size: int):
     """The pipeline's operators: DALI's file reader over this rank's shard (each sample's label is its index into
-    ``files``), decode (with the random crop when training), resize, crop-mirror-normalize to the run's layout;
-    float32 out (``trainer.data.Pipeline``), the indices beside."""
+    ``files``), decode (training: of the random crop alone, or of the whole image cropped after:
+    ``data.dali_crop``), resize, crop-mirror-normalize to the run's layout and dtype; the indices beside."""
     fn, types = dali.fn, dali.types
     d = cfg.data
     size = d.image_size
@@ -80,25 +87,28 @@ def _graph(dali, files: list[str], cfg: TrainConfig, *, train: bool, on_gpu: boo
                                      stick_to_shard=not train, pad_last_batch=True, seed=cfg.training.seed,
                                      name=READER)
     decoder = decoder_args(cfg, on_gpu=on_gpu)
-    if train:
-        images = fn.decoders.image_random_crop(encoded, output_type=types.RGB, random_area=list(d.crop_scale),
-                                               random_aspect_ratio=list(d.crop_ratio), num_attempts=10, **decoder)
-        images = fn.resize(images, resize_x=size, resize_y=size, interp_type=types.INTERP_LINEAR, antialias=True)
-        mirror = fn.random.coin_flip(probability=0.5) if d.hflip else 0
+    resize = {"interp_type": types.INTERP_LINEAR, "antialias": d.dali_antialias}
+    crop = {"random_area": list(d.crop_scale), "random_aspect_ratio": list(d.crop_ratio), "num_attempts": 10}
+    if train and d.dali_crop == "roi":
+        images = fn.decoders.image_random_crop(encoded, output_type=types.RGB, **crop, **decoder)
+        images = fn.resize(images, resize_x=size, resize_y=size, **resize)
+    elif train:
+        images = fn.decoders.image(encoded, output_type=types.RGB, **decoder)
+        images = fn.random_resized_crop(images, size=[size, size], **crop, **resize)
     else:
         images = fn.decoders.image(encoded, output_type=types.RGB, **decoder)
-        images = fn.resize(images, resize_shorter=round(size / VAL_RESIZE), interp_type=types.INTERP_LINEAR,
-                           antialias=True)
-        mirror = 0
-    images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, crop=(size, size), mirror=mirror,
+        images = fn.resize(images, resize_shorter=round(size / VAL_RESIZE), **resize)
+    mirror = fn.random.coin_flip(probability=0.5) if train and d.hflip else 0
+    images = fn.crop_mirror_normalize(images, dtype=types.FLOAT16 if half_out(cfg) else types.FLOAT,
+                                      crop=(size, size), mirror=mirror,
                                       output_layout="HWC" if cfg.training.channels_last else "CHW",
                                       mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD])
     return images, index.gpu() if on_gpu else index
 
 
 class DaliPipeline:
-    """A ``trainer.data.Pipeline`` over DALI: iterating yields ``(images, labels)`` on the device (float32,
-    normalized, channels_last when configured; int64); ``len()``, ``set_epoch``, ``close``.
+    """A ``trainer.data.Pipeline`` over DALI: iterating yields ``(images, labels)`` on the device (float32, or
+    float16 under ``half_out``; normalized, channels_last when configured; int64); ``len()``, ``set_epoch``, ``close``.
 
     Training: each epoch this rank's shard of the reshuffled set, ``len()`` full batches (the same count on every
     rank, as DistributedSampler's ``drop_last``); a measure or loader run (``training.mode`` other than ``train``)
