@@ -22,15 +22,12 @@ from tests.helpers.cli import autotune, cli_env
 UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
 
 
-@pytest.fixture(scope="module")
-def search_dir(tmp_path_factory) -> Path:
-    """A real 2-trial CPU-demo study (baseline + one sampled trial), and its export."""
-    d = tmp_path_factory.mktemp("cpu-demo-search")
-    r = autotune("search", "--spec", "cpu-demo", "--trials", "2", cwd=d, env=UNBUFFERED)
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = autotune("export", "best.yaml", "--study", "cpu-demo", cwd=d, env=UNBUFFERED)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return d
+@pytest.fixture
+def search_dir(quick_start) -> Path:
+    """The quick start's real cpu-demo study and its export (``tests/autotune/conftest.py``), read only."""
+    for r in (quick_start.search, quick_start.export):
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return quick_start.folder
 
 
 # Validation needs held-out images (the demo's generated set has no val/ folder); progress every half second. The
@@ -59,6 +56,7 @@ def live_pids_mentioning(text: str) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # where it runs first, the quick start's search is part of its set-up
 def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
     best = search_dir / "best.yaml"
     exported = yaml.safe_load(best.read_text())["autotune"]
@@ -135,6 +133,7 @@ def test_train_validates_checkpoints_and_resumes_exactly(search_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_report_of_the_real_search(search_dir, tmp_path):
     r = autotune("report", "--study", "cpu-demo", "--out", str(tmp_path / "r.html"), cwd=search_dir, env=UNBUFFERED)
     assert r.returncode == 0, r.stdout + r.stderr

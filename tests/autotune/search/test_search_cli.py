@@ -29,9 +29,9 @@ S = optuna.trial.TrialState
 # About 2 min on 2 quiet cores; CI's run of it once took over 400 s, on a machine where the whole suite ran at half
 # its usual pace: the limits leave room for that, a hang still ends the test.
 @pytest.mark.timeout(1200)
-def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_config(tmp_path):
+def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_config(quick_start):
     """The README's quick start: the cpu-demo study with its default budget, as a user runs it."""
-    r = autotune("search", cwd=tmp_path, timeout=1000)
+    tmp_path, r = quick_start.folder, quick_start.search
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "no GPU visible: running the built-in cpu-demo study" in out  # says which and why
@@ -120,7 +120,7 @@ def test_cpu_demo_search_measures_the_bottleneck_first_and_exports_a_runnable_co
     pruned = [line for line in r.stdout.splitlines() if " pruned " in line and line[:1].isdigit()]
     assert not any("%~" in line for line in pruned), pruned  # stopped as slower is not imprecise
 
-    r = autotune("export", "best.yaml", cwd=tmp_path)
+    r = quick_start.export
     assert r.returncode == 0, r.stderr
     assert "re-measured in a fresh process: " in r.stdout
     cfg = TrainConfig.from_yaml(tmp_path / "best.yaml")  # the job ignores the autotune: section
