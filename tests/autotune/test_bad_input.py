@@ -18,7 +18,7 @@ from autotune.space import importable
 from autotune.spec import StudySpec
 from autotune.study.setup import create_or_load
 from autotune.study.storage import open_storage
-from tests.helpers.cli import autotune
+from tests.helpers.cli import REPO, autotune
 from tests.helpers.specs import tiny_spec
 from tests.jobutil import make_jpeg_folder
 
@@ -105,10 +105,13 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_is_one_line_exit_2_and_the_study_unchanged(case, existing, tmp_path):
+def test_bad_input_is_one_line_exit_2_and_the_study_unchanged(case, existing, tmp_path, tmp_path_factory):
     d, url = existing
-    if case == "dali-not-installed" and importable("nvidia.dali"):
-        pytest.skip("NVIDIA DALI is installed here")
+    env = None
+    if case == "dali-not-installed" and importable("nvidia.dali"):  # as if not installed, whatever this machine has
+        hide = tmp_path_factory.mktemp("no-dali")
+        (hide / "sitecustomize.py").write_text("import sys\nsys.modules['nvidia.dali'] = None\n")
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(hide), str(REPO), os.environ.get("PYTHONPATH")) if p)}
     changes, extra, message = CASES[case]
     if isinstance(changes, str):
         (tmp_path / "bad.yaml").write_text(changes)
@@ -119,7 +122,7 @@ def test_bad_input_is_one_line_exit_2_and_the_study_unchanged(case, existing, tm
     storage = [] if "--storage" in extra else ["--storage", url]
     before = snapshot(d, url)
 
-    r = autotune("search", "--spec", spec, "--study-name", "bad", *storage, *extra, cwd=tmp_path, timeout=120)
+    r = autotune("search", "--spec", spec, "--study-name", "bad", *storage, *extra, cwd=tmp_path, timeout=120, env=env)
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.startswith("autotune search: error: ") and r.stderr.count("\n") == 1, r.stderr  # one line
     assert message.replace("{d}", str(d)) in r.stderr, r.stderr
