@@ -24,6 +24,7 @@ learning rate was set for, the rate is scaled linearly (Goyal et al., 2017) and 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,10 @@ from autotune.formatting import fmt_interval, fmt_ratio
 from autotune.hw.nvml import Nvml
 from autotune.hw.placement import gpu_count, to_nvml, visible_entries
 from autotune.outputs import write_atomic
+from autotune.ranges import Condition
 from autotune.runner.torchrun import Torchrun
 from autotune.runner.trial import TrialJob, run_trial
+from autotune.space import get_path
 from autotune.study import view
 from autotune.study.storage import record_on_study, study_record
 from autotune.study.view import TrialView
@@ -131,6 +134,10 @@ def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
     name = f"{study.study_name}-{'baseline' if trial.baseline else 'best'}"
     cfg = TrainConfig.from_dict(trial.config).with_overrides({**dict(spec.get("export") or {}), "name": name,
                                                               "output_dir": f"runs/{name}"})
+    if not cfg.script.given:  # a script's trials charge its epoch turns: what they measured stands
+        changes, said = for_a_full_run(cfg)
+        cfg = cfg.with_overrides(changes)
+        warnings += said
     data = cfg.to_dict()
     nproc = int(study.user_attrs.get("nproc_per_node") or 1)
     torchrun = Torchrun.parse(list(study.user_attrs.get("torchrun_args") or []))
@@ -169,6 +176,22 @@ def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
     if lr_record:
         data["autotune"]["lr_scaling"] = lr_record
     return data, warnings
+
+
+def for_a_full_run(cfg: TrainConfig) -> tuple[dict[str, Any], list[str]]:
+    """The built-in job's settings its trials cannot observe, at what a run of many epochs wants
+    (``trainer.knobs.Knob.full_run``) where their range's condition holds: (the overrides, a line for each)."""
+    data, changes, said = cfg.to_dict(), {}, []
+    for k in table().entries:
+        if k.full_run is None or k.space is None:
+            continue
+        value, why = k.full_run
+        when = Condition.parse(k.space.when) if k.space.when else None
+        if get_path(data, k.path) == value or (when is not None and not when.holds(get_path(data, when.path))):
+            continue
+        changes[k.path] = value
+        said.append(f"{k.path}: {json.dumps(value)} for the full run ({why})")
+    return changes, said
 
 
 TRIAL_ENV = (ENV_REQUEST, ENV_CONFIG)

@@ -218,6 +218,10 @@ class Knob:
     repair: tuple[Any, str] | None = None
     """A configuration failure whose message names the knob is run once more at this value: (value, why)."""
 
+    full_run: tuple[Any, str] | None = None
+    """(value, why) for a setting the built-in job's trials cannot observe but a run of many epochs pays for: an
+    exported full run takes this value where its range's condition holds, and the export says why."""
+
     # ---- a user's script ---------------------------------------------------------------------------------------
 
     runtime: str | None = None
@@ -310,8 +314,13 @@ _KNOBS = (
          space=Range(choices=(True, False), when=_NOT_UNDER_DALI),
          needs_gpu="pinned memory only matters for a copy to a CUDA device", runtime="pin_memory",
          runtime_default=False, applied_by="loader", doc="page-locked host batches"),
+    # The built-in job's trials read one endless stream of epochs, so kept and restarted workers measure alike; a
+    # run of many epochs restarts them at every epoch unless they are kept. A script's trials charge its epoch
+    # turns, so what they measured stands there.
     Knob(path="loader.persistent_workers", label="pers", scope="pipeline",
          space=Range(choices=(False, True), when="loader.num_workers > 0"), ceiling_value=False, off=False,
+         full_run=(True, "the trials stream their epochs without restarting the loader's workers, so they measure "
+                         "kept and restarted workers alike; a run of many epochs restarts them at every epoch"),
          runtime="persistent_workers", runtime_default=False, applied_by="loader", doc="workers kept across epochs"),
     # Decode on the GPU first where there is one (it does not compete with the loader workers for cores): DALI's fused
     # decode + crop on the hardware engines and CUDA (what MLPerf's ResNet-50 submissions feed NVIDIA GPUs with),

@@ -31,8 +31,9 @@ SPEC = {"name": "x", "base": {"model": {"name": "resnet50"}, "optimizer": {"lr":
 
 
 def make_study(kind: str, rows: list[tuple[int, float | None, float | None, str | None]], stage: str = "search",
-               storage=None):
-    """rows: (batch, imgs/s, util, failure class); trial 0 is the baseline."""
+               storage=None, **changes):
+    """rows: (batch, imgs/s, util, failure class); trial 0 is the baseline; ``changes``: settings of every trial's
+    config, by dotted path with ``__`` for the dots."""
     spec = StudySpec.from_dict(SPEC)
     objective = Objective(kind=kind)
     study = create_or_load(spec=spec, study_name="x", storage=storage or optuna.storages.InMemoryStorage(),
@@ -48,7 +49,8 @@ def make_study(kind: str, rows: list[tuple[int, float | None, float | None, str 
         if not failure:
             attrs.update(imgs_per_s=ips, util_mean=util, ci_half_width=0.01)
         ev = Evaluation(stage="baseline" if i == 0 else stage, attrs=attrs,
-                        config=base.with_overrides({"training.batch_size": bs}),
+                        config=base.with_overrides({"training.batch_size": bs,
+                                                    **{k.replace("__", "."): v for k, v in changes.items()}}),
                         failure=Failure(failure) if failure else None, message="injected" if failure else None)
         record(study, t, ev, objective, space)
     return study
@@ -73,9 +75,25 @@ def test_best_is_the_fastest_feasible_trial_and_lr_scales_with_the_global_batch(
 
 
 def test_same_global_batch_keeps_the_lr(tmp_path):
-    study = make_study("throughput", [(128, 1000.0, None, None)])  # 128 x 2 = 256
+    study = make_study("throughput", [(128, 1000.0, None, None)], loader__persistent_workers=True)  # 128 x 2 = 256
     data, warnings = export.build(study, export.pick_trial(study))
     assert warnings == [] and "lr_scaling" not in data["autotune"] and data["optimizer"]["lr"] == 0.1
+
+
+def test_a_full_run_keeps_the_loader_workers_its_trials_could_not_tell_from_restarted_ones():
+    """The built-in job's trials stream their epochs: a best trial drawn with workers restarted every epoch measured
+    as fast as with them kept, and its export then restarted them at every epoch of the full run."""
+    study = make_study("throughput", [(128, 1000.0, None, None)])  # 4 workers, not kept (the job's defaults)
+    data, warnings = export.build(study, export.pick_trial(study))
+    assert data["loader"]["persistent_workers"] is True and TrainConfig.from_dict(data).loader.persistent_workers
+    assert warnings == ["loader.persistent_workers: true for the full run (the trials stream their epochs without "
+                        "restarting the loader's workers, so they measure kept and restarted workers alike; a run of "
+                        "many epochs restarts them at every epoch)"]
+    for changes in ({"loader__num_workers": 0},  # no workers to keep
+                    {"script__path": "train.py", "data__kind": "script"}):  # a script's trials charge its turns
+        study = make_study("throughput", [(128, 1000.0, None, None)], **changes)
+        data, warnings = export.build(study, export.pick_trial(study))
+        assert not data.get("loader", {}).get("persistent_workers") and warnings == [], changes
 
 
 def test_pareto_picks_from_the_front():

@@ -64,10 +64,13 @@ def test_loader_mode_measures_the_pipeline_alone(jpegs, tmp_path):
     assert all(w["loss_start"] is None and w["loss_end"] is None for w in kinds(records, "window"))  # no model
 
 
-def test_resume_from_checkpoint_equals_uninterrupted_run(jpegs, tmp_path):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resume_from_checkpoint_equals_uninterrupted_run(jpegs, tmp_path, persistent):
+    # Kept workers are not started again for the next epoch: their augmentation must still restart from the epoch's
+    # seed, or a run resumed there augments otherwise than the uninterrupted one.
     base = {"data.kind": "imagefolder", "data.path": str(jpegs), "data.decode": "torchvision-cpu",
             "training.mode": "train", "training.validate_every": 0, "training.batch_size": 6,
-            "optimizer.lr": 0.05}
+            "optimizer.lr": 0.05, "loader.persistent_workers": persistent}
     # 36 images / (6 x 2 ranks) = 3 steps per epoch.
     straight = tiny_config(**base, **{"training.epochs": 2, "output_dir": str(tmp_path / "a")})
     code, records, log = run_job(straight, tmp_path / "a")

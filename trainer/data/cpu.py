@@ -10,10 +10,11 @@ PIL and torchvision are imported inside the functions that use them: importing t
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler, get_worker_info
 
 from trainer.apply import data_loader
 from trainer.config import ConfigError, TrainConfig
@@ -35,15 +36,38 @@ class UnreadableImage(Exception):
 
 
 class ImageFileDataset(Dataset):
-    """(transformed image, label) per file; subclasses say how a file becomes an image."""
+    """(transformed image, label) per file; subclasses say how a file becomes an image.
 
-    def __init__(self, samples, transform):
-        self.samples, self.transform = samples, transform
+    ``seed``: the augmentation of a loader worker's images derives from (seed, epoch, worker): each worker reseeds
+    its RNG at its first image of an epoch (``set_epoch``), whether it was started for the epoch or kept from the
+    last one (persistent workers), so a run resumed at an epoch augments that epoch as the uninterrupted run did.
+    ``None``: no reseeding (no augmentation to replay)."""
+
+    def __init__(self, samples, transform, seed: int | None = None):
+        self.samples, self.transform, self.seed = samples, transform, seed
+        # Shared with the workers: the main process writes the epoch before the epoch's indices reach them.
+        self.epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._seeded_for: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch.fill_(epoch)
 
     def __len__(self):
         return len(self.samples)
 
+    def _reseed(self) -> None:
+        worker = get_worker_info()
+        if self.seed is None or worker is None:  # in the main process its RNG is the run's, left alone
+            return
+        epoch = int(self.epoch)
+        if self._seeded_for != epoch:
+            self._seeded_for = epoch
+            seed = ((self.seed * 100_003 + epoch) * 4_099 + worker.id) % 2**63
+            torch.manual_seed(seed)
+            random.seed(seed)
+
     def __getitem__(self, i):
+        self._reseed()
         path, label = self.samples[i]
         try:
             image = self.load(path)
@@ -116,7 +140,9 @@ class LoaderPipeline:
                  device: torch.device):
         decode = cfg.data.decode
         transform = cpu_transforms(cfg, train=train, decode=decode)
-        dataset = (PILDataset if decode == "pil" else TensorJPEGDataset)(split.samples, transform)
+        dataset = (PILDataset if decode == "pil" else TensorJPEGDataset)(
+            split.samples, transform, seed=cfg.training.seed if train else None)
+        self.dataset = dataset
         batch = cfg.training.batch_size
         if train and len(dataset) < batch * world_size:
             raise ConfigError([(f"{len(dataset)} training images cannot fill one batch of {batch} on each of "
@@ -124,7 +150,8 @@ class LoaderPipeline:
         # Validation shards are disjoint and unpadded (rank::world), so no image is counted twice.
         self.sampler = (train_sampler(dataset, cfg, rank=rank, world_size=world_size) if train
                         else range(rank, len(dataset), world_size))
-        self.seed = cfg.training.seed
+        # The generator keeps the workers' start from drawing on the run's RNG; their augmentation is reseeded
+        # from (seed, epoch, worker) by the dataset itself.
         self.loader = data_loader(
             dataset, cfg.loader, device, batch_size=batch, sampler=self.sampler, drop_last=train,
             worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(cfg.training.seed))
@@ -137,8 +164,7 @@ class LoaderPipeline:
     def set_epoch(self, epoch: int) -> None:
         if isinstance(self.sampler, DistributedSampler):
             self.sampler.set_epoch(epoch)
-        # Worker augmentation seeds are drawn from this generator when an epoch's iterator starts.
-        self.loader.generator.manual_seed(self.seed * 100_003 + epoch)
+        self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for images, labels in self.loader:

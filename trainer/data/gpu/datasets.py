@@ -30,6 +30,9 @@ class JpegBytesDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing to reseed: the bytes are augmented on the device, from the pipeline's own generator."""
+
     def __getitem__(self, i: int) -> tuple[bytes, int]:
         path, label = self.samples[i]
         with open(path, "rb") as f:
@@ -74,9 +77,9 @@ class HybridDataset(Dataset):
     read as bytes for the GPU. Positions, not file indices, decide, so the split is exact in every batch and
     deterministic in the sampler's order (which is already a shuffle)."""
 
-    def __init__(self, samples: Sequence[tuple[str, int]], transform, cpu_fraction: float):
+    def __init__(self, samples: Sequence[tuple[str, int]], transform, cpu_fraction: float, seed: int | None = None):
         self.samples, self.cpu_fraction = samples, cpu_fraction
-        self.decoded = TensorJPEGDataset(samples, transform)
+        self.decoded = TensorJPEGDataset(samples, transform, seed=seed)
         self.raw = JpegBytesDataset(samples)
 
     def __len__(self) -> int:
@@ -84,6 +87,9 @@ class HybridDataset(Dataset):
 
     def __getitem__(self, i: int) -> tuple[bytes, int]:
         return self.raw[i]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.decoded.set_epoch(epoch)
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor | bytes, int]]:
         k = cpu_share(len(indices), self.cpu_fraction)

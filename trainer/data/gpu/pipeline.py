@@ -45,11 +45,12 @@ class BatchedDecodePipeline:
         if len(samples) < batch * world_size:
             raise ConfigError([(f"{len(samples)} training images cannot fill one batch of {batch} on each of "
                                 f"{world_size} ranks: lower training.batch_size or add images")])
+        self.rank = rank
         self.dataset, collate = self._dataset(samples)
         self.sampler = train_sampler(self.dataset, cfg, rank=rank, world_size=world_size)
         self.loader = data_loader(self.dataset, cfg.loader, self.device, batch_size=batch, sampler=self.sampler,
                                   collate_fn=collate, drop_last=True, **self._loader_seeding())
-        self.rank, self.ahead, self.epoch = rank, ahead, 0
+        self.ahead, self.epoch = ahead, 0
         self.stream = (torch.cuda.Stream(self.device, priority=stream_priority) if self.device.type == "cuda"
                        else None)
         self._producer: _Producer | None = None
@@ -65,6 +66,7 @@ class BatchedDecodePipeline:
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
+        self.dataset.set_epoch(epoch)
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -73,8 +75,6 @@ class BatchedDecodePipeline:
         # Crops and flips derive from (seed, epoch, rank): a resumed run replays its epoch's augmentation.
         seed = (self.cfg.training.seed * 100_003 + self.epoch) * 4_099 + self.rank
         generator = torch.Generator().manual_seed(seed)
-        if self.loader.generator is not None:  # worker RNG seeds (hybrid's CPU share) are drawn from it below
-            self.loader.generator.manual_seed(seed)
         producer = _Producer(self, iter(self.loader), generator)  # workers fork here, in the caller's thread
         self._producer = producer
         try:
@@ -143,12 +143,14 @@ class HybridDecodePipeline(BatchedDecodePipeline):
 
     def _dataset(self, samples):
         transform = cpu_transforms(self.cfg, train=True, decode="torchvision-cpu")
-        return (HybridDataset(samples, transform, self.cfg.data.hybrid_cpu_fraction),
+        return (HybridDataset(samples, transform, self.cfg.data.hybrid_cpu_fraction,
+                              seed=self.cfg.training.seed * 4_099 + self.rank),
                 HybridCollate(self.cfg.data.image_size))
 
     def _loader_seeding(self) -> dict:
-        # The CPU share's transforms draw from each worker's torch RNG, seeded from this generator (as in the
-        # torchvision-cpu path); __iter__ reseeds it from (seed, epoch, rank).
+        # The CPU share's transforms draw from each worker's torch RNG, which the dataset reseeds from (seed, rank,
+        # epoch, worker) at each epoch's first image (as the torchvision-cpu path does); the generator keeps the
+        # workers' start off the run's own RNG.
         return {"worker_init_fn": seed_worker, "generator": torch.Generator().manual_seed(self.cfg.training.seed)}
 
     def prepare(self, batch, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
