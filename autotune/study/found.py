@@ -36,7 +36,7 @@ def found(trials: list[TrialView], per: str = "imgs/s", *, share: str = "") -> s
 
 def describe_baseline(base: TrialView, per: str = "imgs/s") -> str:
     """The baseline as a line names it, with its figure: trial 0, or trial 0 with its re-measures in fresh
-    processes, combined (``trial 0 (the baseline, 1,681 ± 1.5 %)``)."""
+    processes, combined (``trial 0 (the baseline, 1,000 ± 1.5 %)``)."""
     runs = view.describe_runs(base, per)
     return (f"trial {base.label}" + (" with its re-measure" if runs else "") + " (the baseline, "
             f"{fmt_interval(base.imgs_per_s, base.half_width)}{runs.replace(' (', '; ', 1)[:-1] if runs else ''})")

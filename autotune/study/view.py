@@ -392,8 +392,8 @@ def searched(trials: list[TrialView]) -> list[str]:
 
 
 def describe_runs(v: TrialView, per: str = "imgs/s") -> str:
-    """What a configuration run more than once stands on, for the line that gives its figure (``" (trials 13 and 25:
-    6,848 ± 1.1 % / 6,612 ± 1.4 % imgs/s)"``); "" for a single run."""
+    """What a configuration run more than once stands on, for the line that gives its figure (``" (trials 3 and 5:
+    1,250 ± 1.1 % / 1,210 ± 1.4 % imgs/s)"``); "" for a single run."""
     runs = v.attrs.get(RUNS) or []
     if len(runs) < 2:
         return ""

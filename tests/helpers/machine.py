@@ -18,6 +18,7 @@ The figures a machine is built with are inputs of a test, not measurements of an
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 import zlib
@@ -340,8 +341,13 @@ def _what(cfg) -> str:
     """What a run's config runs, without where (its folders and its name): the settings where it differs from the
     job's defaults, so that a setting added to the job at its default leaves every run's noise as it was."""
     where = {"name", "output_dir", "training.compile_cache_dir", "data.path"}
-    default = flat(TrainConfig().to_dict())
+    default = _defaults()
     return repr(sorted((k, v) for k, v in flat(cfg.to_dict()).items() if k not in where and default.get(k) != v))
+
+
+@functools.cache
+def _defaults() -> dict:
+    return flat(TrainConfig().to_dict())
 
 
 def flat(d: dict, prefix: str = "") -> dict:

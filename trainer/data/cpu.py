@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, DistributedSampler, get_worker_info
 from trainer.apply import data_loader
 from trainer.config import ConfigError, TrainConfig
 from trainer.data.files import Split
-from trainer.data.sampling import seed_worker, train_sampler
+from trainer.data.sampling import epoch_seed, train_sampler
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -62,7 +62,7 @@ class ImageFileDataset(Dataset):
         epoch = int(self.epoch)
         if self._seeded_for != epoch:
             self._seeded_for = epoch
-            seed = ((self.seed * 100_003 + epoch) * 4_099 + worker.id) % 2**63
+            seed = epoch_seed(self.seed, epoch, worker.id)
             torch.manual_seed(seed)
             random.seed(seed)
 
@@ -154,7 +154,7 @@ class LoaderPipeline:
         # from (seed, epoch, worker) by the dataset itself.
         self.loader = data_loader(
             dataset, cfg.loader, device, batch_size=batch, sampler=self.sampler, drop_last=train,
-            worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(cfg.training.seed))
+            generator=torch.Generator().manual_seed(cfg.training.seed))
         self.device = device
         self.normalize = DeviceNormalize(device, cfg.training.channels_last)
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
-import torch
 from torch.utils.data import DistributedSampler
 
 from trainer.config import TrainConfig
@@ -34,7 +31,7 @@ def train_sampler(dataset, cfg: TrainConfig, *, rank: int, world_size: int) -> D
     return cls(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.training.seed, drop_last=True)
 
 
-def seed_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn`` of the paths that augment in the workers."""
-    # transforms.v2 draws from torch's RNG, which DataLoader already seeds per worker; python's `random` is not.
-    random.seed(torch.initial_seed() % 2**32)
+def epoch_seed(seed: int, epoch: int, salt: int) -> int:
+    """The seed of one epoch's augmentation on one rank or loader worker (``salt``): a function of the run's seed and
+    the epoch alone, so that a resumed run replays the epoch it resumes in."""
+    return ((seed * 100_003 + epoch) * 4_099 + salt) % 2**63

@@ -21,7 +21,7 @@ from trainer.data.cpu import cpu_transforms
 from trainer.data.gpu.crop import batched_resized_crop, normalize_into, sample_crop_boxes
 from trainer.data.gpu.datasets import HybridCollate, HybridDataset, JpegBytesDataset, collate_bytes, unpack_bytes
 from trainer.data.gpu.decode import decode_batch
-from trainer.data.sampling import seed_worker, train_sampler
+from trainer.data.sampling import epoch_seed, train_sampler
 
 
 class BatchedDecodePipeline:
@@ -73,8 +73,7 @@ class BatchedDecodePipeline:
         if self._producer is not None:  # an earlier iteration the consumer left unfinished
             self._producer.stop()
         # Crops and flips derive from (seed, epoch, rank): a resumed run replays its epoch's augmentation.
-        seed = (self.cfg.training.seed * 100_003 + self.epoch) * 4_099 + self.rank
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(epoch_seed(self.cfg.training.seed, self.epoch, self.rank))
         producer = _Producer(self, iter(self.loader), generator)  # workers fork here, in the caller's thread
         self._producer = producer
         try:
@@ -151,7 +150,7 @@ class HybridDecodePipeline(BatchedDecodePipeline):
         # The CPU share's transforms draw from each worker's torch RNG, which the dataset reseeds from (seed, rank,
         # epoch, worker) at each epoch's first image (as the torchvision-cpu path does); the generator keeps the
         # workers' start off the run's own RNG.
-        return {"worker_init_fn": seed_worker, "generator": torch.Generator().manual_seed(self.cfg.training.seed)}
+        return {"generator": torch.Generator().manual_seed(self.cfg.training.seed)}
 
     def prepare(self, batch, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         cpu_images, buf, lengths, labels = batch
