@@ -375,13 +375,14 @@ def test_a_spec_that_names_compile_gets_it_weighed_by_the_stages_and_paid_once_p
     (a, t), = on
     assert ceilings[0][0]["overrides"]["training.compile"] is False and t.number > ceilings[0][1].number
     assert a["compile_s"] > 0 and a["compiles"] >= 1 and a["loss_end"] > 0
-    # Against the fastest eager ceiling, as the stages weigh a point of the grid: by the interval of its fastest
-    # measurement (``bounds.tied_pairs``), not by a ratio of the two figures.
-    eager = max((u for b, u in ceilings if not b["overrides"]["training.compile"] and u.value is not None),
-                key=lambda u: u.value)
+    # Against the eager ceiling at the compiled one's batch (the only eager one measured when the stages weigh it: a
+    # larger batch is measured after), by its interval, as the stages weigh them (``bounds.tied_pairs``): a compiled
+    # ceiling slower by more than its spread can still tie, and a tie is broken end to end.
+    batch = a["overrides"]["training.batch_size"]
+    eager = max((u for b, u in ceilings if not b["overrides"]["training.compile"] and u.value is not None
+                 and b["overrides"]["training.batch_size"] == batch), key=lambda u: u.value)
     compiled = [u for u in trials if u.datetime_start > t.datetime_start and u.params.get("training.compile")]
     if not view.TrialView.of(t, part=True).interval.below(view.TrialView.of(eager, part=True).interval):
-        # Faster, or tied (the intervals overlap: a tie is broken end to end).
         # A compiled candidate is asked for; it runs unless its ceiling is already below the best end-to-end trial.
         assert compiled, [(u.number, u.params) for u in trials]
         ran = [u for u in compiled if u.state == S.COMPLETE]
