@@ -301,8 +301,10 @@ _KNOBS = (
     Knob(path="training.cudnn_benchmark", label="cudnn_search", scope="model", space=Range(choices=(True, False)),
          default_space=False, shown=7, runtime="cudnn_benchmark", applied_by="always",
          doc="cuDNN's per-shape algorithm search; the ceiling stage decides it by measurement"),
+    # End to end the rank's own processes (the training loop, the pinning thread, a GPU decode's host work) need
+    # cores beside the loader's workers: the first candidate leaves them a quarter, and the climb settles the count.
     Knob(path="loader.num_workers", label="wk", scope="pipeline", space=Range(low=0, high=AUTO, when=_NOT_UNDER_DALI),
-         auto="cores",
+         auto="cores", first_share=0.75,
          ceiling_value=0, shown=6, runtime="num_workers", runtime_default=0, applied_by="loader",
          doc="DataLoader worker processes per rank"),
     Knob(path="loader.prefetch_factor", label="pf", scope="pipeline",

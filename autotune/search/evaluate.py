@@ -41,7 +41,7 @@ BASELINE_PRECISION = 0.05
 seed configuration, noisy window to window and process to process, and a ratio to it carries its interval either
 way; measuring it as tightly as a candidate costs a search a fifth of its budget."""
 
-BOUNDED_STAGES = frozenset({Stage.CANDIDATE, Stage.REFINE, Stage.SEARCH, Stage.RETRY})
+BOUNDED_STAGES = frozenset({Stage.CANDIDATE, Stage.CLIMB, Stage.REFINE, Stage.SEARCH, Stage.RETRY})
 """End-to-end trials not launched when what the stages measured bounds them below the best (not the baseline, and
 not a start the spec asked for)."""
 

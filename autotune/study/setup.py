@@ -13,6 +13,7 @@ import os
 import socket
 import time
 import warnings
+import zlib
 from typing import Any
 
 import optuna
@@ -72,7 +73,7 @@ def create_or_load(*, spec: StudySpec, study_name: str, storage, objective: Obje
     Creation is what decides between workers started together: the database lets exactly one create the study, and
     the others wait until it has recorded the spec and enqueued trial 0 (``SETUP_WAIT_S``)."""
     fp = spec.fingerprint(nproc)
-    sampler, pruner = make_sampler(spec, seed), make_pruner(spec, objective.multi)
+    sampler, pruner = make_sampler(spec, study_seed(spec, study_name, seed)), make_pruner(spec, objective.multi)
     try:
         try:
             study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner,
@@ -119,6 +120,14 @@ def _other_setup(study_name: str, spec: StudySpec, old: str, fp: str) -> str:
                 "was made with")
     return (f"study {study_name} exists with a different spec or world size (fingerprint {old}, now {fp}); use "
             "--study NEW, or rerun with the spec and --nproc-per-node it was made with")
+
+
+def study_seed(spec: StudySpec, study_name: str, seed: int | None) -> int | None:
+    """The sampler seed of the worker that creates a study: ``seed`` where given (``--seed``: reproducible); else
+    the spec's mixed with the study's name, so that studies of one spec do not all draw the same first trials."""
+    if seed is not None or spec.sampler.seed is None:
+        return seed
+    return zlib.crc32(f"{spec.sampler.seed}:{study_name}".encode())
 
 
 def worker_seed(seed: int, n_trials: int) -> int:

@@ -8,7 +8,8 @@ They live in a companion Optuna study of the same storage, ``<study>.parts`` (``
 everything that reads the main study with Optuna's own tools — optuna-dashboard's best, history and importances,
 ``optuna best-trial``, the sampler — sees end-to-end trials only. ``views(study)`` merges both, in the order they ran:
 a part is labelled ``p<N>`` (its number in the parts study), an end-to-end trial by its number. Every other stage
-(``baseline``, ``start``, ``candidate``, ``refine``, ``retry``, ``search``, ``confirm``) is an end-to-end training run.
+(``baseline``, ``start``, ``candidate``, ``climb``, ``refine``, ``retry``, ``search``, ``confirm``) is an end-to-end
+training run.
 
 (Studies made before the parts study held their stage measurements in the main study; they read the same.)
 
@@ -59,6 +60,9 @@ class Stage(_StrEnum):
 
     REFINE = "refine"
     """A draw of the sampler with the best end-to-end trials' key settings held."""
+
+    CLIMB = "climb"
+    """A neighbour of the climb's point: one knob moved one step (``autotune.search.stages._climb``)."""
 
     RETRY = "retry"
     """A trial's parameters run again (repaired, or after its search vanished), where its attrs name no stage."""
@@ -111,7 +115,7 @@ class Outcome(_StrEnum):
 
 
 REQUEST_ATTRS = ("stage", "overrides", "start", "baseline", "remeasure_of", "cudnn_evidence", "stop_when",
-                 "uncertain", "confirm_of")
+                 "uncertain", "confirm_of", "climb_from", "climb_knob", "climb_dir")
 """The user attrs that say what a trial was asked to be (a stage, a measurement's settings, how it may stop): a
 trial run again (repaired, or after its search vanished) carries them over."""
 

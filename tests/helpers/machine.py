@@ -82,6 +82,12 @@ class Machine:
 
     max_workers: int = 8
 
+    contend_past: int | None = None
+    """End to end, loader workers past this count contend with the rank's own processes for cores: each one more
+    costs ``contention`` of the pace (the pipeline alone, with no model beside it, is not slowed)."""
+
+    contention: float = 0.1
+
     luck: dict[str, list[float]] = field(default_factory=dict)
     """Per decode path, the pace of its successive end-to-end runs as multiples of their steady pace (1.0 once the
     list is spent): one run's luck, which a run again does not repeat."""
@@ -141,7 +147,8 @@ class Machine:
         share = self.e2e_share_at.get((cfg.training.precision, cfg.training.channels_last), self.e2e_share)
         compute, supply = self.compute(cfg, searched), self.supply(cfg)
         device_s = self.device_s(cfg)
-        return share * min(supply, 1.0 / (1.0 / compute + device_s))
+        crowded = max(0, cfg.loader.num_workers - self.contend_past) if self.contend_past is not None else 0
+        return share * min(supply, 1.0 / (1.0 / compute + device_s)) * max(0.2, 1.0 - self.contention * crowded)
 
     def device_s(self, cfg) -> float:
         """Seconds of the GPUs' time each sample's decode takes (the hybrid: its GPU share's)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune.search.bounds import NOT_ITS_FAULT, Pipe, grid, pair_label
 from autotune.search.stages._ask import REACH, Ask
-from autotune.search.stages._first import persist_own_workers, pipeline_settings
+from autotune.search.stages._first import cores, persist_own_workers, pipeline_settings
 from autotune.space import Param, get_path
 from autotune.study.view import Outcome, Stage, TrialView
 from trainer.knobs import table
@@ -77,7 +77,7 @@ class Candidates:
         fixed.update(pipe.settings)
         fixed.update(pipeline_settings(m, fixed.get("data.decode"), end_to_end=True))
         if "loader.num_workers" in m.space:
-            fixed["loader.num_workers"] = max(m.choices("loader.num_workers"))
+            fixed["loader.num_workers"] = cores(m, "loader.num_workers", end_to_end=True)
         if persist_own_workers(m):
             fixed["loader.persistent_workers"] = True
         if "training.accum_steps" in m.space:
@@ -117,15 +117,7 @@ class Candidates:
         self.ask.trial(self.complete(fixed), attrs)
 
     def complete(self, fixed: dict[str, Any]) -> dict[str, Any]:
-        """Optuna params for every active knob: ``fixed`` where given, else the baseline's value (the library
-        defaults a tutorial uses), else the base's nearest value."""
-        plan, base = self.ask.measured.plan, self.ask.measured.base
-        params: dict[str, Any] = {}
-        for p in plan.space.params:
-            if not plan.space.active(p, params, base):
-                continue
-            params[p.path] = _value(p, fixed, plan.baseline, base)
-        return params
+        return complete(self.ask.measured.plan, self.ask.measured.base, fixed)
 
     def baseline_again(self, vs: list[TrialView]) -> Stage | None:
         """Trial 0 measured again in a fresh process, where its interval was still wider than the precision asked
@@ -143,6 +135,17 @@ class Candidates:
                                         "process; the baseline combines the two runs")
         self.ask.trial(dict(first.params), {"stage": Stage.BASELINE, "remeasure_of": first.number})
         return Stage.BASELINE
+
+
+def complete(plan, base: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
+    """Optuna params for every active knob: ``fixed`` where given, else the baseline's value (the library defaults a
+    tutorial uses), else the base's nearest value."""
+    params: dict[str, Any] = {}
+    for p in plan.space.params:
+        if not plan.space.active(p, params, base):
+            continue
+        params[p.path] = _value(p, fixed, plan.baseline, base)
+    return params
 
 
 def _value(p: Param, fixed: dict[str, Any], baseline: dict[str, Any], base: dict[str, Any]) -> Any:

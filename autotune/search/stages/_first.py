@@ -38,14 +38,17 @@ def pipeline_settings(m: Measured, decode: str | None, *, end_to_end: bool = Fal
     end to end their share beside the model (``Knob.first_share``), and each knob's measured likeliest fastest value
     (``Knob.first``) where it has one."""
     own = [p for p in m.space.values() if p.when is not None and p.when.path == "data.decode" and p.when.holds(decode)]
-
-    def cores(p) -> int:
-        most = max(m.choices(p.path))
-        share = p.knob.first_share if end_to_end else None
-        return most if share is None else max(min(m.choices(p.path)), round(most * share))
-
-    return {**{p.path: cores(p) for p in own if p.knob.auto == "cores"},
+    return {**{p.path: cores(m, p.path, end_to_end=end_to_end) for p in own if p.knob.auto == "cores"},
             **{p.path: p.knob.first for p in own if p.knob.first is not UNSET and p.contains(p.knob.first)}}
+
+
+def cores(m: Measured, path: str, *, end_to_end: bool) -> int:
+    """A knob counted in cores (loader workers, DALI's threads) where the stages first run it: its most alone (what
+    the pipeline can feed with no model beside it), end to end its share of that (``Knob.first_share``): the rank's
+    own processes need cores too, and the climb settles the count."""
+    most = max(m.choices(path))
+    share = m.space[path].knob.first_share if end_to_end and path in m.space else None
+    return most if share is None else max(min(m.choices(path)), round(most * share))
 
 
 @dataclass

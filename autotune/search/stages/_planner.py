@@ -12,6 +12,7 @@ from autotune.search.bounds import Measured, grid, pair_label
 from autotune.search.stages._ask import BLOCKED, Ask
 from autotune.search.stages._budget import PARTS_SHARE, Budget, Spend
 from autotune.search.stages._candidates import Candidates
+from autotune.search.stages._climb import Climb
 from autotune.search.stages._confirm import Confirm
 from autotune.search.stages._cudnn import Cudnn
 from autotune.search.stages._first import First
@@ -42,6 +43,7 @@ class StagePlanner:
     cudnn: Cudnn = field(init=False)
     limits: Limits = field(init=False)
     folder: Folder = field(init=False)
+    climb: Climb = field(init=False)
     refine: Refine = field(init=False)
     confirm: Confirm = field(init=False)
 
@@ -55,6 +57,7 @@ class StagePlanner:
         self.cudnn = Cudnn(ask)
         self.limits = Limits(ask, self.first, self.candidates, self.cudnn)
         self.folder = Folder(ask, self.first)
+        self.climb = Climb(ask)
         self.refine = Refine(ask)
         self.confirm = Confirm(ask)
 
@@ -129,7 +132,7 @@ class StagePlanner:
         for step in (self.first.ceiling, self.first.supply, self.candidates.candidates,
                      self.candidates.baseline_again, self.confirm.confirm, self.cudnn.evidence,
                      self.folder.image_loader, self.limits.limiting, self.limits.batches,
-                     self.limits.uncertain, self.refine.refine):
+                     self.limits.uncertain, self.climb.climb, self.refine.refine):
             name = step(vs)
             if name == BLOCKED:
                 return None

@@ -216,10 +216,9 @@ def test_when_a_precision_diverges_end_to_end_the_next_fastest_takes_over():
     assert fp16 and all(v.failure_class == "diverged" for v in fp16)
     good = [v for v in r.views if v.stage == "candidate" and v.feasible]
     assert good and all(v.setting("training.precision") == "bf16" for v in good)
-    # Refinement holds the pipeline, precision and layout of the best end-to-end trial, not the baseline's.
-    refine = [v for v in r.views if v.stage == "refine"]
-    assert refine and {(v.params["training.precision"], v.params["training.channels_last"]) for v in refine} == \
-        {("bf16", True)}
+    # The climb moves from the best end-to-end trial, holding its precision, not the baseline's.
+    climb = [v for v in r.views if v.stage in ("climb", "refine")]
+    assert climb and {v.params["training.precision"] for v in climb} == {"bf16"}
     assert view.fastest(r.views).setting("training.precision") == "bf16"
     # cuDNN decided for the precision and layout the candidates moved to, as for the first.
     assert set(r.study.user_attrs["cudnn"]) == {"fp16 channels_last", "bf16 channels_last"}
@@ -321,12 +320,13 @@ def test_a_draw_the_ceiling_bounds_below_the_best_is_not_launched_and_costs_no_t
     r.study.enqueue_trial({**best.params, "training.batch_size": 64, "training.accum_steps": 1},
                           user_attrs={"stage": "refine"})
     again = search(Machine(ceilings=GPU, supplies=FEEDS), trials=1, storage=storage)
-    skipped = [v for v in again.views if v.attrs.get("pruned_before_launch")]
+    skipped = [v for v in again.views if v.attrs.get("pruned_before_launch") and v.stage == "refine"]
     assert len(skipped) == 1 and skipped[0].state == TrialState.PRUNED and skipped[0].imgs_per_s is None
     assert "batch 64" in skipped[0].attrs["pruned_before_launch"] and "not launched" in again.out
     t = again.study.trials[skipped[0].number]
     assert t.intermediate_values == {} and t.value is None  # the sampler sees a pruned draw that never ran
-    assert len(again.views) == len(r.views) + 2  # ... and the search still ran its one trial
+    # ... and the search still ran its one trial (moves of the climb the ceiling bounds are not launched either)
+    assert len([v for v in again.views[len(r.views):] if not v.attrs.get("pruned_before_launch")]) == 1
     assert len(again.pool.runs) == 1
 
 
@@ -357,7 +357,7 @@ def test_optunas_view_of_the_main_study_holds_end_to_end_trials_only():
     best = next(v for v in e2e(r) if v.number == r.study.best_trial.number)
     assert best.interval.ties(view.fastest(r.views).interval)
     # The project's own view still has both, in the order they ran.
-    assert {v.stage for v in r.views} >= {"baseline", "ceiling", "supply", "candidate", "refine"}
+    assert {v.stage for v in r.views} >= {"baseline", "ceiling", "supply", "candidate", "climb"}
 
 
 def test_a_job_that_can_measure_neither_part_runs_the_sampler_alone_and_says_so():
@@ -574,7 +574,7 @@ def test_a_best_that_never_had_a_competitor_is_not_confirmed_the_budget_explores
     # Trials of about a minute (a script's own loader in whole epochs took 171 s on 1xH200): after the first candidate
     # the time left pays for one trial. Picked from one run, its figure is no draw's top: the last trial explores.
     r = search(Machine(ceilings=GPU, supplies=FEEDS, run_s=60.0), trials=30, timeout=330, clock=SimClock())
-    assert [v.stage for v in e2e(r)] == ["baseline", "candidate", "refine"]
+    assert [v.stage for v in e2e(r)] == ["baseline", "candidate", "climb"]
 
 
 # ---- what really limits the job: a decode on the GPUs beside the model, a model bound by its launches ----------------
@@ -634,3 +634,72 @@ def test_a_model_bound_by_its_launches_weighs_compile_before_other_precisions_an
     busy = search(Machine(ceilings=GPU, supplies=FEEDS, compile_gain=1.4, compile_s=20.0), spec=COMPILING,
                   trials=24, util=True, trial_timeout=150.0)
     assert "kernel launches bound" not in busy.out
+
+
+# ---- the climb: each trial after the candidates a neighbour of the best -------------------------------------------
+
+CROWDED = {"pil": 1500.0, "torchvision-cpu": 2500.0, "nvjpeg-gpu": 2000.0}
+"""Pipelines that feed less than the model takes (an input to the simulation): the job is input-bound."""
+
+
+def crowded_machine() -> Machine:
+    """Its pipelines feed their most from 4 loader workers on; end to end, every worker past 4 takes a core the
+    rank's own processes need (``Machine.contend_past``), so the fastest count is below the cores."""
+    return Machine(ceilings=GPU, supplies=CROWDED, max_workers=4, contend_past=4, contention=0.1)
+
+
+def grid_optimum(machine: Machine, spec=SPEC) -> float:
+    """The machine's fastest end-to-end pace over every point of the spec's space (the simulation's own figures)."""
+    space, base = spec["space"], constructed_plan(spec).base
+    low, high = space["loader.num_workers"]["low"], space["loader.num_workers"]["high"]
+    best = 0.0
+    for precision in space["training.precision"]:
+        for layout in space["training.channels_last"]:
+            for bs in space["training.batch_size"]:
+                for decode in space["data.decode"]:
+                    for fraction in space["data.hybrid_cpu_fraction"]["choices"] if decode == "hybrid" else [0.5]:
+                        for workers in range(low, high + 1):
+                            cfg = base.with_overrides({
+                                "training.precision": precision, "training.channels_last": layout,
+                                "training.batch_size": bs, "data.decode": decode,
+                                "data.hybrid_cpu_fraction": fraction, "loader.num_workers": workers})
+                            best = max(best, machine.pace(cfg, searched=True))
+    return best
+
+
+def test_where_workers_past_a_count_slow_the_job_the_climb_finds_the_machines_optimum():
+    machine = crowded_machine()
+    r = search(machine, trials=16)
+    best = view.fastest(r.views)
+    optimum = grid_optimum(machine)
+    assert best.imgs_per_s >= 0.95 * optimum, r.out
+    # The candidate left the rank's processes a share of the cores; the climb moved its workers down from there, and
+    # the best is a climb trial that beat the first candidate.
+    first = next(v for v in e2e(r) if v.stage == "candidate")
+    assert first.params["loader.num_workers"] < SPEC["space"]["loader.num_workers"]["high"]
+    assert best.stage == "climb" and first.interval.below(best.interval)
+    assert best.params["loader.num_workers"] < first.params["loader.num_workers"]
+    assert "the input pipeline limits it: the loader's and the pipeline's knobs first, workers first" in r.out
+
+
+def test_each_climb_trial_is_one_knob_one_step_from_its_point_and_no_draw_comes_before_the_climb_ends():
+    r = search(crowded_machine(), trials=30)
+    by_number = {v.number: v for v in e2e(r)}
+    climbs = [v for v in e2e(r) if v.stage == "climb"]
+    assert len(climbs) >= 4
+    points = {c.attrs["climb_from"] for c in climbs}
+    for c in climbs:
+        point = by_number[c.attrs["climb_from"]]
+        changed = {k for k in {*c.params, *point.params} if c.params.get(k) != point.params.get(k)}
+        assert changed == {c.attrs["climb_knob"]}, (c.number, changed)
+    # Each point is the first candidate, a climb trial that beat its own point (or tied it cheaper), or a later draw
+    # that beat the climb's end: the climb then starts again from it.
+    for number in points:
+        moved = by_number[number]
+        assert moved.stage != "climb" or moved.attrs["climb_from"] < number
+    # The sampler draws only once the first climb has no move left.
+    draws = [v.number for v in e2e(r) if v.stage in ("refine", "search")]
+    first = [c for c in climbs if not draws or c.number < min(draws)]
+    start = first[0].attrs["climb_from"]
+    assert first and {c.attrs["climb_from"] for c in first} <= {start, *(c.number for c in first)}
+    assert "stages: the climb ends at trial" in r.out
