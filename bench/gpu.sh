@@ -36,7 +36,7 @@
 #                  weigh torch.compile where the model alone leaves the GPU idle. SCRIPT_SPEC=FILE: these
 #                  script stages' searches with that spec (`--spec`: its space narrows or widens theirs), each study's
 #                  name followed by -FILE's stem
-#   model=NAME[@S] a fresh 16-trial search of a torchvision classifier by name (--model NAME) on the same JPEGs
+#   model=NAME[@S] a fresh search (MODEL_TRIALS trials at most, default 40) of a torchvision classifier by name (--model NAME) on the same JPEGs
 #   hand=ROWS      bench/run.py rows into hand.json; hand-NAME=ROWS: the same rows with --set model.name=NAME (and
 #                  the model family's optimizer: AdamW 1e-3 for convnext/vit/swin/maxvit)
 #   Every study of these stages lives in one database, studies.db; `autotune show` of each goes to tables.txt.
@@ -219,7 +219,7 @@ PY
         folder) name=folder-fn; what=(--script examples/folder_ddp.py:main) ;;
         lightning) name=lightning-fn; what=(--script examples/lightning_ddp.py:main) ;;
         lm) name=lm-fn; what=(--script examples/tiny_lm.py:main) ;;
-        model) name="held-$n"; what=(--spec resnet50 --model "$n" --data "$data" "${search_set[@]}"); n=16 ;;
+        model) name="held-$n"; what=(--spec resnet50 --model "$n" --data "$data" "${search_set[@]}"); n=${MODEL_TRIALS:-40} ;;
       esac
       extra=(); train=$data/train
       if [ "$kind" = folder ] && [ "${FOLDER_COPIES:-1}" -gt 1 ]; then
