@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 
 from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_loss, fmt_params, fmt_pm, plural
-from autotune.search.bounds import Pipe, ceiling_share, pair_label, pipe_for, point_of, trainable_ceiling
 from autotune.study import view
 from autotune.study.found import found
+from autotune.study.measured import Pipe, Point, ceiling_share, cudnn_decided, pipe_for, trainable_ceiling
 from autotune.study.view import Outcome, Stage, TrialView
 from trainer.knobs import DALI_INSTALL
 
@@ -47,7 +47,7 @@ def headline(trials: list[TrialView], devices: str = "GPUs",
     top = trainable_ceiling(trials)
     if top is not None:
         lines.append(f"what the {devices} can do (ceiling, the model on synthetic data): "
-                     f"{fmt_ips(top.imgs_per_s)} {per} — {pair_label(point_of(top)).replace(' ', ', ')}, batch "
+                     f"{fmt_ips(top.imgs_per_s)} {per} — {Point.of(top).label.replace(' ', ', ')}, batch "
                      f"{top.setting('training.batch_size')} (trial {top.label})")
     feeds = view.supplies(trials)
     if feeds:
@@ -245,8 +245,8 @@ def cudnn_lines(study, per: str = "imgs/s") -> list[str]:
         return f"{fmt_ips(e.get('imgs_per_s'))} {per} (trial {e.get('trial')}{first})"
 
     out = []
-    for pair, d in sorted((study.user_attrs.get("cudnn") or {}).items()):
-        out.append(f"cuDNN's algorithm search, {pair}: {'on' if d.get('benchmark') else 'off'} — with it "
+    for label, d in sorted(cudnn_decided(study).items()):
+        out.append(f"cuDNN's algorithm search, {label}: {'on' if d.get('benchmark') else 'off'} — with it "
                    f"{one(d.get('with_search') or {})}, without {one(d.get('without_search') or {})}, batch "
                    f"{d.get('batch')}")
     return out

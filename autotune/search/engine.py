@@ -20,7 +20,6 @@ from autotune.formatting import per_second
 from autotune.hw.nvml import fingerprint
 from autotune.runner.pool import WorkerPool
 from autotune.search import script
-from autotune.search.bounds import ceiling_share, trainable_ceiling
 from autotune.search.evaluate import Evaluator
 from autotune.search.prepare import Plan, SearchOptions, describe_model, generate_data, prepare, summarize_data
 from autotune.search.progress import Progress
@@ -29,6 +28,7 @@ from autotune.search.stages import Budget, StagePlanner
 from autotune.study import view
 from autotune.study.found import found
 from autotune.study.liveness import STALE_AFTER_S, reclaim_stale
+from autotune.study.measured import ceiling_share, trainable_ceiling
 from autotune.study.setup import create_or_load, parts_study
 from autotune.study.storage import display_url, log_root, open_storage
 

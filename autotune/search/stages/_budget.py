@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.search.bounds import Measured
+from autotune.search.bounds import Scope, Snapshot
 from autotune.search.stages._notes import Notes
 from autotune.study.view import Stage, TrialView
 from trainer.compile_costs import Paid
@@ -39,19 +39,17 @@ class Budget:
 
 @dataclass
 class Spend:
-    """Whether the budget (``budget``: the latest the planner was given, None before) pays for a step; said when
-    not."""
+    """Whether the budget (a snapshot's: the latest the planner was given) pays for a step; said when not."""
 
-    measured: Measured
+    scope: Scope
     notes: Notes
-    budget: Budget | None = None
 
     def core(self) -> list[Stage]:
         """The smallest staged plan: what it measures before the first end-to-end candidate."""
         steps = []
-        if self.measured.ceilings:
+        if self.scope.ceilings:
             steps.append(Stage.CEILING)
-        if self.measured.supplies:
+        if self.scope.supplies:
             steps.append(Stage.SUPPLY)
         return steps
 
@@ -69,6 +67,10 @@ class Spend:
         part, e2e = self.cost(vs, part=True), self.cost(vs, part=False)
         return part is None or e2e is None or n * part + e2e <= budget.left_s
 
+    def compare_first(self, budget: Budget, vs: list[TrialView] | None = None) -> bool:
+        """Whether the first ceiling is measured with and without cuDNN's algorithm search (GPU; the budget)."""
+        return self.scope.on_gpu and self.core_fits(budget, extra=1, vs=vs)
+
     def cost(self, vs: list[TrialView], part: bool) -> float | None:
         """Median seconds of a trial of that kind in this study (the other kind's, else None). Trial 0 says nothing
         of either: it runs in a fresh process (torchrun's start, import torch, the CUDA context) and may measure
@@ -81,18 +83,18 @@ class Spend:
                 return statistics.median(walls)
         return None
 
-    def affords_part(self, vs: list[TrialView]) -> bool:
+    def affords_part(self, snap: Snapshot) -> bool:
         """Whether one more measurement of a part fits: at least one end-to-end trial after it, and parts within
         ``PARTS_SHARE`` of this search's trials and time."""
-        b = self.budget
+        b = snap.budget
         if b is None:
             return True
         if b.left < 2:
             return False  # the search's last trial is end to end
         ok = b.parts_run + 1 <= PARTS_SHARE * b.trials
-        cost = self.cost(vs, part=True)
+        cost = self.cost(snap.views, part=True)
         if ok and b.seconds is not None and cost is not None:
-            e2e = self.cost(vs, part=False) or cost
+            e2e = self.cost(snap.views, part=False) or cost
             ok = b.parts_s + cost <= PARTS_SHARE * b.seconds and (b.left_s is None or b.left_s - cost >= e2e)
         if not ok:
             used = f"{b.parts_run} of {b.trials} trials" + (f", {b.parts_s:.0f} of {b.seconds:.0f} s" if b.seconds
@@ -101,16 +103,16 @@ class Spend:
                                       f"search's budget ({used}); end to end from here")
         return ok
 
-    def affords_one_off(self, vs: list[TrialView], dim, order: list[Any], k: int, here: Sequence[Paid] = ()) -> bool:
+    def affords_one_off(self, snap: Snapshot, dim, order: list[Any], k: int, here: Sequence[Paid] = ()) -> bool:
         """Whether the budget pays for measuring ``order[k]`` of a dimension with a one-off cost (priced by
         ``one_off_price``; ``here``: what this machine paid for the measurement's graph before): the measurement with
         its cost inside the trial timeout, within the parts' share of the time, and two end-to-end trials after it in
         the time left (the candidate it makes, and one more). Said when not, and when the machine's records made
         it affordable."""
-        price = one_off_price(vs, dim, here)
-        once, part = price.seconds, self.cost(vs, part=True) or 0.0
-        e2e = self.cost(vs, part=False) or part
-        timeout, b = self.measured.plan.trial_timeout_s, self.budget
+        price = one_off_price(snap.views, dim, here)
+        once, part = price.seconds, self.cost(snap.views, part=True) or 0.0
+        e2e = self.cost(snap.views, part=False) or part
+        timeout, b = self.scope.plan.trial_timeout_s, snap.budget
         costs = f"its first run costs about {once:.0f} s more ({price.why})"
         why = None
         if timeout and once + part > 0.8 * timeout:  # a run killed at the timeout is a hang: a margin for noise

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from autotune.search.bounds import point_of
-from autotune.search.stages._ask import BLOCKED, Ask
-from autotune.search.stages._candidates import complete
+from autotune.search.bounds import Snapshot
+from autotune.search.stages._ask import WAIT, Ask, Request, _Wait
+from autotune.search.stages._ranking import complete
 from autotune.space import Param
+from autotune.study.measured import Point
 from autotune.study.view import Outcome, Stage, TrialView
 from trainer.knobs import table
 
@@ -42,7 +43,7 @@ its input side: the usual cause there is the loader's workers contending with th
 
 LAUNCH_BUSY = 60.0
 """The model alone keeping the GPUs busy less of the time than this (NVML, %) is bound by the host's kernel launches
-(as ``_limits.LAUNCH_BOUND``): a larger batch amortizes them, so the model's knobs come first."""
+(as ``_limiting.LAUNCH_BOUND``): a larger batch amortizes them, so the model's knobs come first."""
 
 
 def _cheaper_down() -> frozenset[str]:
@@ -87,25 +88,24 @@ class Climb:
 
     ask: Ask
 
-    def climb(self, vs: list[TrialView]) -> Stage | str | None:
-        point, closed, pending = self.point(vs)
+    def next(self, snap: Snapshot) -> Request | _Wait | None:
+        point, closed, pending = self.point(snap.views)
         if pending:
-            return BLOCKED  # another search worker runs a move: its result decides the next
+            return WAIT  # another search worker runs a move: its result decides the next
         if point is None:
             return None
-        limit = self.limit(vs, point)
-        tried = {_key(v.params) for v in vs if v.end_to_end and not v.part}
+        limit = self.limit(snap, point)
+        tried = {_key(v.params) for v in snap.views if v.end_to_end and not v.part}
         for move in self.moves(point, limit):
             if (move.knob, move.direction) in closed:
                 continue
-            params = complete(self.ask.measured.plan, self.ask.measured.base, {**point.params, move.knob: move.value})
+            params = complete(self.ask.scope, {**point.params, move.knob: move.value})
             if params.get(move.knob) != move.value or _key(params) in tried:
                 continue
             self.ask.notes.note(f"climb-{point.label}", f"stages: climbing from trial {point.label} "
                                                         f"({WORDS[limit]}): one knob one step at a time")
-            self.ask.trial(params, {"stage": Stage.CLIMB, "climb_from": point.number, "climb_knob": move.knob,
-                                    "climb_dir": move.direction})
-            return Stage.CLIMB
+            return self.ask.trial(params, {"stage": Stage.CLIMB, "climb_from": point.number,
+                                           "climb_knob": move.knob, "climb_dir": move.direction})
         self.ask.notes.note("climb-done", f"stages: the climb ends at trial {point.label}: no knob moves it further "
                                           "one step either way; the sampler draws from here")
         return None
@@ -148,19 +148,19 @@ class Climb:
         cheaper = knob in _cheaper_down() and _number(new) and _number(old) and new < old
         return bool(cheaper) and v.interval.ties(point.interval) and v.interval.ties(best.interval)
 
-    def limit(self, vs: list[TrialView], point: TrialView) -> Limit:
+    def limit(self, snap: Snapshot, point: TrialView) -> Limit:
         """What bounds ``point`` by the measured parts: its pipeline (the supply, or its decode beside the model,
         below the ceiling's interval), the host's launches (the model alone leaves the GPUs idle), the model's
         compute; a point well below its ceiling that the parts do not explain is taken as input-bound."""
-        m = self.ask.measured
-        pair = point_of(point)
-        ceiling = m.pair_interval(vs, pair) if m.ceilings else None
-        pipe = m.pipe_of(vs, point.config) if m.supplies else None
+        m = self.ask.scope
+        at = Point.of(point)
+        ceiling = snap.interval(at) if m.ceilings else None
+        pipe = snap.pipe_of(point.config) if m.supplies else None
         if ceiling is None:
             return Limit.INPUT if pipe is not None else Limit.COMPUTE
         if pipe is not None and pipe.with_model(ceiling.value) < ceiling.low:
             return Limit.INPUT
-        busy = [v.util for v in m.ceilings_of(vs, pair) if v.util is not None]
+        busy = [v.util for v in snap.ceilings_of(at) if v.util is not None]
         if m.on_gpu and busy and max(busy) < LAUNCH_BUSY:
             return Limit.LAUNCH
         if point.interval.high < GAP * ceiling.low:
@@ -173,7 +173,7 @@ class Climb:
         held = {*table().defining_settings} - {"training.channels_last"}
         if point.params.get("training.compile"):
             held |= set(table().graph_settings)
-        params = [p for p in self.ask.measured.plan.space.params
+        params = [p for p in self.ask.scope.plan.space.params
                   if p.path in point.params and p.path not in held and p.knob.one_off_s is None
                   and p.path != "training.cudnn_benchmark"]
         order, entries = FIRST[limit], [k.path for k in table().entries]

@@ -1,4 +1,4 @@
-"""Stage 11, confirm: where the leaders tie, the budget's last trials run them again, so that the configuration named
+"""Confirm: where the leaders tie, the budget's last trials run them again, so that the configuration named
 best stands on more than one run.
 
 Configurations whose intervals overlap cannot be told apart by one run each, and the fastest of them is the top of
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.search.stages._ask import Ask
+from autotune.search.bounds import Snapshot
+from autotune.search.stages._ask import Ask, Request
 from autotune.study.view import RUNS, Stage, TrialView, tied
 
 CONFIRM_TOP = 3
@@ -25,19 +26,20 @@ class Confirm:
 
     ask: Ask
 
-    def leaders(self, vs: list[TrialView]) -> list[TrialView]:
+    @staticmethod
+    def leaders(vs: list[TrialView]) -> list[TrialView]:
         """The configurations tied with the best (their intervals overlap its), the best among them, fastest first, at
         most ``CONFIRM_TOP``; none where the best has no tie (the baseline never counts: it has its own re-measure)."""
         leaders = [a for a in tied(vs) if not a.baseline]
         return leaders[:CONFIRM_TOP] if len(leaders) > 1 else []
 
-    def confirm(self, vs: list[TrialView]) -> Stage | None:
-        tried = {v.attrs.get("confirm_of") for v in vs if v.stage == Stage.CONFIRM}
-        pending = [a for a in self.leaders(vs) if len(a.attrs.get(RUNS) or []) < 2 and a.number not in tried]
-        b = self.ask.spend.budget
+    def next(self, snap: Snapshot) -> Request | None:
+        tried = {v.attrs.get("confirm_of") for v in snap.views if v.stage == Stage.CONFIRM}
+        pending = [a for a in self.leaders(snap.views) if len(a.attrs.get(RUNS) or []) < 2 and a.number not in tried]
+        b = snap.budget
         if not pending or b is None:
             return None
-        cost = self.ask.spend.cost(vs, part=False)
+        cost = self.ask.spend.cost(snap.views, part=False)
         time_up = b.left_s is not None and cost is not None and b.left_s <= len(pending) * cost
         if b.left > len(pending) and not time_up:
             return None
@@ -45,5 +47,4 @@ class Confirm:
         self.ask.notes.note("confirm", f"stages: the last trials run the leaders whose intervals overlap the best's "
                                        f"once more (at most {CONFIRM_TOP}): the best is named by its runs combined, "
                                        "not by one run's luck, and leaders that still overlap are a tie")
-        self.ask.trial(dict(lead.params), {"stage": Stage.CONFIRM, "confirm_of": lead.number})
-        return Stage.CONFIRM
+        return self.ask.trial(dict(lead.params), {"stage": Stage.CONFIRM, "confirm_of": lead.number})

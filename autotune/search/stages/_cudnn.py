@@ -1,15 +1,16 @@
-"""Stage 5, cuDNN per precision and layout: for every precision and layout a candidate runs at, the measurement
-without the algorithm search beside the one with it, and the decision they make (recorded on the study)."""
+"""cuDNN per point of the grid: for every point a candidate runs at, the measurement without the algorithm search
+beside the one with it (the stage), and the decision they make (``decide``: the planner records it on the study,
+keyed by the point's settings, ``autotune.study.measured.CUDNN_ATTR``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.search.bounds import grid, pair_label
-from autotune.search.stages._ask import Ask
-from autotune.search.stages._first import ceiling_overrides
-from autotune.space import get_path
+from autotune.search.bounds import Snapshot
+from autotune.search.stages._ask import Ask, Request, _Wait
+from autotune.search.stages._measure import ceiling_overrides
+from autotune.study.measured import Point
 from autotune.study.view import Stage, TrialView
 
 CUDNN_KEEP = 0.99
@@ -18,79 +19,54 @@ of every new shape seconds long)."""
 
 
 @dataclass
-class Cudnn:
-    """cuDNN's algorithm search: the evidence it is decided on, and the decisions."""
+class CudnnEvidence:
+    """The measurement without the algorithm search beside the one with it, for each point a candidate uses."""
 
     ask: Ask
 
-    def evidence(self, vs: list[TrialView]) -> Stage | str | None:
-        """The measurement without the algorithm search beside the one with it, for each pair a candidate uses."""
-        m = self.ask.measured
+    def next(self, snap: Snapshot) -> Request | _Wait | None:
+        m = self.ask.scope
         if not (m.on_gpu and m.ceilings):
             return None
-        decided = self.decisions()
-        used = {m.pair_of(v) for v in vs if v.stage == Stage.CANDIDATE and not v.part}
-        for pair in m.pairs():
-            if pair not in used or pair_label(pair) in decided or self.has_one_off(pair):
+        used = {Point.of(v) for v in snap.views if v.stage == Stage.CANDIDATE and not v.part}
+        for point in m.points():
+            if point not in used or point in snap.cudnn or m.has_one_off(point):
                 continue
-            on = [v for v in m.ceilings_of(vs, pair) if v.setting("training.cudnn_benchmark") is True]
+            on = [v for v in snap.ceilings_of(point) if v.setting("training.cudnn_benchmark") is True]
             if not on:
                 continue
             batch = max(v.setting("training.batch_size") for v in on)
-            name = self.ask.part(vs, Stage.CEILING, ceiling_overrides(m, pair, batch, False),
-                                 attrs={"cudnn_evidence": True})
-            if name:
-                return name
+            asked = self.ask.part(snap, Stage.CEILING, ceiling_overrides(m, point, batch, False),
+                                  attrs={"cudnn_evidence": True})
+            if asked:
+                return asked
         return None
 
-    def decide(self, vs: list[TrialView]) -> None:
-        """Record the decision for every pair measured at one batch with and without the search."""
-        m = self.ask.measured
-        if not m.on_gpu:
-            return
-        decided = self.decisions()
-        changed = False
-        for pair in m.pairs():
-            label = pair_label(pair)
-            if label in decided:
-                continue
-            by_batch: dict[int, dict[bool, TrialView]] = {}
-            for v in m.ceilings_of(vs, pair):
-                flag = (v.attrs.get("overrides") or {}).get("training.cudnn_benchmark")
-                # Without the search, only a measurement made as evidence (on shapes new to its worker) counts.
-                if flag is True or (flag is False and v.attrs.get("cudnn_evidence")):
-                    slot = by_batch.setdefault(v.setting("training.batch_size"), {})
-                    if flag not in slot or v.imgs_per_s > slot[flag].imgs_per_s:
-                        slot[flag] = v
-            for batch, slot in sorted(by_batch.items(), reverse=True):
-                if True in slot and False in slot:
-                    on, off = slot[True], slot[False]
-                    decided[label] = {"benchmark": off.imgs_per_s < CUDNN_KEEP * on.imgs_per_s, "batch": batch,
-                                      "with_search": evidence(on), "without_search": evidence(off)}
-                    changed = True
-                    break
-        if changed:
-            self.ask.study.set_user_attr("cudnn", decided)
 
-    def decisions(self) -> dict[str, Any]:
-        """cuDNN's algorithm search, decided per precision and layout (``pair_label``): ``benchmark`` and the two
-        measurements it stands on."""
-        return dict(self.ask.study.user_attrs.get("cudnn") or {})
-
-    def decision(self, pair: tuple) -> bool | None:
-        """A compiled point takes its eager point's decision: compiled convolutions are cuDNN's too, and evidence on
-        shapes new to a worker would be a compile in a fresh one."""
-        decided = self.decisions()
-        d = decided.get(pair_label(pair)) or decided.get(pair_label(self.ask.measured.plain(pair)))
-        return d["benchmark"] if d else None
-
-    def has_one_off(self, pair: tuple) -> bool:
-        """Whether ``pair`` is at a value with a one-off cost (compiled)."""
-        return self.ask.measured.plain(pair) != tuple(pair)
-
-    def cudnn_for(self, config: dict[str, Any]) -> bool | None:
-        """cuDNN's algorithm search for a config's precision and layout, where the stages decided it."""
-        return self.decision(tuple(get_path(config, dim.path) for dim in grid()))
+def decide(snap: Snapshot) -> dict[Point, dict[str, Any]]:
+    """cuDNN's decisions: the snapshot's, and one for every point measured at one batch with and without the search
+    that has none yet."""
+    decided = dict(snap.cudnn)
+    if not snap.scope.on_gpu:
+        return decided
+    for point in snap.scope.points():
+        if point in decided:
+            continue
+        by_batch: dict[int, dict[bool, TrialView]] = {}
+        for v in snap.ceilings_of(point):
+            flag = (v.attrs.get("overrides") or {}).get("training.cudnn_benchmark")
+            # Without the search, only a measurement made as evidence (on shapes new to its worker) counts.
+            if flag is True or (flag is False and v.attrs.get("cudnn_evidence")):
+                slot = by_batch.setdefault(v.setting("training.batch_size"), {})
+                if flag not in slot or v.imgs_per_s > slot[flag].imgs_per_s:
+                    slot[flag] = v
+        for batch, slot in sorted(by_batch.items(), reverse=True):
+            if True in slot and False in slot:
+                on, off = slot[True], slot[False]
+                decided[point] = {"benchmark": off.imgs_per_s < CUDNN_KEEP * on.imgs_per_s, "batch": batch,
+                                  "with_search": evidence(on), "without_search": evidence(off)}
+                break
+    return decided
 
 
 def evidence(v: TrialView) -> dict[str, Any]:

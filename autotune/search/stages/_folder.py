@@ -13,37 +13,37 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.search.bounds import supply_knob
-from autotune.search.stages._ask import Ask
-from autotune.search.stages._first import First
+from autotune.search.bounds import Snapshot
+from autotune.search.stages._ask import Ask, Request, _Wait
+from autotune.search.stages._measure import supply_overrides
 from autotune.space import get_path, machine_choices
-from autotune.study.view import Stage, TrialView, own_loader
+from autotune.study.measured import supply_knob
+from autotune.study.view import Stage, own_loader
 
 
 @dataclass
-class Folder:
+class ImageFolder:
     """The measurement of the project's pipeline on a script's image folder, where its own loader is the limit."""
 
     ask: Ask
-    first: First
 
-    def image_loader(self, vs: list[TrialView]) -> Stage | str | None:
-        m = self.ask.measured
+    def next(self, snap: Snapshot) -> Request | _Wait | None:
+        m = self.ask.scope
         found = getattr(m.plan, "script", None)
         folder = getattr(found, "image_folder", None) or {}
         if not folder.get("path") or not (m.supplies and m.ceilings) or not own_loader(m.base):
             return None
-        pipes, best = m.pipes(vs), m.best_pair(vs)
-        if not pipes or best is None or max(p.upper for p in pipes) >= m.pair_interval(vs, best[0]).low:
+        pipes, best = snap.pipes, snap.best
+        if not pipes or best is None or max(p.upper for p in pipes) >= best.interval.low:
             return None  # the script's own loader feeds what the model takes: nothing to gain from another
-        return self.ask.part(vs, Stage.IMAGE_LOADER, self.overrides(vs, folder))
+        return self.ask.part(snap, Stage.IMAGE_LOADER, self.overrides(snap, folder))
 
-    def overrides(self, vs: list[TrialView], folder: dict[str, Any]) -> dict[str, Any]:
+    def overrides(self, snap: Snapshot, folder: dict[str, Any]) -> dict[str, Any]:
         """The built-in job in loader mode on ``folder``, decoding with the fastest pipeline this machine runs, at
         the batch and workers of the script's own supply measurement."""
-        m = self.ask.measured
+        m = self.ask.scope
         decode = fastest_decode(on_gpu=m.on_gpu)
-        o = {**self.first.supply_overrides(vs, decode, None), "data.decode": decode, "data.kind": "imagefolder",
+        o = {**supply_overrides(snap, decode, None), "data.decode": decode, "data.kind": "imagefolder",
              "data.path": folder["path"],
              "data.image_size": folder.get("image_size") or get_path(m.base, "data.image_size"),
              "script.path": None, "script.entry": None, "script.args": [], "script.applies": []}

@@ -25,13 +25,14 @@ from optuna.trial import TrialState
 
 from autotune.formatting import fmt_ips
 from autotune.overview import conclusions, cudnn_lines, headline, table
-from autotune.search.bounds import trainable_ceiling
 from autotune.search.engine import Engine, best_line
 from autotune.search.evaluate import BASELINE_CAP
 from autotune.search.progress import Progress
 from autotune.search.stages import REACH, Budget
+from autotune.search.stages._measure import supply_overrides
 from autotune.study import view
 from autotune.study.liveness import owner
+from autotune.study.measured import cudnn_decided, grid, trainable_ceiling
 from autotune.study.setup import create_or_load, parts_study
 from tests.helpers.machine import SPEC, FakePool, Machine, SimClock, constructed_plan, util_of
 
@@ -147,7 +148,7 @@ def test_cudnns_search_is_decided_on_shapes_new_to_their_worker_per_precision_an
     # The simulated worker keeps cuDNN's plans keyed without the search flag: a run in a worker that already ran its
     # shapes gets the first run's plans. Measured there, the search could never show what it buys.
     r = search(Machine(ceilings=GPU, supplies=FEEDS, cudnn_gain=1.1), trials=12)
-    decided = r.study.user_attrs["cudnn"]["fp16 channels_last"]
+    decided = cudnn_decided(r.study)["fp16 channels_last"]
     assert decided["benchmark"] is True
     assert decided["with_search"]["imgs_per_s"] > decided["without_search"]["imgs_per_s"] / REACH * 0.9
     for side in ("with_search", "without_search"):
@@ -162,7 +163,7 @@ def test_cudnns_search_is_decided_on_shapes_new_to_their_worker_per_precision_an
     # so a candidate runs there; its measurement without the search comes after the grid's with it, which had
     # already run those shapes in the live worker.
     tied = search(Machine(ceilings={**GPU, ("bf16", True): 5999.0}, supplies=FEEDS, cudnn_gain=1.1), trials=14)
-    bf16 = tied.study.user_attrs["cudnn"]["bf16 channels_last"]
+    bf16 = cudnn_decided(tied.study)["bf16 channels_last"]
     assert bf16["benchmark"] is True and bf16["without_search"]["shapes_new_to_worker"] is True
     # And no run with the search on got the plans a run without it had left in its worker.
     for result in (r, tied):
@@ -175,7 +176,7 @@ def test_cudnns_search_is_decided_on_shapes_new_to_their_worker_per_precision_an
 
 def test_cudnns_search_is_left_off_where_it_buys_nothing():
     r = search(Machine(ceilings=GPU, supplies=FEEDS, cudnn_gain=1.0), trials=12)
-    assert r.study.user_attrs["cudnn"]["fp16 channels_last"]["benchmark"] is False
+    assert cudnn_decided(r.study)["fp16 channels_last"]["benchmark"] is False
     fast = [v for v in e2e(r) if (v.setting("training.precision"), v.setting("training.channels_last"))
             == ("fp16", True)]
     assert fast and all(v.setting("training.cudnn_benchmark") is False for v in fast)
@@ -221,7 +222,7 @@ def test_when_a_precision_diverges_end_to_end_the_next_fastest_takes_over():
     assert climb and {v.params["training.precision"] for v in climb} == {"bf16"}
     assert view.fastest(r.views).setting("training.precision") == "bf16"
     # cuDNN decided for the precision and layout the candidates moved to, as for the first.
-    assert set(r.study.user_attrs["cudnn"]) == {"fp16 channels_last", "bf16 channels_last"}
+    assert set(cudnn_decided(r.study)) == {"fp16 channels_last", "bf16 channels_last"}
     # The ceiling a tuned run is measured against is one that trains: bf16's, not fp16's faster one.
     assert view.ceiling(r.views).setting("training.precision") == "fp16"
     top = trainable_ceiling(r.views)
@@ -261,10 +262,10 @@ def test_measurements_of_parts_keep_to_their_share_of_a_time_budget():
     planner = r.engine.stages
     planner.spend.cost = lambda vs, part: 10.0  # seconds a trial of either kind takes here
     vs = view.views(r.study)
-    planner.spend.budget = Budget(trials=30, left=20, seconds=100.0, left_s=60.0, parts_run=3, parts_s=35.0)
-    assert planner.spend.affords_part(vs)  # 45 s of parts within half of 100 s
-    planner.spend.budget = Budget(trials=30, left=20, seconds=100.0, left_s=60.0, parts_run=4, parts_s=45.0)
-    assert not planner.spend.affords_part(vs)
+    budget = Budget(trials=30, left=20, seconds=100.0, left_s=60.0, parts_run=3, parts_s=35.0)
+    assert planner.spend.affords_part(planner.snapshot(budget, vs))  # 45 s of parts within half of 100 s
+    budget = Budget(trials=30, left=20, seconds=100.0, left_s=60.0, parts_run=4, parts_s=45.0)
+    assert not planner.spend.affords_part(planner.snapshot(budget, vs))
     assert any("they have had their share of this search's budget (4 of 30 trials, 45 of 100 s)" in n
                for n in planner.take_notes())
 
@@ -405,7 +406,7 @@ def test_compile_is_measured_last_at_the_best_point_and_kept_where_it_is_faster(
     assert r.pool.compiles <= 3, r.pool.compiles
     assert "compiled against eager last, where the budget pays for its one-off cost" in r.out
     # cuDNN's decision for the compiled point is its eager point's: no compile in a fresh worker for evidence.
-    assert set(r.study.user_attrs.get("cudnn", {})) <= {"fp16 channels_last", "bf16 channels_last", "fp16 NCHW"}
+    assert set(cudnn_decided(r.study)) <= {"fp16 channels_last", "bf16 channels_last", "fp16 NCHW"}
 
 
 def test_a_compile_that_is_slower_is_measured_once_and_eager_is_kept():
@@ -428,10 +429,10 @@ def test_a_compile_the_trial_timeout_or_the_time_left_cannot_pay_for_is_not_meas
     planner.spend.cost = lambda vs, part: 10.0
     vs = view.views(r.study)
     dim, order = planner_dim("training.compile"), [False, True]
-    planner.spend.budget = Budget(trials=30, left=20, seconds=400.0, left_s=100.0, parts_run=3, parts_s=30.0)
-    assert planner.spend.affords_one_off(vs, dim, order, 1)  # 60 s of compile, 10 s of measurement, 2 x 10 s after it
-    planner.spend.budget = Budget(trials=30, left=20, seconds=400.0, left_s=80.0, parts_run=3, parts_s=30.0)
-    assert not planner.spend.affords_one_off(vs, dim, order, 1)
+    snap = planner.snapshot(Budget(trials=30, left=20, seconds=400.0, left_s=100.0, parts_run=3, parts_s=30.0), vs)
+    assert planner.spend.affords_one_off(snap, dim, order, 1)  # 60 s of compile, 10 s of measurement, 2 x 10 s after it
+    snap = planner.snapshot(Budget(trials=30, left=20, seconds=400.0, left_s=80.0, parts_run=3, parts_s=30.0), vs)
+    assert not planner.spend.affords_one_off(snap, dim, order, 1)
     assert any("its first run costs about 60 s more (a prior: no compile of its graph is recorded on this machine), "
                "and the 80 s left cannot pay for it" in n for n in planner.take_notes())
 
@@ -490,7 +491,6 @@ def test_draws_the_stages_do_not_make_hold_compile_at_the_baseline():
 
 
 def planner_dim(path: str):
-    from autotune.search.bounds import grid
     return next(d for d in grid() if d.path == path)
 
 
@@ -498,7 +498,7 @@ def test_a_measurement_two_search_workers_planned_at_once_runs_once():
     storage = optuna.storages.InMemoryStorage()
     r = search(Machine(ceilings=GPU, supplies=FEEDS), trials=1, storage=storage)  # trial 0 only
     planner = r.engine.stages
-    request = planner.first.supply_overrides(view.views(r.study, r.parts), "pil", None)
+    request = supply_overrides(planner.snapshot(), "pil", None)
     for _ in range(2):  # as two workers that both saw no such measurement would
         r.parts.enqueue_trial({}, user_attrs={"stage": "supply", "overrides": request}, skip_if_exists=False)
     again = search(Machine(ceilings=GPU, supplies=FEEDS), trials=6, storage=storage)
@@ -601,7 +601,7 @@ def test_a_decode_on_the_gpus_is_charged_its_device_time_and_the_pipelines_are_m
                        len(parts_run))
     last_supply = max(i for i, v in enumerate(parts_run) if v.stage == "supply")
     assert last_supply < first_other, [(v.stage, v.setting("data.decode")) for v in parts_run]
-    nvjpeg = r.engine.stages.measured.pipe_of(r.views, {"data": {"decode": "nvjpeg-gpu"}})
+    nvjpeg = r.engine.stages.snapshot(views_read=r.views).pipe_of({"data": {"decode": "nvjpeg-gpu"}})
     assert nvjpeg.device_share == pytest.approx(0.33, abs=0.01)
     assert nvjpeg.with_model(14265.0) == pytest.approx(1 / (1 / 14265 + 0.33 / 15929), rel=0.02)
     # show names the decode's share of the GPUs as what limits the job, with the fix.
@@ -613,9 +613,9 @@ def test_a_decode_on_the_gpus_is_charged_its_device_time_and_the_pipelines_are_m
 def test_a_draw_is_not_launched_where_its_decode_beside_the_model_bounds_it_below_the_best():
     machine = Machine(ceilings=SMALL, supplies=GPU_DECODE, decode_busy={"nvjpeg-gpu": 0.33})
     r = search(machine, trials=14, util=True)
-    m = r.engine.stages.measured
+    snap = r.engine.stages.snapshot(views_read=r.views)
     best = view.fastest(r.views)
-    bound = m.bound_of(r.views, {**best.config, "data": {**best.config["data"], "decode": "nvjpeg-gpu"}})
+    bound = snap.bound_of({**best.config, "data": {**best.config["data"], "decode": "nvjpeg-gpu"}})
     assert bound is not None and "decode on the GPUs takes" in bound[1], bound
     assert bound[0] < 14265 * 0.85  # well under the model alone: the decode's device time is charged
 

@@ -1,0 +1,250 @@
+"""What the measurements of parts say, read from a study's trials (``autotune.study.view``) and nothing else: the
+points of the grid the model alone is measured over (``Point``), each input pipeline's supply (``Pipe``: measured, or
+for hybrid derived from its ends), which values do not train the model, the fastest ceiling that trains it, and
+cuDNN's decisions as the search recorded them. ``show``, the report and the search all read them here; the search
+adds what it decides from them (``autotune.search.bounds``).
+
+The bound: a pipeline that decodes on the CPU and the model run side by side, so an end-to-end run is at most the
+smaller of the two (``min(supply, ceiling)``). A pipeline that decodes on the same GPUs (nvJPEG, the hybrid's GPU
+share, DALI's CUDA share) takes the SMs the model needs: per sample, the run then pays the model's time and the
+decode's device time (``Pipe.device_s``, the GPUs' busy share while the pipeline fed alone, over its rate). DALI's
+hardware JPEG engines are no SMs: NVML's utilization does not count them, so only its CUDA share is charged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.space import get_path
+from autotune.study.view import Outcome, Stage, TrialView, measurements
+from trainer.estimate import Interval
+from trainer.knobs import Knob, table
+from trainer.protocol import Failure
+
+CUDNN_ATTR = "cudnn"
+"""The study's user attr holding cuDNN's decisions: one entry per point of the grid, keyed by the point's settings
+(``settings``); a study made before that keys each by the point's label, and reads the same."""
+
+
+def grid() -> tuple[Knob, ...]:
+    """The ceiling's grid: the settings the model alone is measured over, each with its measuring order (the
+    likeliest fastest first), how its values read and whether one costs once (``trainer.knobs``: ``measured``)."""
+    return table().ceiling_grid
+
+
+def supply_knob() -> Knob:
+    """The knob the pipelines' supplies are measured along, in its order: decode on the GPU first where there is one
+    (it does not compete with the loader workers for cores), then decode to tensors on the CPU, then PIL."""
+    return table().supply
+
+
+@dataclass(frozen=True)
+class Point:
+    """A point of the ceiling's grid: one value of each of its dimensions (``grid()``), in the grid's order."""
+
+    values: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, v: TrialView) -> Point:
+        """A trial's point."""
+        return cls(tuple(v.setting(d.path) for d in grid()))
+
+    @classmethod
+    def of_config(cls, config: dict[str, Any]) -> Point:
+        """A config's point (a nested or a flat dict)."""
+        return cls(tuple(get_path(config, d.path) for d in grid()))
+
+    @classmethod
+    def of_settings(cls, settings: dict[str, Any]) -> Point:
+        """The point ``settings`` (path: value, as ``settings`` writes them) name."""
+        return cls(tuple(settings.get(d.path) for d in grid()))
+
+    def __getitem__(self, i: int) -> Any:
+        return self.values[i]
+
+    def at(self, i: int, value: Any) -> Point:
+        """This point with dimension ``i`` at ``value``."""
+        return Point((*self.values[:i], value, *self.values[i + 1:]))
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The point as settings (path: value)."""
+        return dict(zip((d.path for d in grid()), self.values, strict=True))
+
+    @property
+    def label(self) -> str:
+        """The point as a person reads it: ``fp16 channels_last``, ``fp32 NCHW compiled``."""
+        return " ".join(d.value_label(v) for d, v in zip(grid(), self.values, strict=True) if not d.is_omitted(v))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipe:
+    """An input pipeline as the supplies measured it."""
+
+    settings: dict[str, Any]
+    """``data.decode`` (and ``data.hybrid_cpu_fraction``)."""
+
+    point: float
+    """Its supply (the job's unit per second, all ranks): measured, or for hybrid derived from its ends."""
+
+    upper: float
+    """The top of its interval: what it may reach."""
+
+    precise: bool
+    """Its interval came within the measurement's precision (a hybrid: both its ends')."""
+
+    device_s: float = 0.0
+    """Seconds of the GPUs' time each sample's decode takes (all ranks' samples): their busy share while it fed
+    alone, over its rate. 0 for a pipeline that decodes on the CPU, or where the GPUs' utilization is unknown."""
+
+    derived: bool = False
+    """Not measured alone: a hybrid's figures derived from its two ends' supplies."""
+
+    @property
+    def family(self) -> str:
+        return self.settings.get("data.decode", "")
+
+    @property
+    def device_share(self) -> float:
+        """The GPUs' busy share while it fed alone."""
+        return self.device_s * self.point
+
+    def with_model(self, ceiling: float, *, reach: bool = False) -> float:
+        """What an end-to-end run of this pipeline can reach beside a model that alone runs ``ceiling``: the smaller
+        of the two; for a pipeline that decodes on the GPUs, per sample the model's time plus its decode's.
+        ``reach``: with the top of its supply's interval (what it may reach) rather than its figure."""
+        time = 1.0 / ceiling + self.device_s if ceiling > 0 else math.inf
+        return min(self.upper if reach else self.point, 1.0 / time if time > 0 else math.inf)
+
+    def decode_share(self, ceiling: float) -> float:
+        """The share of a sample's time beside the model (``with_model``) that its decode takes on the GPUs."""
+        return self.device_s / (1.0 / ceiling + self.device_s) if ceiling > 0 else 0.0
+
+
+def ceiling_share(run: Interval, ceiling: Interval) -> float | None:
+    """A run's figure as a share of the ceiling, or None where the ceiling did not bound it: the run's interval
+    lies above the ceiling's (on CPU ranks a small batch can run faster per image than the one the model alone ran
+    at). A run inside the ceiling's noise is a share of it, even a share a little above one."""
+    if not ceiling.value or ceiling.below(run):
+        return None
+    return run.value / ceiling.value
+
+
+def measured_pipes(vs: list[TrialView]) -> dict[tuple, Pipe]:
+    """Each pipeline's supply measurement as a ``Pipe``, the fastest where one ran more than once, by (decode,
+    hybrid share)."""
+    measured: dict[tuple, Pipe] = {}
+    for v in vs:
+        if v.stage != Stage.SUPPLY or v.outcome != Outcome.PART or v.imgs_per_s is None:
+            continue
+        decode = v.setting("data.decode")
+        fraction = v.setting("data.hybrid_cpu_fraction") if decode == "hybrid" else None
+        pipe = Pipe(settings={"data.decode": decode, **({"data.hybrid_cpu_fraction": fraction}
+                                                       if fraction is not None else {})},
+                    point=v.imgs_per_s, upper=v.interval.high, precise=v.precise is not False,
+                    device_s=device_seconds(v))
+        key = (decode, fraction)
+        if key not in measured or pipe.point > measured[key].point:
+            measured[key] = pipe
+    return measured
+
+
+def derived(measured: dict[tuple, Pipe], f: float) -> Pipe | None:
+    """The hybrid at CPU share ``f`` from its two ends' supplies (None without both): its CPU and GPU shares decode
+    at once, each at its own rate, so a batch takes the longer of the two; its GPU share decodes (1 - f) of every
+    batch on the device, at nvJPEG's device time per sample."""
+    cpu, gpu = measured.get(("torchvision-cpu", None)), measured.get(("nvjpeg-gpu", None))
+    if cpu is None or gpu is None:
+        return None
+
+    def mix(a: float, b: float) -> float:
+        return 1.0 / max(f / a, (1.0 - f) / b)
+
+    return Pipe(settings={"data.decode": "hybrid", "data.hybrid_cpu_fraction": f}, point=mix(cpu.point, gpu.point),
+                upper=mix(cpu.upper, gpu.upper), precise=cpu.precise and gpu.precise, device_s=(1 - f) * gpu.device_s,
+                derived=True)
+
+
+def pipe_for(vs: list[TrialView], decode: str, fraction: float | None) -> Pipe | None:
+    """The pipeline (``decode``, hybrid share ``fraction``) as the supplies measured it, or derived (a hybrid)."""
+    measured = measured_pipes(vs)
+    found = measured.get((decode, fraction if decode == "hybrid" else None))
+    return found or (derived(measured, fraction) if decode == "hybrid" and fraction is not None else None)
+
+
+def device_seconds(v: TrialView) -> float:
+    """A supply measurement's seconds of the GPUs' time per sample: their busy share while it fed alone (NVML,
+    inside its windows) over its rate, for a pipeline that decodes on the GPUs (``trainer.knobs``: the decode
+    choices that need one); 0 otherwise, or where the utilization is unknown (no NVML, the CPU)."""
+    decode = v.setting("data.decode")
+    if v.util is None or not v.imgs_per_s or decode not in supply_knob().gpu_values:
+        return 0.0
+    return (v.util / 100.0) / v.imgs_per_s
+
+
+def untrainable(vs: list[TrialView]) -> set[tuple[str, Any]]:
+    """(path, value) of each value of a dimension that decides training (``Knob.trains``: the precision) whose
+    end-to-end trials diverged — the loss left the finite numbers — while none at that value trained."""
+    out = set()
+    for dim in grid():
+        if not dim.trains:
+            continue
+        by_value: dict[Any, list[TrialView]] = {}
+        for v in vs:
+            if v.end_to_end and not v.baseline:
+                by_value.setdefault(v.setting(dim.path), []).append(v)
+        for value, e2e in by_value.items():
+            alive = any(v.outcome in (Outcome.MEASURED, Outcome.PRUNED, Outcome.RUNNING, Outcome.WAITING) for v in e2e)
+            if not alive and any(v.failure_class == str(Failure.DIVERGED) for v in e2e):
+                out.add((dim.path, value))
+    return out
+
+
+def point_dead(dead: set[tuple[str, Any]], point: Point) -> bool:
+    """Whether a value of ``point`` is among ``dead`` (``untrainable``)."""
+    return any((d.path, x) in dead for d, x in zip(grid(), point.values, strict=True))
+
+
+def trainable_ceiling(vs: list[TrialView]) -> TrialView | None:
+    """The fastest measurement of the model alone at a point that trains it: what a tuned run can approach (a
+    precision whose end-to-end runs all diverged is fast on synthetic data and reaches nothing)."""
+    dead = untrainable(vs)
+    return max((v for v in measurements(vs, Stage.CEILING) if not point_dead(dead, Point.of(v))),
+               key=lambda v: v.imgs_per_s, default=None)
+
+
+def cudnn_entries(attrs: dict[str, Any]) -> list[tuple[str, Point | None, dict[str, Any]]]:
+    """cuDNN's decisions as a study's user attrs (``attrs``) record them (``CUDNN_ATTR``): (the point's label, the
+    point (None where a study made before keys by the label alone), the decision: ``benchmark``, ``batch`` and the
+    two measurements it stands on)."""
+    stored = attrs.get(CUDNN_ATTR) or []
+    if isinstance(stored, dict):  # keyed by the point's label
+        return [(label, None, dict(d)) for label, d in stored.items()]
+    out = []
+    for e in stored:
+        point = Point.of_settings(e.get("settings") or {})
+        out.append((point.label, point, {k: x for k, x in e.items() if k != "settings"}))
+    return out
+
+
+def cudnn_decided(study) -> dict[str, dict[str, Any]]:
+    """cuDNN's decisions by the label of their point (precision and layout), as a reader names them."""
+    return {label: d for label, _, d in cudnn_entries(study.user_attrs)}
+
+
+def cudnn_by_point(attrs: dict[str, Any], points: list[Point]) -> dict[Point, dict[str, Any]]:
+    """cuDNN's decisions by point; one keyed by a label (an older study) goes to the point of ``points`` it names."""
+    labels = {p.label: p for p in points}
+    out = {}
+    for label, point, d in cudnn_entries(attrs):
+        point = point or labels.get(label)
+        if point is not None:
+            out[point] = d
+    return out
+
+
+def cudnn_record(decisions: dict[Point, dict[str, Any]]) -> list[dict[str, Any]]:
+    """``decisions`` as the study stores them (``CUDNN_ATTR``)."""
+    return [{"settings": p.settings, **d} for p, d in decisions.items()]
