@@ -185,3 +185,61 @@ def test_each_ddp_knob_is_named_in_at_most_one_module_besides_the_table_and_the_
     named = {k: sorted(name for name, path in MODULES.items() if name not in KNOB_HOMES
                        and re.search(rf"\b{k}\b", path.read_text())) for k in ddp_knobs()}
     assert {k: where for k, where in named.items() if len(where) > 1} == {}
+
+
+STAGES_PACKAGE = "autotune.search.stages"
+PLANNER = "autotune.search.stages._planner"
+"""The one module of the stages package that names the stages: its table ``STAGES`` is their order."""
+
+
+def stage_modules() -> set[str]:
+    """The stage modules: each module of the stages package that defines a class with a ``next`` method (a stage
+    answers ``next(snapshot)``), a ``Protocol`` aside (``_ask.Step`` says what a stage is). The package itself, the
+    planner and the helpers the stages share (``_ask``, ``_budget``, ``_notes``, ``_measure``, ``_ranking``: no such
+    class) are not stages."""
+    def is_stage(c: ast.stmt) -> bool:
+        return (isinstance(c, ast.ClassDef) and not any(getattr(b, "id", None) == "Protocol" for b in c.bases)
+                and any(isinstance(f, ast.FunctionDef) and f.name == "next" for f in c.body))
+
+    return {name for name in MODULES if name.startswith(STAGES_PACKAGE + ".") and name != PLANNER
+            and any(is_stage(c) for c in tree(name).body)}
+
+
+def planner_table() -> list[tuple[str, str]]:
+    """(name, module) of each row of the planner's ``STAGES``, in order, read from its source."""
+    planner = tree(PLANNER)
+    module_of = {a.asname or a.name: node.module for node in planner.body if isinstance(node, ast.ImportFrom)
+                 for a in node.names}
+    value = next(n.value for n in planner.body if isinstance(n, ast.AnnAssign) and n.target.id == "STAGES")
+    return [(row.elts[0].value, module_of[row.elts[1].id]) for row in value.elts]
+
+
+def test_no_stage_module_imports_another_and_the_planners_table_lists_each_once():
+    stages = stage_modules()
+    assert {"autotune.search.stages._ceiling", "autotune.search.stages._refine"} <= stages
+    assert "autotune.search.stages._measure" not in stages  # a helper the stages share
+    found = [f"{name} imports {t}" for name in sorted(stages) for t in sorted(imports(name)) if t in stages]
+    assert found == []
+    modules = [module for _, module in planner_table()]
+    assert sorted(modules) == sorted(stages)
+
+
+def test_the_stages_order_reads_the_same_in_the_planner_its_package_and_docs_search_md():
+    names = [name for name, _ in planner_table()]
+    package = ast.get_docstring(tree(STAGES_PACKAGE))
+    assert re.findall(r"^\d+\. \*\*(.+?)\*\*", package, re.M) == names
+    docs = (ROOT / "docs" / "search.md").read_text()
+    assert [row.strip() for row in re.findall(r"^\| \d+ \| ([^|]+)\|", docs, re.M)] == names
+
+
+def test_show_and_the_overview_do_not_import_the_search():
+    """Not even through another module: reading a study needs the study's readings (``autotune.study``), not the
+    search that made it."""
+    graph = import_graph()
+    for start in ("autotune.commands.show", "autotune.overview"):
+        seen, todo = {start}, [start]
+        while todo:
+            for t in graph[todo.pop()] - seen:
+                seen.add(t)
+                todo.append(t)
+        assert sorted(m for m in seen if m.split(".")[:2] == ["autotune", "search"]) == [], start

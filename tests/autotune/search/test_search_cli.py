@@ -376,7 +376,7 @@ def test_a_spec_that_names_compile_gets_it_weighed_by_the_stages_and_paid_once_p
     assert ceilings[0][0]["overrides"]["training.compile"] is False and t.number > ceilings[0][1].number
     assert a["compile_s"] > 0 and a["compiles"] >= 1 and a["loss_end"] > 0
     # Against the eager ceiling at the compiled one's batch (the only eager one measured when the stages weigh it: a
-    # larger batch is measured after), by its interval, as the stages weigh them (``bounds.tied_pairs``): a compiled
+    # larger batch is measured after), by its interval, as the stages weigh them (``Snapshot.tied``): a compiled
     # ceiling slower by more than its spread can still tie, and a tie is broken end to end.
     batch = a["overrides"]["training.batch_size"]
     eager = max((u for b, u in ceilings if not b["overrides"]["training.compile"] and u.value is not None

@@ -119,6 +119,22 @@ def test_what_the_prior_ranks_below_a_clearly_slower_step_is_not_measured():
     assert "stages: fp32 not measured: bf16 already ran slower than fp16" in r.out
 
 
+def test_a_study_in_tokens_reads_the_stages_figures_in_tokens(monkeypatch):
+    made = create_or_load
+
+    def in_tokens(**kw):  # as a script that counts tokens records its unit on the study
+        study = made(**kw)
+        study.set_user_attr("unit", "tokens")
+        return study
+
+    monkeypatch.setitem(globals(), "create_or_load", in_tokens)
+    r = search(Machine(ceilings=GPU, supplies=FEEDS))
+    said = [line for line in r.out.splitlines() if "ran slower than" in line]
+    assert said and all("tokens/s" in line and "imgs/s" not in line for line in said), said
+    bound = r.engine.stages.snapshot().bound_of(view.fastest(r.views).config)
+    assert "tokens/s" in bound[1] and "imgs/s" not in bound[1], bound
+
+
 def test_an_input_bound_job_measures_no_further_precision_or_layout():
     slow = {"pil": 300.0, "torchvision-cpu": 900.0, "nvjpeg-gpu": 1200.0}
     r = search(Machine(ceilings=GPU, supplies=slow), trials=20)
@@ -180,6 +196,19 @@ def test_cudnns_search_is_left_off_where_it_buys_nothing():
     fast = [v for v in e2e(r) if (v.setting("training.precision"), v.setting("training.channels_last"))
             == ("fp16", True)]
     assert fast and all(v.setting("training.cudnn_benchmark") is False for v in fast)
+
+
+def test_cudnns_decisions_are_stored_by_their_settings_and_an_older_study_keyed_by_label_reads_the_same():
+    r = search(Machine(ceilings=GPU, supplies=FEEDS, cudnn_gain=1.0), trials=12)
+    stored = r.study.user_attrs["cudnn"]
+    assert [e["settings"]["training.precision"] for e in stored] == ["fp16"]  # renaming a label loses nothing
+    fast = next(v for v in e2e(r) if (v.setting("training.precision"), v.setting("training.channels_last"))
+                == ("fp16", True))
+    planner, decided = r.engine.stages, cudnn_decided(r.study)
+    assert planner.cudnn_for(fast.config) is False
+    r.study.set_user_attr("cudnn", decided)  # as a study made before records it: by the point's label
+    assert cudnn_decided(r.study) == decided and planner.cudnn_for(fast.config) is False
+    assert any(line.startswith("cuDNN's algorithm search, fp16 channels_last: off") for line in cudnn_lines(r.study))
 
 
 def test_ties_at_the_ceiling_are_run_one_per_decode_family_the_most_headroom_first():
