@@ -17,7 +17,7 @@ from functools import cached_property
 from itertools import product
 from typing import Any
 
-from autotune.formatting import fmt_ips
+from autotune.formatting import fmt_ips, per_second
 from autotune.search.compile_cache import paid_here
 from autotune.space import get_path
 from autotune.study.measured import (
@@ -187,7 +187,7 @@ class Snapshot:
     cudnn: dict[Point, dict[str, Any]] = field(default_factory=dict)
     """cuDNN's algorithm search, decided per point (``autotune.study.measured.cudnn_by_point``)."""
 
-    per: str = "imgs/s"
+    per: str = per_second(None)
 
     @property
     def started(self) -> bool:

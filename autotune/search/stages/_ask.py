@@ -17,11 +17,13 @@ REACH = 0.90
 """Candidates and refinement cover what is within this share of the best bound / the best trial."""
 
 
-class _Wait(enum.Enum):
+class Wait(enum.Enum):
+    """A stage's answer when what it needs runs elsewhere (``WAIT``)."""
+
     WAIT = "wait"
 
 
-WAIT = _Wait.WAIT
+WAIT = Wait.WAIT
 """A stage waits for a measurement another search worker is running: nothing is enqueued before it ends."""
 
 
@@ -42,7 +44,7 @@ class Request:
 class Step(Protocol):
     """A stage: what it wants run next, read from the snapshot of one decision."""
 
-    def next(self, snap: Snapshot) -> Request | _Wait | None:
+    def next(self, snap: Snapshot) -> Request | Wait | None:
         """A request to enqueue, ``WAIT`` (another worker runs what it needs first), or None (nothing to ask)."""
         ...
 
@@ -57,7 +59,7 @@ class Ask:
     notes: Notes
 
     def part(self, snap: Snapshot, stage_name: Stage, overrides: dict[str, Any], *, part_budget: bool = True,
-             attrs: dict[str, Any] | None = None) -> Request | _Wait | None:
+             attrs: dict[str, Any] | None = None) -> Request | Wait | None:
         """The measurement, unless it exists (None), runs elsewhere (``WAIT``) or the budget says no (None,
         noted)."""
         status = snap.status(stage_name, self.scope.request_key(stage_name, overrides))

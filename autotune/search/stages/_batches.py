@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.search.bounds import PLATEAU, Snapshot
-from autotune.search.stages._ask import Ask, Request, _Wait
+from autotune.search.stages._ask import Ask, Request, Wait
 from autotune.search.stages._measure import ceiling_overrides
 from autotune.study.view import Stage
 
@@ -16,7 +16,7 @@ from autotune.study.view import Stage
 class Batches:
     ask: Ask
 
-    def next(self, snap: Snapshot) -> Request | _Wait | None:
+    def next(self, snap: Snapshot) -> Request | Wait | None:
         m = self.ask.scope
         best = snap.best if m.ceilings else None
         if best is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.search.bounds import Snapshot, Status
-from autotune.search.stages._ask import WAIT, Ask, Request, _Wait
+from autotune.search.stages._ask import WAIT, Ask, Request, Wait
 from autotune.search.stages._measure import ceiling_overrides
 from autotune.study.measured import Point
 from autotune.study.view import Stage
@@ -17,7 +17,7 @@ from autotune.study.view import Stage
 class FirstCeiling:
     ask: Ask
 
-    def next(self, snap: Snapshot) -> Request | _Wait | None:
+    def next(self, snap: Snapshot) -> Request | Wait | None:
         m, ask = self.ask.scope, self.ask
         if not m.ceilings:
             return None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.search.bounds import Snapshot
-from autotune.search.stages._ask import Ask, Request, _Wait
+from autotune.search.stages._ask import Ask, Request, Wait
 from autotune.search.stages._measure import ceiling_overrides
 from autotune.study.measured import Point
 from autotune.study.view import Stage, TrialView
@@ -24,7 +24,7 @@ class CudnnEvidence:
 
     ask: Ask
 
-    def next(self, snap: Snapshot) -> Request | _Wait | None:
+    def next(self, snap: Snapshot) -> Request | Wait | None:
         m = self.ask.scope
         if not (m.on_gpu and m.ceilings):
             return None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.search.bounds import Snapshot
-from autotune.search.stages._ask import Ask, Request, _Wait
+from autotune.search.stages._ask import Ask, Request, Wait
 from autotune.search.stages._measure import supply_overrides
 from autotune.space import get_path, machine_choices
 from autotune.study.measured import supply_knob
@@ -27,7 +27,7 @@ class ImageFolder:
 
     ask: Ask
 
-    def next(self, snap: Snapshot) -> Request | _Wait | None:
+    def next(self, snap: Snapshot) -> Request | Wait | None:
         m = self.ask.scope
         found = getattr(m.plan, "script", None)
         folder = getattr(found, "image_folder", None) or {}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from autotune.formatting import fmt_ips
 from autotune.search.bounds import Snapshot, Status
-from autotune.search.stages._ask import WAIT, Ask, Request, _Wait
+from autotune.search.stages._ask import WAIT, Ask, Request, Wait
 from autotune.search.stages._measure import ceiling_overrides, next_supply
 from autotune.study.measured import Point, grid
 from autotune.study.view import Stage
@@ -23,7 +23,7 @@ class Limiting:
 
     ask: Ask
 
-    def next(self, snap: Snapshot) -> Request | _Wait | None:
+    def next(self, snap: Snapshot) -> Request | Wait | None:
         m, f = self.ask.scope, fmt_ips
         best = snap.best if m.ceilings else None
         pipes = snap.pipes if m.supplies else []
@@ -59,7 +59,7 @@ class Limiting:
                 return asked
         return next_supply(self.ask, snap)
 
-    def explore(self, snap: Snapshot, best: Point) -> Request | _Wait | None:
+    def explore(self, snap: Snapshot, best: Point) -> Request | Wait | None:
         """One dimension at a time from the best point: each direction along the dimension's order until a step
         measures slower (its interval below the fastest's). A dimension with a one-off cost (a compile) comes last,
         unless the model alone leaves the GPUs idle (``launch_bound``): its steps then wait on the host's kernel

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.search.bounds import Scope, Snapshot, Status
-from autotune.search.stages._ask import REACH, WAIT, Ask, Request, _Wait
+from autotune.search.stages._ask import REACH, WAIT, Ask, Request, Wait
 from autotune.space import get_path
 from autotune.study.measured import Point, grid
 from autotune.study.view import Stage, own_loader
@@ -98,7 +98,7 @@ def supply_requests(m: Scope) -> list[tuple[str, float | None]]:
 
 
 def next_supply(ask: Ask, snap: Snapshot, *, part_budget: bool = True,
-                only_first: bool = False) -> Request | _Wait | None:
+                only_first: bool = False) -> Request | Wait | None:
     """The next pipeline in measuring order not measured yet (only the first: ``only_first``)."""
     m = ask.scope
     if not m.supplies:

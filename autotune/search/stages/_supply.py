@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.search.bounds import Snapshot
-from autotune.search.stages._ask import Ask, Request, _Wait
+from autotune.search.stages._ask import Ask, Request, Wait
 from autotune.search.stages._measure import next_supply
 
 
@@ -14,7 +14,7 @@ from autotune.search.stages._measure import next_supply
 class FirstSupply:
     ask: Ask
 
-    def next(self, snap: Snapshot) -> Request | _Wait | None:
+    def next(self, snap: Snapshot) -> Request | Wait | None:
         if snap.pipes:
             return None
         return next_supply(self.ask, snap, part_budget=False, only_first=True)
