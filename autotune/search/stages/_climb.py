@@ -26,7 +26,7 @@ from enum import Enum
 from typing import Any
 
 from autotune.search.bounds import Snapshot
-from autotune.search.stages._ask import WAIT, Ask, Request, _Wait
+from autotune.search.stages._ask import WAIT, Ask, Request, Wait
 from autotune.search.stages._ranking import complete
 from autotune.space import Param
 from autotune.study.measured import Point
@@ -88,7 +88,7 @@ class Climb:
 
     ask: Ask
 
-    def next(self, snap: Snapshot) -> Request | _Wait | None:
+    def next(self, snap: Snapshot) -> Request | Wait | None:
         point, closed, pending = self.point(snap.views)
         if pending:
             return WAIT  # another search worker runs a move: its result decides the next
