@@ -224,6 +224,15 @@ def test_no_stage_module_imports_another_and_the_planners_table_lists_each_once(
     assert sorted(modules) == sorted(stages)
 
 
+def test_only_the_planner_writes_to_a_study():
+    """A stage answers a request; the planner enqueues it and records what the stages decided."""
+    writes = ("enqueue_trial", "set_user_attr", "tell")
+    found = [f"{name}:{node.lineno} {node.attr}" for name in MODULES if name.startswith(STAGES_PACKAGE + ".")
+             and name != PLANNER for node in ast.walk(tree(name))
+             if isinstance(node, ast.Attribute) and node.attr in writes]
+    assert found == []
+
+
 def test_the_stages_order_reads_the_same_in_the_planner_its_package_and_docs_search_md():
     names = [name for name, _ in planner_table()]
     package = ast.get_docstring(tree(STAGES_PACKAGE))
