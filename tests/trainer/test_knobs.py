@@ -101,7 +101,7 @@ def searched(spec):
         trial = study.ask()
         overrides = space.suggest(trial, base.to_dict())
         ev = Evaluation(stage="baseline" if i == 0 else "search", config=base.with_overrides(overrides),
-                        attrs={"imgs_per_s": ips, "ci_half_width": 0.01, "env": {}, "versions": {}})
+                        imgs_per_s=ips, ci_half_width=0.01, figures={"env": {}, "versions": {}})
         record(study, trial, ev, objective, space)
     return space, study
 

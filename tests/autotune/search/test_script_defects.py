@@ -85,8 +85,7 @@ def script_plan(trials: int, *, root: Path | None = None, spec_file: Path | None
                 trials=trials, timeout_s=None, trial_timeout_s=300.0)
     found = script.Probe(applies=dict(APPLIES), unit="images", loader=True, samples_per_rank=SAMPLES_PER_RANK,
                          image_folder=image_folder)
-    script.apply(plan, found)
-    return plan
+    return script.apply(plan, found)
 
 
 class Sim:

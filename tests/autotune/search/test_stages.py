@@ -63,7 +63,7 @@ def search(machine: Machine, *, gpu: bool = True, trials: int = 30, timeout: flo
         if util:
             patched.enter_context(mock.patch("autotune.search.evaluate.summarize", util_of(pool)))
         plan = constructed_plan(spec, gpu=gpu, trials=trials, timeout_s=timeout, trial_timeout_s=trial_timeout)
-        plan.util_reason = None if util else plan.util_reason
+        plan = dataclasses.replace(plan, util_reason=None if util else plan.util_reason)
         storage = storage or optuna.storages.InMemoryStorage()
         study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
                                nproc=2, baseline=plan.baseline, starts=plan.starts)
@@ -361,8 +361,7 @@ def test_optunas_view_of_the_main_study_holds_end_to_end_trials_only():
 
 
 def test_a_job_that_can_measure_neither_part_runs_the_sampler_alone_and_says_so():
-    plan = constructed_plan(trials=3)
-    plan.measures_ceiling = plan.measures_supply = False
+    plan = dataclasses.replace(constructed_plan(trials=3), measures_ceiling=False, measures_supply=False)
     storage = optuna.storages.InMemoryStorage()
     study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
                            nproc=2, baseline=plan.baseline)
@@ -424,7 +423,7 @@ def test_a_compile_the_trial_timeout_or_the_time_left_cannot_pay_for_is_not_meas
             "recorded on this machine), too near the trial timeout (60 s; --trial-timeout raises it); eager stays"
             ) in r.out
     planner = r.engine.stages
-    planner.plan.trial_timeout_s = 300.0
+    planner.measured.plan = dataclasses.replace(planner.measured.plan, trial_timeout_s=300.0)
     planner.spend.cost = lambda vs, part: 10.0
     vs = view.views(r.study)
     dim, order = planner_dim("training.compile"), [False, True]
