@@ -1,6 +1,5 @@
-"""Issue 28's defects of a user's own script (and the report and wording they share with the built-in job), each as
-a test of what a user expects, marked ``xfail(strict=True)`` until it is fixed: a fix flips it to a pass, and strict
-makes the suite say so.
+"""Defects of a user's own script (and the report and wording they share with the built-in job), each kept as a test
+of what a user expects.
 
 The script is ``tests/helpers/scripts/segment.py``: a tiny U-Net on an in-memory dataset with its own augmentation,
 adapted to the runtime as a new user would. Here its search runs on a simulated machine (``tests.helpers.machine``:
@@ -129,9 +128,10 @@ def test_a_supply_stopped_early_in_a_process_of_its_own_stands_as_one_measuremen
     # The plain path: each trial a torchrun of its own, killed at once when a supply stops early (no summary).
     sim = Sim(tmp_path, cpu_ranks(), 4, cancels=False)
     supplies = [v for v in sim.views if v.stage == "supply"]
-    assert [v.outcome for v in supplies] == ["part"], [(v.label, v.outcome, v.failure_message) for v in supplies]
+    assert [v.outcome for v in supplies] == [view.Outcome.PART], \
+        [(v.label, v.outcome, v.failure_message) for v in supplies]
     assert supplies[0].attrs.get("stopped_early") and supplies[0].imgs_per_s, supplies[0].attrs
-    e2e = [v for v in sim.views if not v.part and not v.baseline and v.outcome == "measured"]
+    e2e = [v for v in sim.views if not v.part and not v.baseline and v.outcome == view.Outcome.MEASURED]
     assert e2e, sim.lines  # a 4-trial search: trial 0, the ceiling, the supply, one end-to-end trial
 
 
@@ -143,7 +143,7 @@ def test_a_draw_without_loader_workers_runs_instead_of_failing_for_the_scripts_o
     sim = Sim(tmp_path, cpu_ranks(), 2, enqueue=[{"loader.num_workers": 0}])
     (draw,) = [v for v in sim.views if not v.part and v.params.get("loader.num_workers") == 0]
     # Zero workers is a setting the script can run (DataLoader's default): the sampler must not learn it "fails".
-    assert draw.outcome != "infeasible", f"{draw.failure_class}: {draw.failure_message}"
+    assert draw.outcome == view.Outcome.MEASURED, f"{draw.outcome} {draw.failure_class}: {draw.failure_message}"
 
 
 # ---- 3. trial 0 measured again ------------------------------------------------------------------------------------

@@ -236,9 +236,10 @@ def test_a_candidate_whose_every_trial_fails_is_replaced_by_the_next():
     feeds = {"pil": 1500.0, "torchvision-cpu": 5600.0, "nvjpeg-gpu": 11000.0}
     r = search(Machine(ceilings=GPU, supplies=feeds, oom_decodes={"nvjpeg-gpu"}), spec=spec, trials=20)
     nvjpeg = [v for v in e2e(r) if v.setting("data.decode") == "nvjpeg-gpu" and not v.baseline]
-    assert nvjpeg and all(v.outcome == "infeasible" and v.failure_class == "oom" for v in nvjpeg)
+    assert nvjpeg and all(v.outcome == view.Outcome.INFEASIBLE and v.failure_class == "oom" for v in nvjpeg)
     # nvJPEG ran out of memory at its batch and at the repair's: the two candidates that count are the next two.
-    ran = {v.setting("data.decode") for v in r.views if v.stage == "candidate" and v.outcome in ("measured", "pruned")}
+    ran = {v.setting("data.decode") for v in r.views
+           if v.stage == "candidate" and v.outcome in (view.Outcome.MEASURED, view.Outcome.PRUNED)}
     assert ran == {"hybrid", "torchvision-cpu"}
     assert {v.params["data.decode"] for v in r.views if v.stage == "refine"} <= {"hybrid", "torchvision-cpu"}
 
@@ -290,7 +291,7 @@ def test_an_interrupted_supply_is_measured_again_when_the_search_resumes():
     r = search(machine, trials=6, storage=storage)  # the same study, resumed
     assert "stages: resumed from 3 measurement(s) of parts" in r.out  # both ceilings and the interrupted supply
     supplies = [v for v in r.views if v.stage == "supply" and v.attrs["overrides"]["data.decode"] == "nvjpeg-gpu"]
-    assert [v.outcome for v in supplies] == ["fail", "part"]
+    assert [v.outcome for v in supplies] == [view.Outcome.FAIL, view.Outcome.PART]
     assert supplies[0].failure_class == "interrupted"
     assert view.ceiling(r.views) is not None and any(v.stage == "candidate" for v in r.views)
 
@@ -507,7 +508,7 @@ def test_a_measurement_two_search_workers_planned_at_once_runs_once():
     assert pil[1].user_attrs["failure_class"] == "search"
     assert f"the same measurement as trial p{pil[0].number}" in pil[1].user_attrs["failure_message"]
     # The twin cost nothing: the search still ran its 6 trials.
-    launched = [v for v in again.views if v.outcome != "fail" and not v.attrs.get("pruned_before_launch")]
+    launched = [v for v in again.views if v.outcome != view.Outcome.FAIL and not v.attrs.get("pruned_before_launch")]
     assert len(launched) == len(r.views) + 6
 
 
