@@ -279,7 +279,7 @@ class Evaluator:
 
 def conv_shape(config: TrainConfig) -> tuple | None:
     """What cuDNN keys its plans by, as far as a config decides it (None: a run without a model)."""
-    if config.training.mode == "loader":
+    if config.training.supply:
         return None
     return (config.model.name, repr(config.model.kwargs), config.data.image_size, config.training.precision,
             config.training.channels_last, config.training.batch_size)
