@@ -186,8 +186,7 @@ class LoaderConfig:
 class TrainingConfig:
     mode: Literal["measure", "train", "loader"] = "measure"
     """``measure``: warm-up then timed windows, then stop (a search trial). ``train``: epochs/steps with
-    validation and checkpoints. ``loader``: the input pipeline alone, no model (what it can deliver per GPU): a
-    supply, as the search and the runtime call it (``supply``)."""
+    validation and checkpoints. ``loader``: the input pipeline alone, no model (what it can deliver per GPU)."""
 
     batch_size: int = 64
     """Per-rank micro-batch size."""
@@ -239,7 +238,8 @@ class TrainingConfig:
 
     @property
     def supply(self) -> bool:
-        """The run measures the input pipeline alone (``mode: loader``, the word a config file spells it with)."""
+        """The run measures the input pipeline alone: a supply, as the search and the runtime call it (``mode:
+        loader``, the word a config file spells it with)."""
         return self.mode == "loader"
 
     def problems(self) -> list[str]:

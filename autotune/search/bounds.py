@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
+from autotune import policy
+from autotune.policy import Searched
 from autotune.search.compile_cache import paid_here
 from autotune.space import get_path
 from autotune.study.view import OWN_LOADER, Outcome, Stage, TrialView, feasible, measurements, own_loader
@@ -26,7 +28,6 @@ from autotune.verdict import NOT_ITS_FAULT
 from trainer.compile_costs import Paid
 from trainer.config import ConfigError
 from trainer.estimate import Interval
-from trainer.knobs import Knob, table
 from trainer.protocol import Failure
 
 PLATEAU = 0.98
@@ -39,16 +40,17 @@ was interrupted or whose search vanished (``autotune.verdict.NOT_ITS_FAULT``) is
 about the measurement."""
 
 
-def grid() -> tuple[Knob, ...]:
+def grid() -> tuple[Searched, ...]:
     """The ceiling's grid: the settings the model alone is measured over, each with its measuring order (the
-    likeliest fastest first), how its values read and whether one costs once (``trainer.knobs``: ``measured``)."""
-    return table().ceiling_grid
+    likeliest fastest first), how its values read and whether one costs once (``trainer.knobs``: ``measured``;
+    ``autotune.policy``)."""
+    return policy.ceiling_grid()
 
 
-def supply_knob() -> Knob:
+def supply_knob() -> Searched:
     """The knob the pipelines' supplies are measured along, in its order: decode on the GPU first where there is one
     (it does not compete with the loader workers for cores), then decode to tensors on the CPU, then PIL."""
-    return table().supply
+    return policy.supply()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,7 +141,7 @@ class Measured:
         plain = self.plain(pair)
         return plain if self.pair_ceiling(vs, plain) is not None else pair
 
-    def paid_here(self, dim: Knob, overrides: dict[str, Any]) -> list[Paid]:
+    def paid_here(self, dim: Searched, overrides: dict[str, Any]) -> list[Paid]:
         """What this machine paid before for the one-off cost of a measurement with ``overrides`` at a value of
         ``dim`` (a compile of its graph: ``autotune.search.compile_cache``); nothing for a dimension without one."""
         if dim.one_off_cached_share is None or self.plan.base is None:
@@ -405,7 +407,7 @@ def device_seconds(v: TrialView) -> float:
 
 
 def untrainable(vs: list[TrialView]) -> set[tuple[str, Any]]:
-    """(path, value) of each value of a dimension that decides training (``Knob.trains``: the precision) whose
+    """(path, value) of each value of a dimension that decides training (``Policy.trains``: the precision) whose
     end-to-end trials diverged — the loss left the finite numbers — while none at that value trained."""
     out = set()
     for dim in grid():
