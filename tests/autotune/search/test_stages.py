@@ -526,9 +526,9 @@ def test_where_dali_is_installed_it_is_measured_first_at_its_most_threads_then_e
     assert supplies[0].setting("data.decode") == "dali"
     assert supplies[0].setting("data.dali_threads") == 8  # 16 cores over 2 ranks
     under = [v for v in e2e(r) if v.setting("data.decode") == "dali"]
-    # End to end its threads share the cores with the training process: the candidate takes half (Knob.first_share).
+    # End to end its threads share the cores with the training process: the candidate takes half (Policy.first_share).
     assert under and under[0].stage == "candidate" and under[0].setting("data.dali_threads") == 4
-    # Its queue and the engines' share at what measurement found likeliest fastest (Knob.first), where searched.
+    # Its queue and the engines' share at what measurement found likeliest fastest (Policy.first), where searched.
     assert under[0].setting("data.dali_prefetch") == 3
     drawn = [t.params for t in r.study.trials if t.params.get("data.decode") == "dali"]
     assert drawn and all("loader.num_workers" not in p and "data.dali_prefetch" in p for p in drawn)
