@@ -489,7 +489,7 @@ def test_the_report_says_when_the_fastest_trials_loss_rose(tmp_path):
 # ---- 17. wording ---------------------------------------------------------------------------------------------------
 
 
-def constructed(storage: str, failures: list[tuple[str, str, str]], *, pruned_before_launch: int = 0,
+def constructed(storage: str, failures: list[tuple[view.Outcome, str, str]], *, pruned_before_launch: int = 0,
                 pruned_running: int = 0) -> optuna.Study:
     """A study with a measured trial 0 and, after it, ``failures`` (state, class, message) as the search records
     them, and pruned trials: ``pruned_before_launch`` never launched (a bound below the best), ``pruned_running``
@@ -498,7 +498,7 @@ def constructed(storage: str, failures: list[tuple[str, str, str]], *, pruned_be
         ("baseline", {"training.batch_size": 8, "data.decode": "pil"}, [40.0, 41.0, 40.5, 40.8], True, (1.4, 1.3),
          {})], parts=[])
     for state, cls, message in failures:
-        st = TrialState.COMPLETE if state == "infeasible" else TrialState.FAIL
+        st = state.state
         study.add_trial(create_trial(state=st, values=[0.0] if st == TrialState.COMPLETE else None,
                                      params={"training.batch_size": 16, "data.decode": "pil"}, distributions=DIST,
                                      user_attrs={"stage": "refine", "failure_class": cls, "failure_message": message,
@@ -518,13 +518,14 @@ def constructed(storage: str, failures: list[tuple[str, str, str]], *, pruned_be
 
 def test_an_interrupted_trial_is_not_said_twice(tmp_path):
     # What the search records for a trial stopped by Ctrl-C (autotune.search.engine.abandon).
-    text = overview.table(constructed(storage_of(tmp_path), [("fail", "interrupted", "interrupted (Ctrl-C)")]))
+    ended = [(view.Outcome.FAIL, "interrupted", "interrupted (Ctrl-C)")]
+    text = overview.table(constructed(storage_of(tmp_path), ended))
     assert not re.search(r"interrupted: interrupted", text), text
 
 
 def test_a_diverged_trial_is_not_said_twice(tmp_path):
     message = nonfinite_reason({"loss_nonfinite_run": 7})  # what a summary without loss_reason is judged as
-    text = overview.table(constructed(storage_of(tmp_path), [("infeasible", "diverged", message)]))
+    text = overview.table(constructed(storage_of(tmp_path), [(view.Outcome.INFEASIBLE, "diverged", message)]))
     row = next(ln for ln in text.splitlines() if "diverged:" in ln)
     assert not re.search(r"diverged: .*\(diverged\)", row), row  # its class, then its reason: not the class again
 
