@@ -35,6 +35,7 @@ from autotune.formatting import fmt_interval, fmt_ratio
 from autotune.hw.nvml import Nvml
 from autotune.hw.placement import gpu_count, to_nvml, visible_entries
 from autotune.outputs import write_atomic
+from autotune.policy import policy
 from autotune.ranges import Condition
 from autotune.runner.torchrun import Torchrun
 from autotune.runner.trial import TrialJob, run_trial
@@ -180,12 +181,13 @@ def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
 
 def for_a_full_run(cfg: TrainConfig) -> tuple[dict[str, Any], list[str]]:
     """The built-in job's settings its trials cannot observe, at what a run of many epochs wants
-    (``trainer.knobs.Knob.full_run``) where their range's condition holds: (the overrides, a line for each)."""
+    (``autotune.policy.Policy.full_run``) where their range's condition holds: (the overrides, a line for each)."""
     data, changes, said = cfg.to_dict(), {}, []
     for k in table().entries:
-        if k.full_run is None or k.space is None:
+        full_run = policy(k.path).full_run
+        if full_run is None or k.space is None:
             continue
-        value, why = k.full_run
+        value, why = full_run
         when = Condition.parse(k.space.when) if k.space.when else None
         if get_path(data, k.path) == value or (when is not None and not when.holds(get_path(data, when.path))):
             continue

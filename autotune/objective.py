@@ -13,7 +13,8 @@ Failures: a config the job cannot run (``oom``, ``config``, ``diverged``: ``trai
 *completed, infeasible* trial: an Optuna constraint above zero, which TPE ranks by violation, never by value, so it
 learns "this combination fails" rather than "this pipeline is slow"; Optuna needs a value for a completed trial, and
 ``INFEASIBLE_VALUE`` is only that (no throughput figure is recorded for such a trial). Environment failures (``nccl``,
-``hang``, ``loader``, ``crash``) are FAIL: they say nothing about the config, so the sampler must not learn from them.
+``hang``, ``loader``, ``crash``) are FAIL: they say nothing about the config, so the sampler must not learn from them
+(``autotune.study.view.Outcome.ended``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from autotune.exceptions import SpecError
 from trainer.estimate import estimate
-from trainer.protocol import COMPILED_ONLY, Failure
+from trainer.protocol import COMPILED_ONLY
 
 INFEASIBLE_VALUE = 0.0
 """The value Optuna stores for an infeasible trial (for each objective); its constraint is what counts."""
@@ -98,10 +99,3 @@ def measured_attrs(windows: list[dict], summary: dict | None) -> dict[str, Any]:
         return {}
     return {"imgs_per_s": est.value, "imgs_per_s_windows": [float(w.get("imgs_per_s") or 0) for w in windows],
             **est.record(), "precise": False}
-
-
-def state_for(failure: Failure | None) -> str:
-    """``complete``, ``infeasible`` or ``fail`` for a failure class (None: success)."""
-    if failure is None:
-        return "complete"
-    return "infeasible" if Failure(failure).caused_by_config else "fail"

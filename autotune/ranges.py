@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from autotune.policy import policy
 from trainer.config import ConfigError, TrainConfig, removed_problem
 from trainer.knobs import AUTO, Range, knob, table
 
@@ -34,14 +35,14 @@ class Declares(Protocol):
 
 
 def default_space() -> dict[str, Range]:
-    """The image-model defaults: the knobs of the table marked ``default_space`` (``training.compile`` on GPU
-    machines only: the stages weigh its compile, ``autotune.search.stages``). Not in it: the compile mode (minutes
-    of compile per graph for CUDA graphs or autotuning), cuDNN's algorithm search (the ceiling stage decides it),
-    and NCCL's variables (debugging variables that no measurement here has shown to matter; each change takes a new
-    process). A spec adds any of them, e.g. ``nccl.algo: [default, Ring, Tree]``."""
+    """The image-model defaults: the knobs of the table whose policy marks them ``default_space`` (``autotune.policy``;
+    ``training.compile`` on GPU machines only: the stages weigh its compile, ``autotune.search.stages``). Not in it:
+    the compile mode (minutes of compile per graph for CUDA graphs or autotuning), cuDNN's algorithm search (the
+    ceiling stage decides it), and NCCL's variables (debugging variables that no measurement here has shown to matter;
+    each change takes a new process). A spec adds any of them, e.g. ``nccl.algo: [default, Ring, Tree]``."""
     out = {}
     for k in table().entries:
-        if k.default_space and k.space is not None:
+        if policy(k.path).default_space and k.space is not None:
             r = k.space
             out[k.path] = dataclasses.replace(r, choices=list(r.choices) if r.choices is not None else None)
     return out

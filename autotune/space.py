@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.exceptions import SpecError
+from autotune.policy import Policy, policy
 from autotune.ranges import DEFAULT_CHOICE, Condition, base_kind, declared, effective, field_type, norm_choice
 from trainer.knobs import AUTO, BATCH_LADDER, UNSET, Knob, Range, knob, table
 
@@ -46,6 +47,11 @@ class Param:
     @property
     def path(self) -> str:
         return self.knob.path
+
+    @property
+    def policy(self) -> Policy:
+        """The search's policy for the knob (``autotune.policy``)."""
+        return policy(self.knob.path)
 
     def suggest(self, trial) -> Any:
         if self.kind == "categorical":
@@ -138,21 +144,22 @@ class SearchSpace:
 
     def settle(self, overrides: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
         """``overrides`` with each conditional knob whose condition fails on the trial's config at its ``off`` value
-        (``trainer.knobs.Knob.off``): a draw without loader workers runs without a prefetch depth and kept workers,
+        (``autotune.policy.Policy.off``): a draw without loader workers runs without a prefetch depth and kept workers,
         though the base (a script's own defaults) has them. The condition is the space's where it searches the knob,
         else the table's."""
         out = dict(overrides)
         by = self.by_path()
         for k in table().entries:
-            if k.off is UNSET or (k.path not in by and (k.space is None or not k.space.when)):
+            off = policy(k.path).off
+            if off is UNSET or (k.path not in by and (k.space is None or not k.space.when)):
                 continue
             when = by[k.path].when if k.path in by else Condition.parse(k.space.when)
             if when is None:
                 continue
             current = out[when.path] if when.path in out else get_path(base, when.path)
             value = out[k.path] if k.path in out else get_path(base, k.path)
-            if not when.holds(current) and value != k.off:
-                out[k.path] = k.off
+            if not when.holds(current) and value != off:
+                out[k.path] = off
         return out
 
     def baseline_params(self, spec: StudySpec, base: dict[str, Any]) -> dict[str, Any]:
@@ -258,7 +265,7 @@ def resolve(spec: StudySpec, *, world_size: int, nproc_per_node: int, cpu_only: 
         if cpu_only and k.needs_gpu:
             notes.append(f"{path}: not searched (no GPU: {k.needs_gpu})")
             continue
-        if cpu_only and path not in spec.space and k.default_space == "gpu":
+        if cpu_only and path not in spec.space and policy(path).default_space == "gpu":
             continue  # the default space's GPU-only knobs (compile: minutes of C++ compile on CPU ranks)
         param = _resolve_one(spec, k, r, machine, notes, problems)
         if param is not None:

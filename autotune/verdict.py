@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.runner.process import STACKS_MARK, log_tail
+from autotune.runner.trial import Stopped
 from trainer.protocol import SIGNATURES, STEPS_EVERY_S, Failure, Kind, nonfinite_reason, root_cause_rank
 
 FIXES: dict[Failure, str] = {
@@ -103,7 +104,7 @@ class Finished(Protocol):
 
     records: list[dict]
     returncode: int | None
-    stopped: str | None
+    stopped: Stopped | None
     n_before_stop: int | None
     log_path: Path | None
     t_launch: float
@@ -131,15 +132,15 @@ def judge(run: Finished, *, pruned: bool = False, stopped_early: bool = False) -
 def ending(run: Finished) -> Verdict:
     """What the run says of itself: its ranks' error records (those written before the launcher decided to stop it:
     the kill makes peers report closed connections), why the launcher stopped it, its exit code and its log."""
-    if run.stopped in ("pruned", "measured"):
+    if run.stopped in (Stopped.PRUNED, Stopped.MEASURED):
         return OK
     considered = run.records if run.n_before_stop is None else run.records[:run.n_before_stop]
     errors = [r for r in considered if r.get("kind") == Kind.ERROR]
     if errors:
         return root_cause(errors)
-    if run.stopped == "hang":
+    if run.stopped == Stopped.HANG:
         return timed_out(run, considered)
-    if run.stopped == "interrupted":
+    if run.stopped == Stopped.INTERRUPTED:
         return failed(Failure.INTERRUPTED, "interrupted (Ctrl-C)")
     if _last(run.records, Kind.SUMMARY) is not None and run.returncode in (0, None):
         return OK

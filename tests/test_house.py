@@ -1,6 +1,7 @@
 """The house rules that a reader of ``autotune/`` and ``trainer/`` can check without running anything (DEVELOPERS.md):
-no import circle, no function over 80 lines, each DDP knob named in at most one module besides the knob table and the
-config, and ``trainer/`` never importing ``autotune/``. Read from the source with ``ast``: nothing is imported."""
+no import circle, no function over 80 lines, each DDP knob named in at most one module besides the knob table, the
+config and the search's policy, and ``trainer/`` never importing ``autotune/``. Read from the source with ``ast``:
+nothing is imported."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]  # the folder holding ``autotune/`` and ``trainer/``
 PACKAGES = ("autotune", "trainer")
 MAX_FUNCTION_LINES = 80
-KNOB_HOMES = {"trainer.knobs", "trainer.config"}
-"""Where a knob's facts belong: the table and the config's field; every other module derives them from those."""
+KNOB_HOMES = {"trainer.knobs", "trainer.config", "autotune.policy"}
+"""Where a knob's facts belong: the table, the config's field and the search's policy for it; every other module
+derives them from those."""
 
 
 def module_name(path: Path) -> str:

@@ -236,6 +236,12 @@ class TrainingConfig:
     log_every_s: float = 10.0
     """Train mode: seconds between progress lines on rank 0."""
 
+    @property
+    def supply(self) -> bool:
+        """The run measures the input pipeline alone: a supply, as the search and the runtime call it (``mode:
+        loader``, the word a config file spells it with)."""
+        return self.mode == "loader"
+
     def problems(self) -> list[str]:
         p = []
         if self.batch_size < 1:
@@ -503,7 +509,7 @@ class TrainConfig:
         if t.mode == "train" and t.epochs is None and t.steps is None and not self.script.given:
             # (a user's script counts its own epochs)
             p.append("training.mode=train needs training.epochs or training.steps")
-        if d.kind == "synthetic" and t.mode == "loader":
+        if d.kind == "synthetic" and t.supply:
             p.append("training.mode=loader measures an input pipeline: use data.kind=imagefolder")
         if (d.kind == "script") != self.script.given and not (self.script.given and d.kind == "synthetic"):
             p.append("data.kind=script goes with script.path or script.entry (the user's script reads its own data)"

@@ -65,7 +65,7 @@ class Job:
     # ---- the table of contents -------------------------------------------------------------------------------
 
     def run(self) -> None:
-        if self.cfg.training.mode == "loader":
+        if self.cfg.training.supply:
             self.run_loader()
             return
         self.build()
@@ -266,7 +266,7 @@ class Job:
         if t.mode == "measure" and not self.meter.windows:
             raise RuntimeError("the run ended before one measurement window closed: raise training.steps or add data")
         # Compiles after the first step (a recompile mid-run) show here: the whole trial's compile time and count.
-        compiled = compile_record(self.compile_before) if t.compile and t.mode != "loader" else {}
+        compiled = compile_record(self.compile_before) if t.compile and not t.supply else {}
         self.writer.write(summary_record(self.meter, self.env, mode=t.mode, loss=self.loss, nonfinite=nonfinite,
                                          steps_run=self.steps_run, steps=self.step, epochs=self.epoch,
                                          global_batch=t.batch_size * t.accum_steps * self.env.world_size,

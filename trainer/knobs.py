@@ -1,13 +1,15 @@
-"""The knobs: every setting a search may change, one entry each, and every fact the project knows of it.
+"""The knobs: every setting a search may change, one entry each, and every fact of the job the project knows of it.
 
-An entry (``Knob``) says everything the rest of the project needs to know of a knob: its TrainConfig dotted path,
-the range the built-in image-model space searches, what a change of it takes (its scope), whether a micro-batch's
-device memory or a compiled graph depends on it, how it reads in tables and lines, which of its choices need a GPU,
-how the stages measure along it, what repairs a configuration failure that names it, and the name under which a
-user's own script receives it (``trainer.runtime``) with the helper that applies it there. Everything else derives
-from this table (``Table``): the tuner's search space (``autotune.space``), the stages' grid and orders, the labels
-of ``autotune show``, the OOM signature, the graph a compile is keyed by, the runtime's settings. Adding a knob is
-adding an entry here (and, for the built-in job, the code in ``trainer/`` that applies its config field).
+An entry (``Knob``) says what the rest of the project needs to know of a knob as the job has it: its TrainConfig
+dotted path, the range it may take in the built-in image-model space, what a change of it takes (its scope), whether
+a micro-batch's device memory or a compiled graph depends on it, how it reads in tables and lines, which of its
+choices need a GPU, which part of the job the stages measure along it, what repairs a configuration failure that
+names it, and the name under which a user's own script receives it (``trainer.runtime``) with the helper that applies
+it there. Everything else derives from this table (``Table``): the tuner's search space (``autotune.space``), the
+stages' grid, the labels of ``autotune show``, the OOM signature, the graph a compile is keyed by, the runtime's
+settings. The tuner's policy for a knob (whether the built-in space holds it, its measuring orders, its first values,
+one-off costs) is the tuner's own, keyed by the same path (``autotune.policy``). Adding a knob is adding an entry
+here and one there (and, for the built-in job, the code in ``trainer/`` that applies its config field).
 
 Readers ask for the table when they need it (``table()``, ``knob(path)``), so a test can put a table of its own in
 place (``using``, ``extended``) and see a knob of its own everywhere, without touching another module.
@@ -102,7 +104,8 @@ class GpuChoice:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Knob:
-    """One knob: a TrainConfig setting a search may change, and every fact about it (see the module docstring)."""
+    """One knob: a TrainConfig setting a search may change, and every fact of the job about it (see the module
+    docstring)."""
 
     path: str
     """The TrainConfig setting, by dotted path."""
@@ -120,10 +123,6 @@ class Knob:
 
     space: Range | None = None
     """The built-in space's range (``None`` among the choices stands for the library's own choice)."""
-
-    default_space: bool | Literal["gpu"] = True
-    """Part of the built-in image-model space (``autotune.ranges.default_space``); ``"gpu"``: there on GPU machines
-    only (a spec that names it searches it anywhere); otherwise a spec adds it."""
 
     auto: Literal["cores"] | None = None
     """What ``auto`` means as an end of its range: ``cores``: as ``low`` 0, as ``high`` the CPU cores per rank.
@@ -155,13 +154,6 @@ class Knob:
     """``ceiling``: a dimension of the ceiling's grid (the model alone is measured along it); ``supply``: the input
     pipelines measured alone, in its order."""
 
-    gpu_order: tuple[Any, ...] = ()
-    """Measuring order on GPUs, the likeliest fastest first: a prior, never an answer (it decides only what is
-    measured first and, once a step along it measures clearly slower, what is left out as dominated)."""
-
-    cpu_order: tuple[Any, ...] = ()
-    """Measuring order on CPU ranks."""
-
     value_labels: tuple[tuple[Any, str], ...] = ()
     """How a value reads in lines (default: the value itself)."""
 
@@ -169,42 +161,9 @@ class Knob:
     """Values a line leaves out: eager reads ``fp16 channels_last``, not ``... eager``; NCCL's own choice is not
     mentioned."""
 
-    trains: bool = False
-    """Whether the model trains depends on its value: end-to-end trials that diverged at a value, none of which
-    trained, rule the value out at every other setting."""
-
-    one_off_s: float | None = None
-    """What a value after the first costs once, on its first run in a worker (torch.compile: the compile), before
-    anything is measured: seconds, a prior the stage planner uses until a run of it says what it cost. Such a
-    dimension is measured last, and only where the budget left pays for the cost and for end-to-end trials after it
-    (``autotune.search.stages._budget.Spend.affords_one_off``)."""
-
-    one_off_attr: str | None = None
-    """The trial attribute a run records that one-off cost in (``compile_s``)."""
-
-    one_off_cached_share: float | None = None
-    """What the first run pays where this machine already paid the cost for the same graph (torch.compile loading it
-    from the on-disk caches; ``trainer.compile_costs`` records each compile), as a share of what it paid then: a
-    prior the planner uses until a run from the caches says what it cost. ``None``: nothing is cached."""
-
     ceiling_value: Any = UNSET
     """Its value while the model alone is measured (the ceiling: synthetic data on the device, no loader, one
     micro-batch per step); ``UNSET``: the grid point's or the base's."""
-
-    first: Any = UNSET
-    """Its value in the stages' first end-to-end trial of a pipeline its range is searched under (a candidate), where
-    measurement found one value the likeliest fastest; ``UNSET``: the base's (the sampler weighs it afterwards)."""
-
-    first_share: float | None = None
-    """For a range that ends at the CPU cores per rank (``auto="cores"``): its value in that first end-to-end trial
-    as this share of its most (the pipeline alone still takes them all: what it can feed, with no model beside it);
-    ``None``: its most there too."""
-
-    off: Any = UNSET
-    """Its value where the condition of its range (``Range.when``) does not hold: what the setting is without the
-    thing it needs (no prefetch depth and no kept workers without loader workers). A trial whose condition fails
-    takes it, whatever the base holds (a script's own ``prefetch_factor=2`` under a draw of ``num_workers=0``);
-    ``UNSET``: the base's value stands."""
 
     defining: bool = False
     """One of the settings that tell one kind of configuration from another for the stages (its pipeline family,
@@ -217,10 +176,6 @@ class Knob:
 
     repair: tuple[Any, str] | None = None
     """A configuration failure whose message names the knob is run once more at this value: (value, why)."""
-
-    full_run: tuple[Any, str] | None = None
-    """(value, why) for a setting the built-in job's trials cannot observe but a run of many epochs pays for: an
-    exported full run takes this value where its range's condition holds, and the export says why."""
 
     # ---- a user's script ---------------------------------------------------------------------------------------
 
@@ -238,11 +193,6 @@ class Knob:
     def value_label(self, value: Any) -> str:
         """How ``value`` reads in lines (``value_labels``)."""
         return dict(self.value_labels).get(value, str(value))
-
-    def order(self, choices: list[Any], on_gpu: bool) -> list[Any]:
-        """``choices`` in measuring order here (those the order does not know last, as given)."""
-        prior = list(self.gpu_order if on_gpu else self.cpu_order)
-        return sorted(choices, key=lambda c: prior.index(c) if c in prior else len(prior) + choices.index(c))
 
     def is_omitted(self, value: Any) -> bool:
         return any(value is u for u in self.omitted)  # ``is``: 0 is not False
@@ -270,67 +220,45 @@ _KNOBS = (
     Knob(path="training.accum_steps", label="acc", scope="model", space=Range(choices=(1, 2, 4)), batch="accum",
          graph=True, ceiling_value=1, runtime="accum_steps", runtime_default=1, applied_by="step",
          doc="micro-batches per optimizer step; the non-final ones run inside DDP's no_sync()"),
-    # Lower precision runs on tensor cores; on CPU ranks fp32 is the native arithmetic, and CPU autocast is bf16.
     Knob(path="training.precision", label="", scope="model", space=Range(choices=("fp32", "bf16", "fp16")),
          gpu_only=(GpuChoice(value="fp16", why="CPU autocast is bf16", runs_on_cpu=True),), memory=True, graph=True,
-         measured="ceiling", gpu_order=("fp16", "bf16", "fp32"), cpu_order=("fp32", "bf16", "fp16"), trains=True,
-         defining=True, shown=3, runtime="precision", runtime_default="fp32", applied_by="step",
+         measured="ceiling", defining=True, shown=3, runtime="precision", runtime_default="fp32", applied_by="step",
          doc="autocast dtype; fp16 adds a GradScaler"),
-    # channels_last is the tensor cores' native convolution layout; on CPU ranks NCHW is the native one.
     Knob(path="training.channels_last", label="cl", scope="model", space=Range(choices=(False, True)), memory=True,
-         graph=True, measured="ceiling", gpu_order=(True, False), cpu_order=(False, True),
-         value_labels=((True, "channels_last"), (False, "NCHW")), defining=True, shown=4, runtime="channels_last",
-         runtime_default=False, applied_by="model", doc="NHWC memory format for model and inputs"),
-    # Eager first on both: a cold compile makes the first ceiling many times longer than an eager one, and the first
-    # end-to-end answer waits on that ceiling. From the on-disk caches a fresh process compiles the same graph in a
-    # small share of the cold time (one_off_cached_share; docs/benchmarks.md).
+         graph=True, measured="ceiling", value_labels=((True, "channels_last"), (False, "NCHW")), defining=True,
+         shown=4, runtime="channels_last", runtime_default=False, applied_by="model",
+         doc="NHWC memory format for model and inputs"),
     Knob(path="training.compile", label="compile", scope="model", space=Range(choices=(False, True)), memory=True,
-         default_space="gpu", measured="ceiling", gpu_order=(False, True), cpu_order=(False, True),
-         value_labels=((False, "eager"), (True, "compiled")), omitted=(False,), one_off_s=60.0,
-         one_off_attr="compile_s", one_off_cached_share=0.15, defining=True, shown=8, runtime="compile",
-         runtime_default=False, applied_by="model",
+         measured="ceiling", value_labels=((False, "eager"), (True, "compiled")), omitted=(False,), defining=True,
+         shown=8, runtime="compile", runtime_default=False, applied_by="model",
          doc="torch.compile; a cold compile costs about a minute on a GPU, so the stages measure it last, where "
              "the budget pays for it (on CPU ranks Inductor's C++ compile takes minutes: a spec adds it there)"),
-    # None: torch's default mode; reduce-overhead: CUDA graphs for forward and backward; the autotuning modes cost
-    # minutes of compile per graph, so a spec adds them. Not in the default space: CUDA graphs barely speed up the
-    # model alone, and fed by a real input pipeline the job runs slower with them (docs/benchmarks.md).
+    # None: torch's default mode; reduce-overhead: CUDA graphs for forward and backward.
     Knob(path="training.compile_mode", label="mode", scope="model", memory=True, graph=True,
-         space=Range(choices=(None, "reduce-overhead"), when="training.compile == true"), default_space=False,
-         runtime="compile_mode", applied_by="model",
-         doc="torch.compile mode (reduce-overhead: the step's model part as CUDA graphs)"),
+         space=Range(choices=(None, "reduce-overhead"), when="training.compile == true"), runtime="compile_mode",
+         applied_by="model", doc="torch.compile mode (reduce-overhead: the step's model part as CUDA graphs)"),
     Knob(path="training.cudnn_benchmark", label="cudnn_search", scope="model", space=Range(choices=(True, False)),
-         default_space=False, shown=7, runtime="cudnn_benchmark", applied_by="always",
+         shown=7, runtime="cudnn_benchmark", applied_by="always",
          doc="cuDNN's per-shape algorithm search; the ceiling stage decides it by measurement"),
-    # End to end the rank's own processes (the training loop, the pinning thread, a GPU decode's host work) need
-    # cores beside the loader's workers: the first candidate leaves them a quarter, and the climb settles the count.
     Knob(path="loader.num_workers", label="wk", scope="pipeline", space=Range(low=0, high=AUTO, when=_NOT_UNDER_DALI),
-         auto="cores", first_share=0.75,
-         ceiling_value=0, shown=6, runtime="num_workers", runtime_default=0, applied_by="loader",
+         auto="cores", ceiling_value=0, shown=6, runtime="num_workers", runtime_default=0, applied_by="loader",
          doc="DataLoader worker processes per rank"),
     Knob(path="loader.prefetch_factor", label="pf", scope="pipeline",
-         space=Range(low=1, high=8, when="loader.num_workers > 0"), ceiling_value=None, off=None,
-         runtime="prefetch_factor", applied_by="loader", doc="batches in flight per worker"),
+         space=Range(low=1, high=8, when="loader.num_workers > 0"), ceiling_value=None, runtime="prefetch_factor",
+         applied_by="loader", doc="batches in flight per worker"),
     # The runtime and the built-in job pin only for a CUDA device (trainer.apply.loader_args): on CPU ranks both
     # values run the same.
     Knob(path="loader.pin_memory", label="pin", scope="pipeline",
          space=Range(choices=(True, False), when=_NOT_UNDER_DALI),
          needs_gpu="pinned memory only matters for a copy to a CUDA device", runtime="pin_memory",
          runtime_default=False, applied_by="loader", doc="page-locked host batches"),
-    # The built-in job's trials read one endless stream of epochs, so kept and restarted workers measure alike; a
-    # run of many epochs restarts them at every epoch unless they are kept. A script's trials charge its epoch
-    # turns, so what they measured stands there.
+    # A script's trials charge its epoch turns, so what they measured of kept workers stands there.
     Knob(path="loader.persistent_workers", label="pers", scope="pipeline",
-         space=Range(choices=(False, True), when="loader.num_workers > 0"), ceiling_value=False, off=False,
-         full_run=(True, "the trials stream their epochs without restarting the loader's workers, so they measure "
-                         "kept and restarted workers alike; a run of many epochs restarts them at every epoch"),
+         space=Range(choices=(False, True), when="loader.num_workers > 0"), ceiling_value=False,
          runtime="persistent_workers", runtime_default=False, applied_by="loader", doc="workers kept across epochs"),
-    # Decode on the GPU first where there is one (it does not compete with the loader workers for cores): DALI's fused
-    # decode + crop on the hardware engines and CUDA (what MLPerf's ResNet-50 submissions feed NVIDIA GPUs with),
-    # nvJPEG's CUDA decoder, then decode to tensors on the CPU, then PIL.
     Knob(path="data.decode", label="", scope="pipeline", memory=True,
          space=Range(choices=("pil", "torchvision-cpu", "nvjpeg-gpu", "hybrid", "dali")), gpu_only=_DECODE_ON_GPU,
-         measured="supply", gpu_order=("dali", "nvjpeg-gpu", "hybrid", "torchvision-cpu", "pil"),
-         cpu_order=("torchvision-cpu", "pil"), defining=True, shown=1, runtime="decode", runtime_default="pil",
+         measured="supply", defining=True, shown=1, runtime="decode", runtime_default="pil",
          applied_by="image_loader", doc="the input pipeline of an ImageFolder read through trainer.data"),
     # Three points span the trade: the ends (0 and 1) are nvjpeg-gpu and torchvision-cpu, already decode choices.
     Knob(path="data.hybrid_cpu_fraction", label="cpu_share", scope="pipeline",
@@ -338,30 +266,22 @@ _KNOBS = (
          runtime="hybrid_cpu_fraction", runtime_default=0.5, applied_by="image_loader",
          doc="hybrid decode: the share of each batch the loader workers decode"),
     # DALI's settings, searched only under its pipeline. hw_decoder_load: the share of each batch the hardware JPEG
-    # engines decode, the rest on CUDA; DALI's own default is 0.65, and the best share depends on the machine. End to
-    # end a share below DALI's default feeds the model fastest, though the engines alone decode the most at the
-    # highest share: the more they decode, the longer the model waits (docs/benchmarks.md). So the range reaches
-    # below the default for the search to find where the trade turns, and the candidate starts at 0.35.
+    # engines decode, the rest on CUDA; DALI's own default is 0.65, and the best share depends on the machine: the
+    # range reaches below the default for the search to find where the trade turns (autotune.policy).
     Knob(path="data.dali_hw_decoder_load", label="hw_load", scope="pipeline",
-         space=Range(choices=(0.25, 0.35, 0.5, 0.65, 0.8, 0.95), when="data.decode == dali"), shown=2, first=0.35,
+         space=Range(choices=(0.25, 0.35, 0.5, 0.65, 0.8, 0.95), when="data.decode == dali"), shown=2,
          runtime="dali_hw_decoder_load", runtime_default=0.65, applied_by="image_loader",
          doc="DALI: the share of each batch its hardware JPEG decoder takes, the rest decoded with CUDA"),
-    # DALI threads on every core starve the training process of CPU; about half of the cores is faster end to end,
-    # and a few threads too few to feed the model (docs/benchmarks.md): the candidate starts at half.
-    Knob(path="data.dali_threads", label="dali_thr", scope="pipeline", first_share=0.5,
+    Knob(path="data.dali_threads", label="dali_thr", scope="pipeline",
          space=Range(low=1, high=AUTO, when="data.decode == dali"), auto="cores", runtime="dali_threads",
          runtime_default=4, applied_by="image_loader",
          doc="DALI: CPU threads per rank (file reads, header parsing, the CPU stages)"),
-    # The fastest DALI configurations queue 3 or 4 batches, slower ones 1 or 2 (docs/benchmarks.md): the candidate
-    # starts at 3.
-    Knob(path="data.dali_prefetch", label="dali_q", scope="pipeline", first=3,
+    Knob(path="data.dali_prefetch", label="dali_q", scope="pipeline",
          space=Range(low=1, high=4, when="data.decode == dali"), runtime="dali_prefetch", runtime_default=2,
          applied_by="image_loader", doc="DALI: batches its pipeline prepares ahead (queue depth)"),
-    # The CPU-Huffman share of DALI's decode costs host-to-device copies of coefficients, several times a JPEG's
-    # size; yet with the GPU's help instead both the job and its pipeline alone run slower (docs/benchmarks.md): out
-    # of the default space; a spec adds it.
+    # The CPU-Huffman share of DALI's decode costs host-to-device copies of coefficients, several times a JPEG's size.
     Knob(path="data.dali_gpu_huffman", label="gpu_huff", scope="pipeline",
-         space=Range(choices=(False, True), when="data.decode == dali"), default_space=False,
+         space=Range(choices=(False, True), when="data.decode == dali"),
          value_labels=((True, "gpu_huffman"), (False, "cpu_huffman")), omitted=(False,), runtime="dali_gpu_huffman",
          runtime_default=False, applied_by="image_loader",
          doc="DALI: Huffman decoding with the GPU's help for the images the hardware engines do not take"),
@@ -391,9 +311,8 @@ _KNOBS = (
          space=Range(choices=(False, True), when="training.accum_steps == 1"), memory=True, graph=True,
          repair=(False, "DDP's static graph does not run with accumulation"), runtime="static_graph",
          runtime_default=False, applied_by="model", doc="DDP static graph"),
-    # NCCL's algorithm, protocol, CTA and buffer variables: NCCL documents them as debugging variables, no
-    # measurement here has shown them to matter, and each change takes a new process: a spec adds them.
-    *(Knob(path=f"nccl.{name}", label=label, scope="process", space=space, default_space=False, omitted=(None,),
+    # NCCL's algorithm, protocol, CTA and buffer variables (debugging variables, NCCL documents).
+    *(Knob(path=f"nccl.{name}", label=label, scope="process", space=space, omitted=(None,),
            needs_gpu="gloo does not read NCCL settings")
       for name, label, space in (("algo", "algo", Range(choices=(None, "Ring", "Tree"))),
                                  ("proto", "proto", Range(choices=(None, "Simple", "LL"))),
@@ -518,7 +437,7 @@ def knob(path: str) -> Knob:
     entry = table().knobs.get(path)
     if entry is not None:
         return entry
-    return Knob(path=path, label=path.rsplit(".", 1)[-1], scope=_scope_by_section(path), default_space=False)
+    return Knob(path=path, label=path.rsplit(".", 1)[-1], scope=_scope_by_section(path))
 
 
 def _scope_by_section(path: str) -> Scope:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from autotune.runner.process import LineReader, ProcessTree
 from autotune.runner.torchrun import Torchrun, trainer_args
-from autotune.runner.trial import TrialJob, TrialRun, end, follow, prepare, run_trial
+from autotune.runner.trial import Stopped, TrialJob, TrialRun, end, follow, prepare, run_trial
 from trainer.protocol import Kind
 
 STOP_GRACE_S = 20.0
@@ -123,10 +123,10 @@ class WorkerPool:
                    complete=lambda rec: rec.get("kind") == Kind.SUMMARY,
                    cancel=lambda: cancel_path(run).touch())
         except KeyboardInterrupt:
-            run.stopped, run.n_before_stop = "interrupted", len(run.records)
+            run.stopped, run.n_before_stop = Stopped.INTERRUPTED, len(run.records)
             self._retire(run, reader)
             raise
-        if run.stopped in ("hang", "error") or not w.alive() or run.summary is None:
+        if run.stopped in (Stopped.HANG, Stopped.ERROR) or not w.alive() or run.summary is None:
             self._retire(run, reader)
         else:
             end(run, w.tree, reader, alive=True)

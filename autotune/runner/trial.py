@@ -18,7 +18,7 @@ from typing import Any
 from autotune.runner.process import LineReader, ProcessTree
 from autotune.runner.torchrun import Torchrun, program, run_env
 from trainer.config import TrainConfig, process_settings
-from trainer.protocol import Kind
+from trainer.protocol import Kind, StrEnum
 
 POLL_S = 0.1
 
@@ -28,6 +28,25 @@ validation) before it is stopped; its figures stand either way."""
 
 ERROR_GRACE_S = 30.0
 """After a rank reported an error, the others get this long to exit before the tree is killed."""
+
+class Stopped(StrEnum):
+    """Why the launcher ended a run before it ended by itself (``TrialRun.stopped``)."""
+
+    HANG = "hang"
+    """No measurement window within the trial timeout."""
+
+    ERROR = "error"
+    """A rank reported an error and its peers did not exit."""
+
+    PRUNED = "pruned"
+    """The search asked for it (``on_record`` returned True): pruned, or a measurement of a part that said enough."""
+
+    INTERRUPTED = "interrupted"
+    """Ctrl-C."""
+
+    MEASURED = "measured"
+    """A user's script that went on after its summary."""
+
 
 @dataclass(kw_only=True)
 class TrialJob:
@@ -79,9 +98,8 @@ class TrialRun:
     returncode: int | None = None
     """The process's exit code; None for a trial of a worker that lives on."""
 
-    stopped: str | None = None
-    """Why the launcher ended the run: ``hang``, ``pruned``, ``interrupted``, ``error`` (peers did not exit),
-    ``measured`` (a user's script that went on after its summary)."""
+    stopped: Stopped | None = None
+    """Why the launcher ended the run (``Stopped``); None: it ended by itself."""
 
     leftover_pids: list[int] = field(default_factory=list)
     """Processes of the run still alive after the kill (should always be empty)."""
@@ -182,7 +200,7 @@ def follow(tree: ProcessTree, reader: LineReader, run: TrialRun, *, timeout_s: f
             if kind == Kind.ERROR and error_deadline is None:
                 error_deadline = time.monotonic() + ERROR_GRACE_S
             if on_record is not None and on_record(rec) and run.stopped is None:
-                run.stopped, run.n_before_stop = "pruned", len(run.records)
+                run.stopped, run.n_before_stop = Stopped.PRUNED, len(run.records)
                 if cancel is None:
                     return
                 cancel()
@@ -191,7 +209,7 @@ def follow(tree: ProcessTree, reader: LineReader, run: TrialRun, *, timeout_s: f
         if tree.poll() is not None:
             return
         now = time.monotonic()
-        for why, limit in (("hang", deadline), ("error", error_deadline)):
+        for why, limit in ((Stopped.HANG, deadline), (Stopped.ERROR, error_deadline)):
             if limit is not None and now > limit:
                 run.stopped, run.n_before_stop, run.t_stopped = why, len(run.records), time.time()
                 return
@@ -233,9 +251,9 @@ def run_trial(job: TrialJob, on_record: Callable[[dict], bool | None] | None = N
             follow(tree, reader, run, timeout_s=job.timeout_s, on_record=on_record, on_poll=on_poll,
                    complete=(lambda rec: rec.get("kind") == Kind.SUMMARY) if script else None)
             if script and run.summary is not None and not linger(tree, SCRIPT_EXIT_GRACE_S):
-                run.stopped, run.n_before_stop = "measured", len(run.records)
+                run.stopped, run.n_before_stop = Stopped.MEASURED, len(run.records)
         except KeyboardInterrupt:
-            run.stopped, run.n_before_stop = "interrupted", len(run.records)
+            run.stopped, run.n_before_stop = Stopped.INTERRUPTED, len(run.records)
             raise
         finally:
             ended_by_itself = not run.stopped and tree.poll() is not None

@@ -18,6 +18,7 @@ from itertools import product
 from typing import Any
 
 from autotune.formatting import fmt_ips, per_second
+from autotune.policy import Searched
 from autotune.search.compile_cache import paid_here
 from autotune.space import get_path
 from autotune.study.measured import (
@@ -35,7 +36,6 @@ from autotune.verdict import NOT_ITS_FAULT
 from trainer.compile_costs import Paid
 from trainer.config import ConfigError
 from trainer.estimate import Interval
-from trainer.knobs import Knob
 
 PLATEAU = 0.98
 """A smaller batch keeps the ceiling's pace when it reaches this share of the best: it is then preferred (less
@@ -112,7 +112,7 @@ class Scope:
         """Whether ``point`` is at a value with a one-off cost (compiled)."""
         return self.plain(point) != point
 
-    def paid_here(self, dim: Knob, overrides: dict[str, Any]) -> list[Paid]:
+    def paid_here(self, dim: Searched, overrides: dict[str, Any]) -> list[Paid]:
         """What this machine paid before for the one-off cost of a measurement with ``overrides`` at a value of
         ``dim`` (a compile of its graph: ``autotune.search.compile_cache``); nothing for a dimension without one."""
         if dim.one_off_cached_share is None or self.plan.base is None:

@@ -10,6 +10,7 @@ runs its ``--trials`` and they never run the same trial twice.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import optuna
@@ -38,12 +39,12 @@ def search(o: SearchOptions, say=print) -> optuna.Study:
     plan = prepare(o, say)
     storage = open_storage(plan.storage_url)
     if plan.base is None:  # made after the storage is known to work: generating can take minutes
-        plan.base = generate_data(plan.spec, say)
-        plan.probe, plan.data = plan.base, summarize_data(plan.base)
+        base = generate_data(plan.spec, say)
+        plan = dataclasses.replace(plan, base=base, probe=base, data=summarize_data(base))
     attrs = {"fingerprint": fingerprint(plan.nvml, plan.gpus), "torchrun_args": list(plan.torchrun.args)}
     if plan.is_script:  # what the script applies decides the space: known from its first run, before any study
         found = script.known(storage, plan.name) or script.probe(plan, log_root(plan.storage_url, plan.name), say)
-        script.apply(plan, found)
+        plan = script.apply(plan, found)
         attrs.update({script.PROBE_KEY: found.record(), "unit": found.unit})
     attrs["reference_global_batch"] = reference_batch(plan)
     study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
@@ -122,9 +123,9 @@ class Engine:
             self.stages.enqueue_next(self.budget(self.plan.trials - launched))
             for line in self.stages.take_notes():
                 self.progress.say(f"autotune: {line}")
-            study, trial = self.ask()
+            study, trial, stage = self.ask()
             try:
-                ev = self.one(study, trial, evaluate, counted=skipped >= self.plan.trials)
+                ev = self.one(study, trial, stage, evaluate, counted=skipped >= self.plan.trials)
             except BaseException as e:
                 abandon(study, trial, e)
                 raise
@@ -135,28 +136,37 @@ class Engine:
             else:
                 launched += 1
 
-    def ask(self) -> tuple[optuna.Study, optuna.Trial]:
+    def ask(self) -> tuple[optuna.Study, optuna.Trial, view.Stage]:
         """The oldest enqueued trial of either study (the stages enqueue in the order they want things run), else a
-        draw of the main study's sampler."""
+        draw of the main study's sampler; and its stage, decided here once (``view.stage_of``) and written to the
+        trial, where evaluation, the live view and every later reading of the study take it."""
         for _ in range(MAX_RACED_ASKS):
             waiting = [(t._trial_id, s) for s in (self.study, self.parts)
                        for t in s.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
             study = min(waiting, key=lambda x: x[0])[1] if waiting else self.study
             trial = study.ask()
             if study is self.study:
-                return study, trial
+                return study, trial, self.staged(trial)
             if not trial.user_attrs.get("stage"):
                 # Another worker took it between our look and our ask: Optuna made an empty trial of the parts study.
                 why = "asked for a measurement another search worker had just taken"
             elif (twin := self.twin(trial)) is None:
-                return study, trial
+                return study, trial, self.staged(trial)
             else:
                 why = (f"the same measurement as trial p{twin}: two search workers planned it at once; that one "
                        "stands")
             for key, value in verdict.search_failure(why).attrs().items():
                 trial.set_user_attr(key, value)
             study.tell(trial, state=TrialState.FAIL)
-        return self.study, self.study.ask()
+        trial = self.study.ask()
+        return self.study, trial, self.staged(trial)
+
+    @staticmethod
+    def staged(trial: optuna.Trial) -> view.Stage:
+        stage = view.stage_of(trial.user_attrs)
+        if trial.user_attrs.get("stage") != stage:
+            trial.set_user_attr("stage", stage)
+        return stage
 
     def twin(self, trial: optuna.Trial) -> int | None:
         """An earlier measurement of the same part (``StagePlanner.request_key``) that runs or ran: search workers
@@ -172,11 +182,11 @@ class Engine:
                 return t.number
         return None
 
-    def one(self, study: optuna.Study, trial: optuna.Trial, evaluate: Evaluator, *, counted: bool = True):
+    def one(self, study: optuna.Study, trial: optuna.Trial, stage: view.Stage, evaluate: Evaluator, *,
+            counted: bool = True):
         t0 = time.monotonic()
         part = study is self.parts
         label = f"p{trial.number}" if part else str(trial.number)
-        stage = view.Stage(trial.user_attrs.get("stage") or view.Stage.SEARCH)
         a = trial.user_attrs
         if a.get("retry_of") is not None:
             why = (f"repaired: {a['repaired']} ({a.get('repair_reason')})" if a.get("repaired") else
@@ -184,32 +194,29 @@ class Engine:
             prior = f"p{a['retry_of']}" if part else a["retry_of"]
             self.progress.say(f"autotune: trial {label} re-runs the parameters of trial {prior}, {why}")
         self.progress.begin(label, stage)
-        ev = evaluate(trial, part=part)
+        ev = evaluate(trial, stage, part=part)
         # A run made before the study existed (a script's trial 0) took its time then: its own wall stands.
-        ev.attrs["wall_s"] = round(max(time.monotonic() - t0, ev.attrs.get("wall_s") or 0.0), 3)
-        state = record(study, trial, ev, self.plan.objective, self.plan.space, known_oom=evaluate.known_oom)
+        ev.wall_s = round(max(time.monotonic() - t0, ev.wall_s or 0.0), 3)
+        outcome = record(study, trial, ev, self.plan.objective, self.plan.space, known_oom=evaluate.known_oom)
         if part:
             self.parts_run += 1
             self.parts_s += time.monotonic() - t0
         trials = view.views(self.study, self.parts)
         best, base = view.fastest(trials), view.baseline(trials)
-        outcome = {"complete": "measured" if stage.measures_part else "ok", "pruned": "pruned",
-                   "infeasible": f"infeasible:{ev.failure}", "fail": f"FAIL:{ev.failure}"}[state]
-        if ev.attrs.get("stopped_early"):
-            outcome = "measured (stopped early)"
         mine = next(v for v in trials if v.part == part and v.number == trial.number)
         shown = mine.shown(p.path for p in self.plan.space.params)
-        self.progress.trial_done(number=label, stage=stage, params=shown, outcome=outcome,
-                                 ips=ev.attrs.get("imgs_per_s"), half_width=ev.attrs.get("ci_half_width"),
-                                 util=ev.attrs.get("util_mean"), best=(best.label, best.interval) if best else None,
-                                 baseline=base.interval if base else None, wall=ev.attrs["wall_s"],
+        self.progress.trial_done(number=label, stage=stage, params=shown, outcome=outcome, failure=ev.failure,
+                                 stopped_early=ev.stopped_early is not None, ips=ev.imgs_per_s,
+                                 half_width=ev.ci_half_width, util=ev.util_mean,
+                                 best=(best.label, best.interval) if best else None,
+                                 baseline=base.interval if base else None, wall=ev.wall_s,
                                  counted=counted or not ev.skipped)
         if ev.skipped:
-            self.progress.say(f"      not launched: {ev.attrs.get('pruned_before_launch')}")
-        elif ev.attrs.get("stopped_early"):
-            self.progress.say(f"      stopped early: {ev.attrs['stopped_early']}")
-        elif ev.failure is not None and state != "pruned":
-            self.progress.say(f"      {ev.failure}: {ev.message} (log: {ev.attrs.get('log_path')})")
+            self.progress.say(f"      not launched: {ev.pruned_before_launch}")
+        elif ev.stopped_early is not None:
+            self.progress.say(f"      stopped early: {ev.stopped_early}")
+        elif ev.failure is not None and outcome != view.Outcome.PRUNED:
+            self.progress.say(f"      {ev.failure}: {ev.message} (log: {ev.log_path})")
         return ev
 
 

@@ -19,17 +19,17 @@ from autotune import verdict
 from autotune.hw.nvml import Sampler, summarize
 from autotune.objective import measured_attrs
 from autotune.runner.pool import WorkerPool
-from autotune.runner.trial import TrialJob, TrialRun
+from autotune.runner.trial import Stopped, TrialJob, TrialRun
 from autotune.search.compile_cache import compile_cache
 from autotune.search.progress import Progress
 from autotune.space import predicted_oom
 from autotune.study.liveness import Heartbeat, owner
 from autotune.study.pruning import LIVE_INTERVAL, best_feasible
 from autotune.study.storage import record_on_trial, set_trial_attrs
-from autotune.study.view import Stage, views
+from autotune.study.view import Outcome, Stage, views
 from trainer.config import ConfigError, TrainConfig
 from trainer.estimate import Interval
-from trainer.protocol import Failure, Kind
+from trainer.protocol import Failure, Kind, StrEnum
 
 BASELINE_CAP = 1.5
 """Trial 0 may measure this many times the seconds of other trials (``measure.max_s``) before its interval stands as
@@ -46,12 +46,27 @@ BOUNDED_STAGES = frozenset({Stage.CANDIDATE, Stage.CLIMB, Stage.REFINE, Stage.SE
 not a start the spec asked for)."""
 
 
+class Stop(StrEnum):
+    """Why the search stops a run before it ends by itself (``Watch.stopped``; the sentence a person reads is
+    ``Watch.why``)."""
+
+    PRUNED = "pruned"
+    """The pruner: its running interval lies below the best's."""
+
+    ABOVE = "above"
+    """A supply whose interval lies above ``stop_when``'s ``above``: it feeds more than the model can take."""
+
+    OUT_OF_REACH = "out_of_reach"
+    """A supply whose interval lies below ``stop_when``'s ``below``: out of reach of the best."""
+
+
 @dataclass(kw_only=True)
 class Evaluation:
-    """What a trial's evaluation found, before it is told to the study."""
+    """What a trial's evaluation found, the one record of its result from the evaluation to the study: how it ended
+    (``failure``, ``pruned``) and what it measured, as named fields; ``attrs`` writes it as the trial's attrs (the
+    keys the study has always stored them under, so every study reads the same)."""
 
     stage: Stage
-    attrs: dict[str, Any] = field(default_factory=dict)
     config: TrainConfig | None = None
     failure: Failure | None = None
     message: str | None = None
@@ -61,12 +76,68 @@ class Evaluation:
 
     launched: bool = False
 
+    log_path: str | None = None
+    imgs_per_s: float | None = None
+    ci_half_width: float | None = None
+    precise: bool | None = None
+    util_available: bool = False
+    util_mean: float | None = None
+    """Stored even when None: no sample fell in the windows."""
+
+    wall_s: float | None = None
+    """The trial's wall time (asked for → told); a run made before the study existed gives its own."""
+
+    stopped_early: str | None = None
+    """Why a measurement of a part stopped before its interval was tight (``Watch.why``)."""
+
+    pruned_before_launch: str | None = None
+    bound_imgs_per_s: float | None = None
+    """The measured bound a draw pruned before launch lay under (``Evaluator.bounded``)."""
+
+    oom_predicted_from: int | str | None = None
+    """The trial whose OOM predicted this one's (``Evaluator.known_oom``)."""
+
+    shapes_new_to_worker: bool | None = None
+    repaired_by_next: dict[str, Any] | None = None
+    """What the repaired draw enqueued after it changes (``autotune.search.record``)."""
+
+    figures: dict[str, Any] = field(default_factory=dict)
+    """The rest of what the run recorded, stored as it is: its summary's figures, its timing, where it ran, the
+    GPUs' samples (nothing in the search reads them by name)."""
+
     def __post_init__(self):
         self.stage = Stage(self.stage)  # the stored attr's plain string reads as its Stage
 
     def judged(self, v: verdict.Verdict) -> None:
         """Take ``autotune.verdict``'s decision as the trial's failure and message."""
         self.failure, self.message = v.failure, v.reason
+
+    def take(self, measured: dict[str, Any]) -> None:
+        """Take what a run or the GPUs' samples recorded: a named field by its name, the rest into ``figures``."""
+        for key, value in measured.items():
+            if key in _NAMED:
+                setattr(self, key, value)
+            else:
+                self.figures[key] = value
+
+    @property
+    def outcome(self) -> Outcome:
+        """How the trial ends, as the study is told."""
+        return Outcome.ended(self.failure, pruned=self.pruned, part=self.stage.measures_part)
+
+    def attrs(self) -> dict[str, Any]:
+        """The trial's attrs as the study stores them (``autotune.study.storage.set_trial_attrs``): each field by its
+        name, those that are None left out (but ``util_mean``)."""
+        named = {f: getattr(self, f) for f in _NAMED}
+        if self.failure is not None and not self.pruned:
+            named.update(failure_class=str(self.failure), failure_message=self.message)
+        return {k: v for k, v in {**self.figures, **named}.items() if v is not None or k == "util_mean"}
+
+
+_NAMED = ("stage", "log_path", "imgs_per_s", "ci_half_width", "precise", "util_available", "util_mean", "wall_s",
+          "stopped_early", "pruned_before_launch", "bound_imgs_per_s", "oom_predicted_from", "shapes_new_to_worker",
+          "repaired_by_next")
+"""The fields of ``Evaluation`` stored as the trial's attrs, under their own names."""
 
 
 class Evaluator:
@@ -77,19 +148,20 @@ class Evaluator:
         self.plan, self.study, self.pool, self.progress, self.logs = plan, study, pool, progress, logs
         self.stages, self.parts = stages, parts
         self.me = owner()
+        self.preloaded = dict(plan.preloaded)
+        """Runs made before the study existed, by stage, until the trial of that stage takes its run."""
         self.seen: dict[str, dict[tuple, bool]] = {}
         """Per live worker: the convolution shapes it ran, and whether cuDNN's search was on when they first ran."""
 
-    def __call__(self, trial, *, part: bool = False) -> Evaluation:
+    def __call__(self, trial, stage: Stage, *, part: bool = False) -> Evaluation:
+        """Evaluate ``trial``, asked for as ``stage`` (``autotune.search.engine.Engine.ask`` decides it)."""
         set_trial_attrs(trial, self.me)
         heartbeat = Heartbeat(trial)
         heartbeat.beat(force=True)
-        stage = Stage(trial.user_attrs.get("stage") or Stage.SEARCH)
-        ev = Evaluation(stage=stage)
         trial_dir = self.logs / (f"part-{trial.number}" if part else f"trial-{trial.number}")
+        ev = Evaluation(stage=stage, log_path=str((trial_dir / "log.txt").resolve()),
+                        util_available=self.plan.util_available)
         overrides = self.plan.space.settle(self.overrides(trial, stage), self.plan.base.to_dict())
-        ev.attrs.update({"stage": stage, "log_path": str((trial_dir / "log.txt").resolve()),
-                         "util_available": self.plan.util_available, "util_mean": None})
         try:
             name = f"{self.plan.name}-{'part' if part else 'trial'}-{trial.number}"
             ev.config = self.plan.base.with_overrides({**overrides, "name": name, "output_dir": str(trial_dir)})
@@ -108,7 +180,7 @@ class Evaluator:
         prior = self.known_oom(ev.config.to_dict())
         if prior is not None:
             ev.judged(verdict.predicted_oom(prior))
-            ev.attrs["oom_predicted_from"] = prior
+            ev.oom_predicted_from = prior
             return ev
         if self.bounded(ev):
             return ev
@@ -122,7 +194,7 @@ class Evaluator:
             # Trial 0 and its re-measure run the baseline's params and the base for the rest (a script's own
             # values the space does not hold): the sampler draws nothing for them.
             overrides = self.plan.space.suggest(trial, self.plan.base.to_dict(), only=set(self.plan.baseline))
-            if stage not in self.plan.preloaded:  # a run made before the study existed has its measurement
+            if stage not in self.preloaded:  # a run made before the study existed has its measurement
                 m = self.plan.base.measure
                 overrides.update({"measure.max_s": BASELINE_CAP * m.max_s,
                                   "measure.precision": max(m.precision, BASELINE_PRECISION)})
@@ -147,9 +219,8 @@ class Evaluator:
         if bound is None or best is None or bound[0] >= best.low:
             return False
         ev.pruned = ev.skipped = True
-        ev.attrs.update(bound_imgs_per_s=round(bound[0], 3),
-                        pruned_before_launch=f"{bound[1]}, below the best ({best.low:,.0f} at the least); not "
-                                             "launched")
+        ev.bound_imgs_per_s = round(bound[0], 3)
+        ev.pruned_before_launch = f"{bound[1]}, below the best ({best.low:,.0f} at the least); not launched"
         return True
 
     def fresh(self, ev: Evaluation, trial) -> bool:
@@ -173,8 +244,8 @@ class Evaluator:
         watch = Watch(trial, ev.stage, self.progress, report=not plan.objective.multi,
                       stop_when=trial.user_attrs.get("stop_when"))
         ev.launched = True
-        if ev.stage in plan.preloaded:  # already run before the study existed (a user's script's first run)
-            run, samples = plan.preloaded.pop(ev.stage)
+        if ev.stage in self.preloaded:  # already run before the study existed (a user's script's first run)
+            run, samples = self.preloaded.pop(ev.stage)
         else:
             fresh = self.fresh(ev, trial)
             sampler = Sampler(plan.nvml, plan.gpus).start()
@@ -186,30 +257,29 @@ class Evaluator:
         shape = conv_shape(ev.config)
         if run.worker is not None and shape is not None:
             ran = self.seen.setdefault(run.worker, {})
-            ev.attrs["shapes_new_to_worker"] = shape not in ran
+            ev.shapes_new_to_worker = shape not in ran
             ran.setdefault(shape, ev.config.training.cudnn_benchmark)
-        ev.pruned = run.stopped == "pruned" and watch.stopped == "pruned"
+        ev.pruned = run.stopped == Stopped.PRUNED and watch.stopped == Stop.PRUNED
         early = watch.stopped is not None and not ev.pruned
         ev.judged(verdict.judge(run, pruned=ev.pruned, stopped_early=early))
-        ev.attrs.update(run_attrs(run))
-        if watch.stopped == "pruned":
+        ev.take(run_attrs(run))
+        if watch.stopped == Stop.PRUNED:
             # The figure a pruned trial shows is the one Optuna stores: its last report, the estimate whose interval
             # lay below the best's.
-            ev.attrs.update(imgs_per_s=watch.latest.value, ci_half_width=round(watch.latest.half_width, 5),
-                            precise=False)
-        elif watch.stopped:
-            ev.attrs["stopped_early"] = watch.stopped
+            ev.imgs_per_s, ev.ci_half_width, ev.precise = watch.latest.value, round(watch.latest.half_width, 5), False
+        elif watch.stopped is not None:
+            ev.stopped_early = watch.why
             if run.summary is None and watch.latest is not None:
                 # Ended at once (a script's own process): the figure is the estimate the stop was decided on.
-                ev.attrs.update(imgs_per_s=watch.latest.value, ci_half_width=round(watch.latest.half_width, 5),
-                                precise=False)
+                ev.imgs_per_s, ev.ci_half_width = watch.latest.value, round(watch.latest.half_width, 5)
+                ev.precise = False
         if plan.util_available:
-            ev.attrs.update(summarize(samples, run.steady_windows, len(plan.gpus)))
+            ev.take(summarize(samples, run.steady_windows, len(plan.gpus)))
 
 
 def conv_shape(config: TrainConfig) -> tuple | None:
     """What cuDNN keys its plans by, as far as a config decides it (None: a run without a model)."""
-    if config.training.mode == "loader":
+    if config.training.supply:
         return None
     return (config.model.name, repr(config.model.kwargs), config.data.image_size, config.training.precision,
             config.training.channels_last, config.training.batch_size)
@@ -228,7 +298,7 @@ def run_attrs(run: TrialRun) -> dict[str, Any]:
         attrs["versions"] = start[0].get("versions")
     if run.returncode is not None:
         attrs["returncode"] = run.returncode
-    if run.stopped == "pruned":
+    if run.stopped == Stopped.PRUNED:
         attrs["pruned_at_window"] = len(run.windows)
     return attrs
 
@@ -245,8 +315,11 @@ class Watch:
         self.latest: Interval | None = None
         """The running estimate and its interval after the latest window that had one."""
 
-        self.stopped: str | None = None
-        """Why the run is to stop: ``pruned``, or a supply's reason to stop early."""
+        self.stopped: Stop | None = None
+        """Why the run is to stop (None: it is not)."""
+
+        self.why: str | None = None
+        """That reason as a person reads it, for a supply's early stop (``why_supply_stops``)."""
 
         self.t0 = time.monotonic()
 
@@ -265,26 +338,37 @@ class Watch:
         if self.stopped or not est:
             return False  # after the decision, the window the job finishes on is not judged
         if self.stop_when:
-            self.stopped = why_supply_stops(self.latest, self.stop_when, per=self.progress.per)
+            self.stopped = supply_stop(self.latest, self.stop_when)
+            self.why = why_supply_stops(self.latest, self.stop_when, per=self.progress.per)
             return self.stopped is not None
         if not self.report or self.stage.measures_part:
             return False
         record_on_trial(self.trial, LIVE_INTERVAL, [self.latest.value, self.latest.half_width])  # the pruner's
         self.trial.report(self.latest.value, step=int(rec.get("window", self.windows - 1)))
         if self.trial.should_prune():
-            self.stopped = "pruned"
+            self.stopped = Stop.PRUNED
         return self.stopped is not None
 
     def tick(self) -> None:
         self.progress.tick(self.trial.number, self.stage, time.monotonic() - self.t0)
 
 
-def why_supply_stops(est: Interval, stop_when: dict[str, Any], *, per: str = "imgs/s") -> str | None:
-    """Why a supply measurement may stop before its interval is tight, or None: its interval lies above ``above``
-    (it feeds more than the model can take) or below ``below`` (out of reach of the best); ``per``: the job's rate
-    label (``autotune.formatting.per_second``)."""
+def supply_stop(est: Interval, stop_when: dict[str, Any]) -> Stop | None:
+    """Whether a supply measurement may stop before its interval is tight, and why (None: it may not): its interval
+    lies above ``above`` (it feeds more than the model can take) or below ``below`` (out of reach of the best)."""
     if stop_when.get("above") is not None and est.low > stop_when["above"]:
-        return f"above the ceiling ({stop_when['above']:,.0f} {per}): {est.low:,.0f} at the least"
+        return Stop.ABOVE
     if stop_when.get("below") is not None and est.high < stop_when["below"]:
+        return Stop.OUT_OF_REACH
+    return None
+
+
+def why_supply_stops(est: Interval, stop_when: dict[str, Any], *, per: str = "imgs/s") -> str | None:
+    """``supply_stop``'s reason as a person reads it, or None; ``per``: the job's rate label
+    (``autotune.formatting.per_second``)."""
+    stop = supply_stop(est, stop_when)
+    if stop == Stop.ABOVE:
+        return f"above the ceiling ({stop_when['above']:,.0f} {per}): {est.low:,.0f} at the least"
+    if stop == Stop.OUT_OF_REACH:
         return f"out of reach ({stop_when['below']:,.0f} {per}): {est.high:,.0f} at the most"
     return None

@@ -7,6 +7,7 @@ import time
 from typing import Any, TextIO
 
 from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_params, fmt_ratio
+from autotune.study.view import Outcome
 from trainer.estimate import Interval
 
 PHASES = {"start": "set-up", "ready": "first step", "first_step": "warm-up", "warmup_done": "measuring",
@@ -14,6 +15,10 @@ PHASES = {"start": "set-up", "ready": "first step", "first_step": "warm-up", "wa
 """What a trial does after each record of the job (the phase shown until the next record)."""
 
 TICK_S = 1.0
+
+ENDED = {Outcome.MEASURED: "ok", Outcome.PART: "measured", Outcome.PRUNED: "pruned",
+         Outcome.INFEASIBLE: "infeasible:{failure}", Outcome.FAIL: "FAIL:{failure}"}
+"""How a trial's line says it ended (``{failure}``: its failure class)."""
 
 
 class Progress:
@@ -99,10 +104,13 @@ class Progress:
             left = min(left, max(0.0, self.timeout_s - (time.monotonic() - self.t0)))
         return left
 
-    def trial_done(self, *, number: int | str, stage: str, params: dict[str, Any], outcome: str, ips: float | None,
+    def trial_done(self, *, number: int | str, stage: str, params: dict[str, Any], outcome: Outcome,
+                   failure: str | None = None, stopped_early: bool = False, ips: float | None,
                    half_width: float | None, util: float | None, best: tuple[int | str, Interval] | None,
                    baseline: Interval | None, wall: float, counted: bool = True) -> None:
-        """``counted``: the trial is one of the budget's (a draw pruned before launch is not)."""
+        """``outcome``: how it ended, ``failure`` its failure class, ``stopped_early``: a measurement of a part whose
+        windows said enough; ``counted``: the trial is one of the budget's (a draw pruned before launch is not)."""
+        said = "measured (stopped early)" if stopped_early else ENDED[outcome].format(failure=failure)
         if counted:
             self.done += 1
             self.walls.append(wall)
@@ -115,5 +123,5 @@ class Progress:
             best_txt = f"best {fmt_ips(best[1].value)} (#{best[0]}{gain})"
         ips_txt = f"{fmt_interval(ips, half_width)} {self.per}" if ips is not None else ""
         eta = fmt_duration(self.eta()) if self.done < self.total else "-"
-        self.say(f"trial {number:>3} [{self.done}/{self.total}] {stage:<9} {outcome:<10} {ips_txt:>22}  "
+        self.say(f"trial {number:>3} [{self.done}/{self.total}] {stage:<9} {said:<10} {ips_txt:>22}  "
                  f"{util_txt:<9} {best_txt}  {fmt_duration(wall)}, ETA {eta}\n      {fmt_params(params, 150)}")

@@ -5,7 +5,7 @@ of the configuration with a repair — its draw enqueued once more, repaired (``
 (``autotune.study.view``), where its repair is enqueued too. States: a measurement is COMPLETE; a configuration
 failure is COMPLETE and infeasible (``failed`` constraint: the sampler learns the combination fails); a pruned trial
 is PRUNED, its value the median of the windows the pruner judged (what it shows), or none when it was pruned before
-launch; an environment failure is FAIL (the sampler learns nothing from it).
+launch; an environment failure is FAIL (the sampler learns nothing from it) — ``autotune.study.view.Outcome``.
 """
 
 from __future__ import annotations
@@ -15,38 +15,36 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from autotune.objective import Objective, state_for
+from autotune.objective import Objective
 from autotune.search.evaluate import Evaluation
 from autotune.search.repair import batch_choices, repair_for
 from autotune.space import SearchSpace
 from autotune.study.storage import CONFIG_KEY, record_on_trial, set_trial_attrs
-from autotune.study.view import FAILED_CONSTRAINT, REQUEST_ATTRS
+from autotune.study.view import FAILED_CONSTRAINT, REQUEST_ATTRS, Outcome
 
 
 def record(study, trial, ev: Evaluation, objective: Objective, space: SearchSpace,
-           known_oom: Callable[[dict[str, Any]], int | None] = lambda config: None) -> str:
-    """Tell the study; returns the state (``complete``, ``infeasible``, ``pruned``, ``fail``)."""
+           known_oom: Callable[[dict[str, Any]], int | None] = lambda config: None) -> Outcome:
+    """Tell the study; returns how the trial ended (``Outcome``: measured, part, infeasible, pruned or fail)."""
     if ev.config is not None:
         record_on_trial(trial, CONFIG_KEY, ev.config.to_dict())
-    state = "pruned" if ev.pruned else state_for(ev.failure)
-    attrs = {**ev.attrs, "stage": ev.stage}
-    if ev.failure is not None and not ev.pruned:
-        attrs["failure_class"], attrs["failure_message"] = str(ev.failure), ev.message
-    retry = plan_repair(trial, ev, space, known_oom) if state == "infeasible" else None
+    outcome = ev.outcome
+    retry = plan_repair(trial, ev, space, known_oom) if outcome == Outcome.INFEASIBLE else None
     if retry is not None:
-        attrs["repaired_by_next"] = retry[1]["repaired"]
-    set_trial_attrs(trial, {k: v for k, v in attrs.items() if v is not None or k == "util_mean"})
-    if state in ("complete", "infeasible"):
-        trial.set_constraint(FAILED_CONSTRAINT, 1.0 if state == "infeasible" else 0.0)
-    if state == "complete":
-        study.tell(trial, objective.values(attrs))
-    elif state == "infeasible":
+        ev.repaired_by_next = retry[1]["repaired"]
+    attrs = ev.attrs()
+    set_trial_attrs(trial, attrs)
+    if outcome.constrained:
+        trial.set_constraint(FAILED_CONSTRAINT, 1.0 if outcome == Outcome.INFEASIBLE else 0.0)
+    if outcome == Outcome.INFEASIBLE:
         study.tell(trial, objective.infeasible_values())
+    elif outcome.state == TrialState.COMPLETE:
+        study.tell(trial, objective.values(attrs))
     else:
-        study.tell(trial, state=TrialState.PRUNED if state == "pruned" else TrialState.FAIL)
+        study.tell(trial, state=outcome.state)
     if retry is not None:
         study.enqueue_trial(retry[0], user_attrs=retry[1], skip_if_exists=False)
-    return state
+    return outcome
 
 
 def plan_repair(trial, ev: Evaluation, space: SearchSpace,

@@ -282,22 +282,23 @@ def failure_line(run: TrialRun, script: str) -> str:
     return f"--script {script}: its first run (trial 0, its own defaults) failed: {why} (log: {log})"
 
 
-def apply(plan, found: Probe) -> None:
-    """The plan of a script study once its probe is known: the base carries the script's defaults and the
-    settings it applies, the space searches only those."""
+def apply(plan, found: Probe):
+    """The plan of a script study once its probe is known (a new ``Plan``: the one given is not changed): the base
+    carries the script's defaults and the settings it applies, the space searches only those."""
     from autotune.space import resolve
 
     overrides = {table().by_runtime_name[n].path: v for n, v in found.applies.items()}
     overrides["script.applies"] = sorted(found.applies)
-    plan.base = plan.probe = plan.base.with_overrides(overrides)
-    plan.space = resolve(plan.spec, world_size=plan.world, nproc_per_node=plan.nproc, cpu_only=not plan.entries,
-                         applies=set(found.applies), max_batch=found.samples_per_rank,
-                         own_batch=found.applies.get(table().knobs[table().batch("micro")].runtime))
-    plan.baseline = baseline_params(plan.space, plan.base.to_dict())
-    plan.script = found
-    plan.measures_ceiling = plan.measures_supply = found.loader
-    if found.run is not None:  # trial 0 has run: the baseline trial records it instead of running it again
-        plan.preloaded[Stage.BASELINE] = (found.run, found.samples or [])
+    base = plan.base.with_overrides(overrides)
+    space = resolve(plan.spec, world_size=plan.world, nproc_per_node=plan.nproc, cpu_only=not plan.entries,
+                    applies=set(found.applies), max_batch=found.samples_per_rank,
+                    own_batch=found.applies.get(table().knobs[table().batch("micro")].runtime))
+    # trial 0 has run: the baseline trial records it instead of running it again
+    preloaded = {**plan.preloaded, Stage.BASELINE: (found.run, found.samples or [])} if found.run is not None else \
+        plan.preloaded
+    return dataclasses.replace(plan, base=base, probe=base, space=space, script=found, preloaded=preloaded,
+                               baseline=baseline_params(space, base.to_dict()), measures_ceiling=found.loader,
+                               measures_supply=found.loader)
 
 
 def baseline_params(space, base: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def found(trials: list[TrialView], per: str = "imgs/s", *, share: str = "") -> s
     text = f"trial {best.label}, {figure}"
     if base is not None:
         text += f", {fmt_ratio(best.interval.over(base.interval))} {describe_baseline(base, per)}"
-    others = [a for a in view.tied(trials) if a is not best]
+    others = view.tied(trials)[1:]  # the fastest first: the same configuration as ``best``, though another view
     if others:
         text += ("; a tie with " + ", ".join(f"trial {a.label} ({fmt_interval(a.imgs_per_s, a.half_width)})"
                                              for a in others)

@@ -17,10 +17,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from autotune import policy
+from autotune.policy import Searched
 from autotune.space import get_path
 from autotune.study.view import Outcome, Stage, TrialView, measurements
 from trainer.estimate import Interval
-from trainer.knobs import Knob, table
 from trainer.protocol import Failure
 
 CUDNN_ATTR = "cudnn"
@@ -28,16 +29,17 @@ CUDNN_ATTR = "cudnn"
 (``settings``); a study made before that keys each by the point's label, and reads the same."""
 
 
-def grid() -> tuple[Knob, ...]:
+def grid() -> tuple[Searched, ...]:
     """The ceiling's grid: the settings the model alone is measured over, each with its measuring order (the
-    likeliest fastest first), how its values read and whether one costs once (``trainer.knobs``: ``measured``)."""
-    return table().ceiling_grid
+    likeliest fastest first), how its values read and whether one costs once (``trainer.knobs``: ``measured``;
+    ``autotune.policy``)."""
+    return policy.ceiling_grid()
 
 
-def supply_knob() -> Knob:
+def supply_knob() -> Searched:
     """The knob the pipelines' supplies are measured along, in its order: decode on the GPU first where there is one
     (it does not compete with the loader workers for cores), then decode to tensors on the CPU, then PIL."""
-    return table().supply
+    return policy.supply()
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ def device_seconds(v: TrialView) -> float:
 
 
 def untrainable(vs: list[TrialView]) -> set[tuple[str, Any]]:
-    """(path, value) of each value of a dimension that decides training (``Knob.trains``: the precision) whose
+    """(path, value) of each value of a dimension that decides training (``Policy.trains``: the precision) whose
     end-to-end trials diverged — the loss left the finite numbers — while none at that value trained."""
     out = set()
     for dim in grid():

@@ -21,7 +21,6 @@ single runs. Every figure is an estimate with its 95 % interval (``trainer.estim
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import math
 import statistics
@@ -35,18 +34,10 @@ from autotune.formatting import fmt_interval, per_second
 from autotune.study.storage import CONFIG_KEY, parts_name, trial_attrs
 from trainer.estimate import Interval
 from trainer.knobs import table
-from trainer.protocol import Failure
+from trainer.protocol import Failure, StrEnum
 
 
-class _StrEnum(str, enum.Enum):
-    """A word a trial is labelled with: a str, so it equals the plain string Optuna stores (old studies read as they
-    are) and prints as that string."""
-
-    def __str__(self) -> str:
-        return self.value  # not the member's name (``Stage.CEILING``), as Enum's own would be
-
-
-class Stage(_StrEnum):
+class Stage(StrEnum):
     """What a trial measured: its ``stage`` user attr."""
 
     BASELINE = "baseline"
@@ -94,7 +85,7 @@ MEASUREMENT_STAGES = frozenset({Stage.CEILING, Stage.SUPPLY, Stage.IMAGE_LOADER}
 """Stages that measure a part of the job (not an end-to-end configuration): trials of the parts study."""
 
 
-class Outcome(_StrEnum):
+class Outcome(StrEnum):
     """How a trial ended, as a reader sorts it (``TrialView.outcome``)."""
 
     MEASURED = "measured"
@@ -112,6 +103,32 @@ class Outcome(_StrEnum):
     PRUNED = "pruned"
     RUNNING = "running"
     WAITING = "waiting"
+
+    @classmethod
+    def ended(cls, failure: Failure | str | None, *, pruned: bool = False, part: bool = False) -> Outcome:
+        """How a run ends, as the search tells the study: ``pruned``, else by its failure class (None: success; a
+        ``part``: a measurement of a part)."""
+        if pruned:
+            return cls.PRUNED
+        if failure is None:
+            return cls.PART if part else cls.MEASURED
+        return cls.INFEASIBLE if Failure(failure).caused_by_config else cls.FAIL
+
+    @property
+    def state(self) -> TrialState:
+        """The Optuna state a trial of this outcome has: a configuration failure is COMPLETE (infeasible through its
+        constraint), so the sampler learns the combination fails."""
+        return _STATES[self]
+
+    @property
+    def constrained(self) -> bool:
+        """Told with the ``failed`` constraint (``FAILED_CONSTRAINT``): 1.0 when infeasible, 0.0 when measured."""
+        return self.state == TrialState.COMPLETE
+
+
+_STATES = {Outcome.MEASURED: TrialState.COMPLETE, Outcome.PART: TrialState.COMPLETE,
+           Outcome.INFEASIBLE: TrialState.COMPLETE, Outcome.FAIL: TrialState.FAIL, Outcome.PRUNED: TrialState.PRUNED,
+           Outcome.RUNNING: TrialState.RUNNING, Outcome.WAITING: TrialState.WAITING}
 
 
 REQUEST_ATTRS = ("stage", "overrides", "start", "baseline", "remeasure_of", "cudnn_evidence", "stop_when",
@@ -156,9 +173,7 @@ class TrialView:
     @classmethod
     def of(cls, t: FrozenTrial, *, part: bool = False) -> TrialView:
         a = trial_attrs(t)
-        stage = Stage(a.get("stage") or (Stage.BASELINE if a.get("baseline") else Stage.START
-                                         if a.get("start") is not None else Stage.RETRY
-                                         if a.get("retry_of") is not None else Stage.SEARCH))
+        stage = stage_of(a)
         return cls(number=t.number, state=t.state, stage=stage, outcome=_outcome(t, stage),
                    imgs_per_s=finite(a.get("imgs_per_s")), util=finite(a.get("util_mean")),
                    half_width=finite(a.get("ci_half_width")),
@@ -214,6 +229,15 @@ class TrialView:
         end-to-end trial's searched settings among ``paths``, or its overrides' words where it ran none of them."""
         own = part_settings(self.attrs.get("overrides") or {})
         return own if self.part else (self.settings(paths) or own)
+
+
+def stage_of(attrs: dict[str, Any]) -> Stage:
+    """A trial's stage from its attrs: the one it was asked as (the search writes it when it asks for the trial), or
+    for a trial whose attrs name none (a sampler's draw not asked yet, a study made before stages were recorded) what
+    its other attrs say it is."""
+    return Stage(attrs.get("stage") or (Stage.BASELINE if attrs.get("baseline") else Stage.START
+                                        if attrs.get("start") is not None else Stage.RETRY
+                                        if attrs.get("retry_of") is not None else Stage.SEARCH))
 
 
 _MISSING = object()
@@ -305,11 +329,12 @@ def fastest(trials: list[TrialView]) -> TrialView | None:
 def tied(trials: list[TrialView]) -> list[TrialView]:
     """The configurations that tie with the fastest (their intervals overlap its), the fastest first; the baseline never
     counts as one."""
-    best = fastest(trials)
+    configs = configurations(trials)  # once: a configuration run more than once is a new view at each call
+    best = max(configs, key=lambda v: v.imgs_per_s, default=None)
     if best is None:
         return []
-    return sorted((c for c in configurations(trials)
-                   if c is best or (not c.baseline and c.interval.ties(best.interval))), key=lambda c: -c.imgs_per_s)
+    return sorted((c for c in configs if c is best or (not c.baseline and c.interval.ties(best.interval))),
+                  key=lambda c: (c is not best, -c.imgs_per_s))
 
 
 RUNS = "runs"

@@ -44,14 +44,14 @@ def make_study(kind: str, rows: list[tuple[int, float | None, float | None, str 
     base = spec.base_config()
     for i, (bs, ips, util, failure) in enumerate(rows):
         t = study.ask({"training.batch_size": optuna.distributions.CategoricalDistribution([64, 128, 256])})
-        attrs = {"util_available": util is not None, "env": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "8"},
-                 "versions": {"torch": "2.11.0"}}
-        if not failure:
-            attrs.update(imgs_per_s=ips, util_mean=util, ci_half_width=0.01)
-        ev = Evaluation(stage="baseline" if i == 0 else stage, attrs=attrs,
+        ev = Evaluation(stage="baseline" if i == 0 else stage, util_available=util is not None,
+                        figures={"env": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "8"},
+                                 "versions": {"torch": "2.11.0"}},
                         config=base.with_overrides({"training.batch_size": bs,
                                                     **{k.replace("__", "."): v for k, v in changes.items()}}),
                         failure=Failure(failure) if failure else None, message="injected" if failure else None)
+        if not failure:
+            ev.imgs_per_s, ev.util_mean, ev.ci_half_width = ips, util, 0.01
         record(study, t, ev, objective, space)
     return study
 

@@ -3,7 +3,8 @@
 import pytest
 
 from autotune.exceptions import SpecError
-from autotune.objective import Objective, measured_attrs, state_for
+from autotune.objective import Objective, measured_attrs
+from autotune.study.view import Outcome
 
 
 def test_values_per_objective():
@@ -25,8 +26,9 @@ def test_objectives_that_need_nvml_are_refused_without_it():
 
 
 def test_states_and_the_windows_estimate_when_there_is_no_summary():
-    assert [state_for(c) for c in (None, "oom", "config", "nccl", "hang", "loader", "crash")] == \
-        ["complete", "infeasible", "infeasible", "fail", "fail", "fail", "fail"]
+    assert [Outcome.ended(c) for c in (None, "oom", "config", "nccl", "hang", "loader", "crash")] == \
+        [Outcome.MEASURED, Outcome.INFEASIBLE, Outcome.INFEASIBLE, *[Outcome.FAIL] * 4]
+    assert Outcome.ended(None, part=True) == Outcome.PART and Outcome.ended("oom", pruned=True) == Outcome.PRUNED
     windows = [{"images": 90, "seconds": 1.0}, {"images": 110, "seconds": 1.0}, {"images": 100, "seconds": 1.0}]
     a = measured_attrs(windows, None)  # a run killed after its windows: their total over their seconds
     assert a["imgs_per_s"] == pytest.approx(100.0) and a["ci_half_width"] > 0.1 and a["precise"] is False

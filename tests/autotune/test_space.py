@@ -6,6 +6,7 @@ import optuna
 import pytest
 
 from autotune.exceptions import SpecError
+from autotune.policy import policy
 from autotune.ranges import default_space
 from autotune.space import predicted_oom, resolve
 from autotune.spec import StudySpec
@@ -22,7 +23,7 @@ def _spec(**over):
 
 
 DALI_KNOBS = {k.path for k in table().entries if k.space is not None and k.space.when == "data.decode == dali"
-              and k.default_space}
+              and policy(k.path).default_space}
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from typing import Any
 from autotune.hw.nvml import Nvml
 from autotune.objective import Objective
 from autotune.runner.torchrun import Torchrun
-from autotune.runner.trial import TrialRun
+from autotune.runner.trial import Stopped, TrialRun
 from autotune.search.prepare import DataSummary, Plan, SearchOptions
 from autotune.space import resolve
 from autotune.spec import StudySpec
@@ -233,7 +233,7 @@ class FakePool:
             nonlocal stop
             run.records.append(rec)
             if on_record is not None and on_record(rec) and run.stopped is None:
-                run.stopped, stop = "pruned", True
+                run.stopped, stop = Stopped.PRUNED, True
 
         t = time.time()
         emit({"kind": "start", "t": t, "worker_trial": True})

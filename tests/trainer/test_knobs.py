@@ -10,6 +10,7 @@ import optuna
 import pytest
 import yaml
 
+from autotune.policy import POLICIES, Policy, policy
 from trainer import knobs
 from trainer.config import TrainConfig, scope_of
 from trainer.knobs import AUTO, GpuChoice, Knob, Range, knob, label_of, table
@@ -28,12 +29,24 @@ def test_every_knob_is_a_setting_with_valid_choices(path):
     if r.when and " == " in r.when:
         cond, _, value = r.when.partition(" == ")
         where = {cond: yaml.safe_load(value)}
-    # The values its facts name (GPU-only choices, measuring orders) are values too, if not all built-in choices.
+    # The values its facts and the search's policy name (GPU-only choices, measuring orders, first values) are values
+    # too, if not all built-in choices.
+    p = policy(path)
     for value in [*(r.choices or ()), *(end for end in (r.low, r.high) if end not in (None, AUTO)), *k.gpu_values,
-                  *k.gpu_order, *k.cpu_order]:
+                  *p.gpu_order, *p.cpu_order, *(v for v in (p.first, p.off) if v is not knobs.UNSET),
+                  *((p.full_run[0],) if p.full_run else ())]:
         TrainConfig().with_overrides({**where, path: value})  # raises ConfigError for a value the job refuses
     assert scope_of(path) == k.scope
-    assert (k.one_off_s is None) == (k.one_off_attr is None)
+    assert (p.one_off_s is None) == (p.one_off_attr is None)
+
+
+def test_the_search_has_one_policy_entry_for_each_knob_of_the_table():
+    assert list(POLICIES) == list(knobs.SHIPPED.knobs)
+    # A knob the search has no entry for (a test's own, a setting a spec names) takes the default policy: in the
+    # built-in space where the table in use has it.
+    assert policy("optimizer.momentum") == Policy(path="optimizer.momentum", default_space=False)
+    with knobs.extended(MOMENTUM):
+        assert policy("optimizer.momentum") == Policy(path="optimizer.momentum")
 
 
 def test_runtime_names_are_unique_and_cover_every_non_nccl_knob():
@@ -101,7 +114,7 @@ def searched(spec):
         trial = study.ask()
         overrides = space.suggest(trial, base.to_dict())
         ev = Evaluation(stage="baseline" if i == 0 else "search", config=base.with_overrides(overrides),
-                        attrs={"imgs_per_s": ips, "ci_half_width": 0.01, "env": {}, "versions": {}})
+                        imgs_per_s=ips, ci_half_width=0.01, figures={"env": {}, "versions": {}})
         record(study, trial, ev, objective, space)
     return space, study
 

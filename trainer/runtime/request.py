@@ -69,7 +69,7 @@ class Request:
         names = table().by_runtime_name
         settings = {name: _get(cfg, names[name].path) for name in cfg.script.applies}
         t = cfg.training
-        mode: Mode = ("supply" if t.mode == "loader" else "ceiling" if cfg.data.kind == "synthetic" else t.mode)
+        mode: Mode = ("supply" if t.supply else "ceiling" if cfg.data.kind == "synthetic" else t.mode)
         if result is None and t.mode == "train":
             mode = "plain"  # an exported config run by hand: the tuned settings, no records to write
         return cls(mode=mode, settings=settings, measure=cfg.measure, result=result, cancel=cancel,

@@ -33,9 +33,10 @@ class DataSummary:
         return f"{self.train} training images{val} in {self.classes} classes{size} at {self.path}"
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class Plan:
-    """What a search runs, decided before the study is opened."""
+    """What a search runs, decided before the study is opened, and not changed after: what is only known later (the
+    generated data, a script's first run) makes a new plan (``dataclasses.replace``) before the engine starts."""
 
     options: SearchOptions
     spec: StudySpec

@@ -174,7 +174,7 @@ class Climb:
         if point.params.get("training.compile"):
             held |= set(table().graph_settings)
         params = [p for p in self.ask.scope.plan.space.params
-                  if p.path in point.params and p.path not in held and p.knob.one_off_s is None
+                  if p.path in point.params and p.path not in held and p.policy.one_off_s is None
                   and p.path != "training.cudnn_benchmark"]
         order, entries = FIRST[limit], [k.path for k in table().entries]
         params.sort(key=lambda p: (order.index(p.knob.scope),

@@ -34,19 +34,19 @@ def ceiling_overrides(m: Scope, point: Point, batch: int, cudnn: bool | None) ->
 def pipeline_settings(m: Scope, decode: str | None, *, end_to_end: bool = False) -> dict[str, Any]:
     """A pipeline's own settings where the space searches them under ``decode`` (DALI's): its CPU threads at their
     most alone, as the loader's workers are (what it can feed, before the sampler weighs the cores against the rest),
-    end to end their share beside the model (``Knob.first_share``), and each knob's measured likeliest fastest value
-    (``Knob.first``) where it has one."""
+    end to end their share beside the model (``Policy.first_share``), and each knob's measured likeliest fastest value
+    (``Policy.first``, ``autotune.policy``) where it has one."""
     own = [p for p in m.space.values() if p.when is not None and p.when.path == "data.decode" and p.when.holds(decode)]
     return {**{p.path: cores(m, p.path, end_to_end=end_to_end) for p in own if p.knob.auto == "cores"},
-            **{p.path: p.knob.first for p in own if p.knob.first is not UNSET and p.contains(p.knob.first)}}
+            **{p.path: p.policy.first for p in own if p.policy.first is not UNSET and p.contains(p.policy.first)}}
 
 
 def cores(m: Scope, path: str, *, end_to_end: bool) -> int:
     """A knob counted in cores (loader workers, DALI's threads) where the stages first run it: its most alone (what
-    the pipeline can feed with no model beside it), end to end its share of that (``Knob.first_share``): the rank's
+    the pipeline can feed with no model beside it), end to end its share of that (``Policy.first_share``): the rank's
     own processes need cores too, and the climb settles the count."""
     most = max(m.choices(path))
-    share = m.space[path].knob.first_share if end_to_end and path in m.space else None
+    share = m.space[path].policy.first_share if end_to_end and path in m.space else None
     return most if share is None else max(min(m.choices(path)), round(most * share))
 
 

@@ -1,6 +1,5 @@
-"""Issue 28's defects of a user's own script (and the report and wording they share with the built-in job), each as
-a test of what a user expects, marked ``xfail(strict=True)`` until it is fixed: a fix flips it to a pass, and strict
-makes the suite say so.
+"""Defects of a user's own script (and the report and wording they share with the built-in job), each kept as a test
+of what a user expects.
 
 The script is ``tests/helpers/scripts/segment.py``: a tiny U-Net on an in-memory dataset with its own augmentation,
 adapted to the runtime as a new user would. Here its search runs on a simulated machine (``tests.helpers.machine``:
@@ -85,8 +84,7 @@ def script_plan(trials: int, *, root: Path | None = None, spec_file: Path | None
                 trials=trials, timeout_s=None, trial_timeout_s=300.0)
     found = script.Probe(applies=dict(APPLIES), unit="images", loader=True, samples_per_rank=SAMPLES_PER_RANK,
                          image_folder=image_folder)
-    script.apply(plan, found)
-    return plan
+    return script.apply(plan, found)
 
 
 class Sim:
@@ -130,9 +128,10 @@ def test_a_supply_stopped_early_in_a_process_of_its_own_stands_as_one_measuremen
     # The plain path: each trial a torchrun of its own, killed at once when a supply stops early (no summary).
     sim = Sim(tmp_path, cpu_ranks(), 4, cancels=False)
     supplies = [v for v in sim.views if v.stage == "supply"]
-    assert [v.outcome for v in supplies] == ["part"], [(v.label, v.outcome, v.failure_message) for v in supplies]
+    assert [v.outcome for v in supplies] == [view.Outcome.PART], \
+        [(v.label, v.outcome, v.failure_message) for v in supplies]
     assert supplies[0].attrs.get("stopped_early") and supplies[0].imgs_per_s, supplies[0].attrs
-    e2e = [v for v in sim.views if not v.part and not v.baseline and v.outcome == "measured"]
+    e2e = [v for v in sim.views if not v.part and not v.baseline and v.outcome == view.Outcome.MEASURED]
     assert e2e, sim.lines  # a 4-trial search: trial 0, the ceiling, the supply, one end-to-end trial
 
 
@@ -144,7 +143,7 @@ def test_a_draw_without_loader_workers_runs_instead_of_failing_for_the_scripts_o
     sim = Sim(tmp_path, cpu_ranks(), 2, enqueue=[{"loader.num_workers": 0}])
     (draw,) = [v for v in sim.views if not v.part and v.params.get("loader.num_workers") == 0]
     # Zero workers is a setting the script can run (DataLoader's default): the sampler must not learn it "fails".
-    assert draw.outcome != "infeasible", f"{draw.failure_class}: {draw.failure_message}"
+    assert draw.outcome == view.Outcome.MEASURED, f"{draw.outcome} {draw.failure_class}: {draw.failure_message}"
 
 
 # ---- 3. trial 0 measured again ------------------------------------------------------------------------------------
@@ -490,7 +489,7 @@ def test_the_report_says_when_the_fastest_trials_loss_rose(tmp_path):
 # ---- 17. wording ---------------------------------------------------------------------------------------------------
 
 
-def constructed(storage: str, failures: list[tuple[str, str, str]], *, pruned_before_launch: int = 0,
+def constructed(storage: str, failures: list[tuple[view.Outcome, str, str]], *, pruned_before_launch: int = 0,
                 pruned_running: int = 0) -> optuna.Study:
     """A study with a measured trial 0 and, after it, ``failures`` (state, class, message) as the search records
     them, and pruned trials: ``pruned_before_launch`` never launched (a bound below the best), ``pruned_running``
@@ -499,7 +498,7 @@ def constructed(storage: str, failures: list[tuple[str, str, str]], *, pruned_be
         ("baseline", {"training.batch_size": 8, "data.decode": "pil"}, [40.0, 41.0, 40.5, 40.8], True, (1.4, 1.3),
          {})], parts=[])
     for state, cls, message in failures:
-        st = TrialState.COMPLETE if state == "infeasible" else TrialState.FAIL
+        st = state.state
         study.add_trial(create_trial(state=st, values=[0.0] if st == TrialState.COMPLETE else None,
                                      params={"training.batch_size": 16, "data.decode": "pil"}, distributions=DIST,
                                      user_attrs={"stage": "refine", "failure_class": cls, "failure_message": message,
@@ -519,13 +518,14 @@ def constructed(storage: str, failures: list[tuple[str, str, str]], *, pruned_be
 
 def test_an_interrupted_trial_is_not_said_twice(tmp_path):
     # What the search records for a trial stopped by Ctrl-C (autotune.search.engine.abandon).
-    text = overview.table(constructed(storage_of(tmp_path), [("fail", "interrupted", "interrupted (Ctrl-C)")]))
+    ended = [(view.Outcome.FAIL, "interrupted", "interrupted (Ctrl-C)")]
+    text = overview.table(constructed(storage_of(tmp_path), ended))
     assert not re.search(r"interrupted: interrupted", text), text
 
 
 def test_a_diverged_trial_is_not_said_twice(tmp_path):
     message = nonfinite_reason({"loss_nonfinite_run": 7})  # what a summary without loss_reason is judged as
-    text = overview.table(constructed(storage_of(tmp_path), [("infeasible", "diverged", message)]))
+    text = overview.table(constructed(storage_of(tmp_path), [(view.Outcome.INFEASIBLE, "diverged", message)]))
     row = next(ln for ln in text.splitlines() if "diverged:" in ln)
     assert not re.search(r"diverged: .*\(diverged\)", row), row  # its class, then its reason: not the class again
 

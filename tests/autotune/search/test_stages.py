@@ -64,7 +64,7 @@ def search(machine: Machine, *, gpu: bool = True, trials: int = 30, timeout: flo
         if util:
             patched.enter_context(mock.patch("autotune.search.evaluate.summarize", util_of(pool)))
         plan = constructed_plan(spec, gpu=gpu, trials=trials, timeout_s=timeout, trial_timeout_s=trial_timeout)
-        plan.util_reason = None if util else plan.util_reason
+        plan = dataclasses.replace(plan, util_reason=None if util else plan.util_reason)
         storage = storage or optuna.storages.InMemoryStorage()
         study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
                                nproc=2, baseline=plan.baseline, starts=plan.starts)
@@ -266,9 +266,10 @@ def test_a_candidate_whose_every_trial_fails_is_replaced_by_the_next():
     feeds = {"pil": 1500.0, "torchvision-cpu": 5600.0, "nvjpeg-gpu": 11000.0}
     r = search(Machine(ceilings=GPU, supplies=feeds, oom_decodes={"nvjpeg-gpu"}), spec=spec, trials=20)
     nvjpeg = [v for v in e2e(r) if v.setting("data.decode") == "nvjpeg-gpu" and not v.baseline]
-    assert nvjpeg and all(v.outcome == "infeasible" and v.failure_class == "oom" for v in nvjpeg)
+    assert nvjpeg and all(v.outcome == view.Outcome.INFEASIBLE and v.failure_class == "oom" for v in nvjpeg)
     # nvJPEG ran out of memory at its batch and at the repair's: the two candidates that count are the next two.
-    ran = {v.setting("data.decode") for v in r.views if v.stage == "candidate" and v.outcome in ("measured", "pruned")}
+    ran = {v.setting("data.decode") for v in r.views
+           if v.stage == "candidate" and v.outcome in (view.Outcome.MEASURED, view.Outcome.PRUNED)}
     assert ran == {"hybrid", "torchvision-cpu"}
     assert {v.params["data.decode"] for v in r.views if v.stage == "refine"} <= {"hybrid", "torchvision-cpu"}
 
@@ -320,7 +321,7 @@ def test_an_interrupted_supply_is_measured_again_when_the_search_resumes():
     r = search(machine, trials=6, storage=storage)  # the same study, resumed
     assert "stages: resumed from 3 measurement(s) of parts" in r.out  # both ceilings and the interrupted supply
     supplies = [v for v in r.views if v.stage == "supply" and v.attrs["overrides"]["data.decode"] == "nvjpeg-gpu"]
-    assert [v.outcome for v in supplies] == ["fail", "part"]
+    assert [v.outcome for v in supplies] == [view.Outcome.FAIL, view.Outcome.PART]
     assert supplies[0].failure_class == "interrupted"
     assert view.ceiling(r.views) is not None and any(v.stage == "candidate" for v in r.views)
 
@@ -391,8 +392,7 @@ def test_optunas_view_of_the_main_study_holds_end_to_end_trials_only():
 
 
 def test_a_job_that_can_measure_neither_part_runs_the_sampler_alone_and_says_so():
-    plan = constructed_plan(trials=3)
-    plan.measures_ceiling = plan.measures_supply = False
+    plan = dataclasses.replace(constructed_plan(trials=3), measures_ceiling=False, measures_supply=False)
     storage = optuna.storages.InMemoryStorage()
     study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
                            nproc=2, baseline=plan.baseline)
@@ -454,7 +454,7 @@ def test_a_compile_the_trial_timeout_or_the_time_left_cannot_pay_for_is_not_meas
             "recorded on this machine), too near the trial timeout (60 s; --trial-timeout raises it); eager stays"
             ) in r.out
     planner = r.engine.stages
-    planner.plan.trial_timeout_s = 300.0
+    planner.plan = planner.scope.plan = dataclasses.replace(planner.plan, trial_timeout_s=300.0)
     planner.spend.cost = lambda vs, part: 10.0
     vs = view.views(r.study)
     dim, order = planner_dim("training.compile"), [False, True]
@@ -537,7 +537,7 @@ def test_a_measurement_two_search_workers_planned_at_once_runs_once():
     assert pil[1].user_attrs["failure_class"] == "search"
     assert f"the same measurement as trial p{pil[0].number}" in pil[1].user_attrs["failure_message"]
     # The twin cost nothing: the search still ran its 6 trials.
-    launched = [v for v in again.views if v.outcome != "fail" and not v.attrs.get("pruned_before_launch")]
+    launched = [v for v in again.views if v.outcome != view.Outcome.FAIL and not v.attrs.get("pruned_before_launch")]
     assert len(launched) == len(r.views) + 6
 
 
@@ -555,9 +555,9 @@ def test_where_dali_is_installed_it_is_measured_first_at_its_most_threads_then_e
     assert supplies[0].setting("data.decode") == "dali"
     assert supplies[0].setting("data.dali_threads") == 8  # 16 cores over 2 ranks
     under = [v for v in e2e(r) if v.setting("data.decode") == "dali"]
-    # End to end its threads share the cores with the training process: the candidate takes half (Knob.first_share).
+    # End to end its threads share the cores with the training process: the candidate takes half (Policy.first_share).
     assert under and under[0].stage == "candidate" and under[0].setting("data.dali_threads") == 4
-    # Its queue and the engines' share at what measurement found likeliest fastest (Knob.first), where searched.
+    # Its queue and the engines' share at what measurement found likeliest fastest (Policy.first), where searched.
     assert under[0].setting("data.dali_prefetch") == 3
     drawn = [t.params for t in r.study.trials if t.params.get("data.decode") == "dali"]
     assert drawn and all("loader.num_workers" not in p and "data.dali_prefetch" in p for p in drawn)

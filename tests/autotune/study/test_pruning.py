@@ -3,6 +3,7 @@ overlap; a pruned trial's stored value is the figure it shows."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import optuna
@@ -98,7 +99,7 @@ def test_a_pruned_trial_stores_the_figure_and_interval_it_shows(in_tmp):
         study.enqueue_trial({**best, "loader.num_workers": workers})
     engine = Engine(plan, study, storage, lambda line: None)
     engine.progress = Progress(total=plan.trials, timeout_s=None, out=io.StringIO())
-    engine.plan.trials = 4
+    engine.plan = dataclasses.replace(engine.plan, trials=4)
     engine.run(FakePool(Machine(ceilings={("fp16", True): 6000.0, ("fp32", False): 2000.0},
                                 supplies={"pil": 1500.0, "nvjpeg-gpu": 11000.0}), "pool"))
     pruned = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.PRUNED]
