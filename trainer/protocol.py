@@ -21,15 +21,15 @@ from functools import cached_property
 from typing import Any, TypedDict
 
 
-class _StrEnum(str, enum.Enum):
+class StrEnum(str, enum.Enum):
     """A ``str`` enum that compares equal to, formats as and serializes as its plain string (``enum.StrEnum`` needs
-    Python 3.11)."""
+    Python 3.11): a record's ``kind`` read back, or a word a study stores, equals its member as it is."""
 
     def __str__(self) -> str:
-        return self.value
+        return self.value  # not the member's name (``Kind.SUMMARY``), as Enum's own would be
 
 
-class Kind(_StrEnum):
+class Kind(StrEnum):
     """``record["kind"]``."""
 
     START = "start"
@@ -56,7 +56,7 @@ STEPS_EVERY_S = 2.0
 """Longest silence of a stepping run's record stream (``Kind.STEPS``): a run quiet for longer has stopped stepping."""
 
 
-class Failure(_StrEnum):
+class Failure(StrEnum):
     """Why a run ended without a result. Recorded on the trial; each class says whether the config caused it (the
     sampler must learn that combination fails) or the environment did (it says nothing about the config)."""
 

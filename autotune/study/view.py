@@ -21,7 +21,6 @@ single runs. Every figure is an estimate with its 95 % interval (``trainer.estim
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import math
 import statistics
@@ -35,18 +34,10 @@ from autotune.formatting import fmt_interval, per_second
 from autotune.study.storage import CONFIG_KEY, parts_name, trial_attrs
 from trainer.estimate import Interval
 from trainer.knobs import table
-from trainer.protocol import Failure
+from trainer.protocol import Failure, StrEnum
 
 
-class _StrEnum(str, enum.Enum):
-    """A word a trial is labelled with: a str, so it equals the plain string Optuna stores (old studies read as they
-    are) and prints as that string."""
-
-    def __str__(self) -> str:
-        return self.value  # not the member's name (``Stage.CEILING``), as Enum's own would be
-
-
-class Stage(_StrEnum):
+class Stage(StrEnum):
     """What a trial measured: its ``stage`` user attr."""
 
     BASELINE = "baseline"
@@ -94,7 +85,7 @@ MEASUREMENT_STAGES = frozenset({Stage.CEILING, Stage.SUPPLY, Stage.IMAGE_LOADER}
 """Stages that measure a part of the job (not an end-to-end configuration): trials of the parts study."""
 
 
-class Outcome(_StrEnum):
+class Outcome(StrEnum):
     """How a trial ended, as a reader sorts it (``TrialView.outcome``)."""
 
     MEASURED = "measured"

@@ -1,6 +1,5 @@
-"""Issue 28's defects of a user's own script (and the report and wording they share with the built-in job), each as
-a test of what a user expects, marked ``xfail(strict=True)`` until it is fixed: a fix flips it to a pass, and strict
-makes the suite say so.
+"""What a user expects of a search of their own script (and of the report and wording it shares with the built-in
+job), one test each.
 
 The script is ``tests/helpers/scripts/segment.py``: a tiny U-Net on an in-memory dataset with its own augmentation,
 adapted to the runtime as a new user would. Here its search runs on a simulated machine (``tests.helpers.machine``:
