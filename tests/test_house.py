@@ -1,6 +1,8 @@
 """The house rules that a reader of ``autotune/`` and ``trainer/`` can check without running anything (DEVELOPERS.md):
 no import circle, no function over 80 lines, each DDP knob named in at most one module besides the knob table and the
-config, and ``trainer/`` never importing ``autotune/``. Read from the source with ``ast``: nothing is imported."""
+config, ``trainer/`` never importing ``autotune/``, and no module reading a script's run's private members. Read from
+the source with ``ast``: nothing is imported. (That a trial leaves ``DataLoader.__iter__`` as it found it needs a run:
+``tests/trainer/test_runtime_idioms.py``.)"""
 
 from __future__ import annotations
 
@@ -185,3 +187,35 @@ def test_each_ddp_knob_is_named_in_at_most_one_module_besides_the_table_and_the_
     named = {k: sorted(name for name, path in MODULES.items() if name not in KNOB_HOMES
                        and re.search(rf"\b{k}\b", path.read_text())) for k in ddp_knobs()}
     assert {k: where for k, where in named.items() if len(where) > 1} == {}
+
+
+RUN_NAMES = ("run", "_run")
+"""What the project calls a script's run (``trainer.runtime.Run``) or the adapter around it, as a name or an
+attribute: ``run``, ``self.run``, ``self._run``."""
+
+
+def private_run_reads(module: ast.Module) -> list[str]:
+    """``run._x``, ``self.run._x``, ``self.run.run._x``: a private member read (or written) through a name of a run.
+    ``Run`` is composed of parts (its settings, loaders, steps, reports), each with the interface the others use;
+    the run's own methods read its members through ``self``, which this does not count."""
+    found = []
+    for node in ast.walk(module):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        owner = node.value
+        if (isinstance(owner, ast.Name) and owner.id in RUN_NAMES) or \
+                (isinstance(owner, ast.Attribute) and owner.attr in RUN_NAMES):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_private_run_reads_check_sees_each_form():
+    source = ast.parse("run._applied\nself.run._mark_ready()\nself.run.run._loader = 1\nself._run._value('x')\n"
+                       "run.settings()\nself._applied\nrun.__class__\ntrainer._run\n")
+    assert sorted(private_run_reads(source)) == ["1: run._applied", "2: self.run._mark_ready",
+                                                  "3: self.run.run._loader", "4: self._run._value"]
+
+
+def test_no_module_reads_a_runs_private_members():
+    found = {name: where for name in MODULES if (where := private_run_reads(tree(name)))}
+    assert found == {}
