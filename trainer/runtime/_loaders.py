@@ -277,8 +277,8 @@ class Batches:
         """Batches the loader's workers have ready before the first step: the meter discards at least these."""
         self._stream = stream
         self.applied: dict[str, Any] = {}
-        """The settings this loader's helper applied (``Loaders._made``): the run's record while it is the training
-        loader."""
+        """The settings this loader's helper applied (``run.loader``, ``run.image_loader``): the run's record while it
+        is the training loader."""
 
         self.image_folder: dict[str, Any] | None = None
         self._iterators: list[weakref.ref] = []

@@ -302,7 +302,7 @@ def test_train_progress_of_a_script_prints_no_none():
 
     out = io.StringIO()
     progress = ProgressView(out=out, enabled=False)
-    # The runtime's progress record of a script's full run (trainer.runtime._run.Run._progress).
+    # The runtime's progress record of a script's full run (trainer.runtime._reports.Reports._progress).
     progress.record({"kind": "settings", "unit": "images"})
     progress.record({"kind": "progress", "t": 0.0, "step": 8, "epoch": None, "total_steps": None, "loss": 0.5,
                      "lr": None, "imgs_per_s": 120.0, "unit": "images"})
