@@ -545,15 +545,6 @@ def failure_message(p: TrainPlan, r: TrainResult) -> str:
     return f"the job exited with code {r.returncode} and no error record{shows}; log: {p.log_path}"
 
 
-def log_tail(path: Path, lines: int = 15) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 8192))
-            return f.read().decode(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return []
-
-
 def write_summary(p: TrainPlan, summary: dict[str, Any]) -> Path:
     path = p.out / "train-summary.json"
     path.write_text(json.dumps(summary, indent=1, default=str) + "\n")

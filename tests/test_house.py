@@ -1,7 +1,9 @@
 """The house rules that a reader of ``autotune/`` and ``trainer/`` can check without running anything (DEVELOPERS.md):
 no import circle, no function over 80 lines, each DDP knob named in at most one module besides the knob table, the
-config and the search's policy, and ``trainer/`` never importing ``autotune/``. Read from the source with ``ast``:
-nothing is imported."""
+config and the search's policy, ``trainer/`` never importing ``autotune/``, no module reading a script's run's private
+members, and the stages' shape (no stage importing another, one table of their order). Read from the source with
+``ast``: nothing is imported. (That a trial leaves ``DataLoader.__iter__`` as it found it needs a run:
+``tests/trainer/test_runtime_idioms.py``.)"""
 
 from __future__ import annotations
 
@@ -254,3 +256,35 @@ def test_show_and_the_overview_do_not_import_the_search():
                 seen.add(t)
                 todo.append(t)
         assert sorted(m for m in seen if m.split(".")[:2] == ["autotune", "search"]) == [], start
+
+
+RUN_NAMES = ("run", "_run")
+"""What the project calls a script's run (``trainer.runtime.Run``) or the adapter around it, as a name or an
+attribute: ``run``, ``self.run``, ``self._run``."""
+
+
+def private_run_reads(module: ast.Module) -> list[str]:
+    """``run._x``, ``self.run._x``, ``self.run.run._x``: a private member read (or written) through a name of a run.
+    ``Run`` is composed of parts (its settings, loaders, steps, reports), each with the interface the others use;
+    the run's own methods read its members through ``self``, which this does not count."""
+    found = []
+    for node in ast.walk(module):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        owner = node.value
+        if (isinstance(owner, ast.Name) and owner.id in RUN_NAMES) or \
+                (isinstance(owner, ast.Attribute) and owner.attr in RUN_NAMES):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_private_run_reads_check_sees_each_form():
+    source = ast.parse("run._applied\nself.run._mark_ready()\nself.run.run._loader = 1\nself._run._value('x')\n"
+                       "run.settings()\nself._applied\nrun.__class__\ntrainer._run\n")
+    assert sorted(private_run_reads(source)) == ["1: run._applied", "2: self.run._mark_ready",
+                                                  "3: self.run.run._loader", "4: self._run._value"]
+
+
+def test_no_module_reads_a_runs_private_members():
+    found = {name: where for name in MODULES if (where := private_run_reads(tree(name)))}
+    assert found == {}

@@ -23,10 +23,10 @@ from typing import Any, TypedDict
 
 class StrEnum(str, enum.Enum):
     """A ``str`` enum that compares equal to, formats as and serializes as its plain string (``enum.StrEnum`` needs
-    Python 3.11)."""
+    Python 3.11): a record's ``kind`` read back, or a word a study stores, equals its member as it is."""
 
     def __str__(self) -> str:
-        return self.value
+        return self.value  # not the member's name (``Kind.SUMMARY``), as Enum's own would be
 
 
 class Kind(StrEnum):

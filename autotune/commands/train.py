@@ -36,6 +36,7 @@ def run(args) -> int:
     from autotune import fullrun as tr
     from autotune.hw.nvml import Nvml
     from autotune.hw.placement import parse_gpu_list
+    from autotune.runner.process import log_tail
 
     overrides = {}
     for item in args.overrides:
@@ -55,7 +56,7 @@ def run(args) -> int:
         print(f"autotune train: note: {note}", flush=True)
     result = tr.run(plan, progress=False if args.no_progress else None, nvml=nvml)
     if result.returncode != 0:
-        for line in tr.log_tail(plan.log_path):
+        for line in log_tail(plan.log_path, 15):
             print(f"  | {line}", file=sys.stderr)
         raise tr.TrainError(tr.failure_message(plan, result))
     lines, warnings, summary = tr.closing_lines(plan, result)

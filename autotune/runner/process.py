@@ -133,13 +133,18 @@ class LineReader:
         return out
 
 
-def log_tail(path: Path | None, max_bytes: int = 16384) -> list[str]:
-    """The non-blank lines at the end of a log file."""
-    if path is None or not path.exists():
+def log_tail(path: Path | None, lines: int | None = None, *, max_bytes: int = 16384) -> list[str]:
+    """The non-blank lines at the end of a log file (its last ``lines`` of them when given); none where it cannot be
+    read."""
+    if path is None:
         return []
-    with open(path, "rb") as f:
-        f.seek(max(0, f.seek(0, 2) - max_bytes))
-        return [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - max_bytes))
+            tail = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:  # no log (the job never started), or one that cannot be read
+        return []
+    return tail[-lines:] if lines else tail
 
 
 def proc_table() -> dict[int, tuple[int, int, str]]:

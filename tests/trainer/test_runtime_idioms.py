@@ -1,7 +1,7 @@
 """The usual loop idioms of a user's script through the runtime (``trainer.runtime``), in-process on a process group
 of one (gloo): gradient clipping under fp16 and accumulation, a scheduler stepped once per optimizer step, the
-script's own optimizer groups, a module the script compiled itself, and a ``:main`` function's own
-``init_process_group`` on a live worker's group."""
+script's own optimizer groups, a module the script compiled itself, a ``:main`` function's own
+``init_process_group`` on a live worker's group, and a trial that leaves torch's ``DataLoader`` as it found it."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import apply
 from trainer.apply import group_of_the_worker, script_distributed
+from trainer.config import MeasureConfig
 from trainer.protocol import ResultWriter
-from trainer.runtime import _steps
+from trainer.runtime import _steps, setup
 from trainer.runtime._run import Run
-from trainer.runtime.request import Request, activate
+from trainer.runtime.request import Active, Request, activate
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +60,16 @@ def net() -> nn.Module:
 X, Y = torch.randn(6, 4) * 3, torch.randn(6, 2)
 
 
-def test_clipping_under_fp16_sees_unscaled_gradients_and_only_on_the_step_that_steps(make_run):
+def test_clipping_under_fp16_sees_unscaled_gradients_and_only_on_the_step_that_steps(make_run, monkeypatch):
     # The reference: the same step in fp32, without a scaler; its gradients' norm is what clipping must see.
     ref = net()
     nn.functional.mse_loss(ref(X), Y).backward()
     expected = torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
     run = make_run(precision="fp16", accum_steps=2)
     # A scale whose scaled gradients fit fp16 on the first step (the default 2**16 overflows it, then skips it).
-    run._scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    scalers = []
+    monkeypatch.setattr(_steps, "grad_scaler", lambda precision, device: scalers.append(
+        torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)) or scalers[-1])
     model = run.model(net())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = [p.detach().clone() for p in model.parameters()]
@@ -76,7 +80,7 @@ def test_clipping_under_fp16_sees_unscaled_gradients_and_only_on_the_step_that_s
             run.backward(loss)
             norms.append(run.clip_grad_norm_(1.0))
     assert norms[0] is None  # half a gradient: nothing to clip yet
-    assert run._scaler is not None and run._scaler.get_scale() > 1  # the loss was scaled ...
+    assert len(scalers) == 1 and scalers[0].get_scale() > 1  # the loss was scaled ...
     assert float(norms[1]) == pytest.approx(float(expected), rel=0.05)  # ... the norm clipped was not
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # it stepped
 
@@ -162,4 +166,35 @@ def test_a_one_cycle_schedule_holds_its_end_in_a_trial_longer_than_the_scripts_e
         assert scheduler.last_epoch == 5 and len(set(rates[4:])) == 1 and len(set(rates[:5])) == 5
     finally:
         run.close()
+        activate(None)
+
+
+def test_a_trials_dataloader_hook_is_gone_once_its_first_step_is_checked_and_once_it_ends(group):
+    """A trial notes every DataLoader its script iterates (one the script built itself must use the loader settings
+    it reads from the run, checked at the first report) by wrapping ``DataLoader.__iter__``: the wrapper stayed on
+    for the whole process until the run closed, and where two runs overlapped, the second's close put the first's
+    wrapper back for good. Torch's own is back once the first report has read it, and once every trial ended."""
+    original = DataLoader.__iter__
+
+    def trial() -> Run:  # as a live worker starts one
+        request = Request(mode="measure", settings={}, measure=MeasureConfig(warmup_min_steps=2))
+        activate(Active(request=request, writer=ResultWriter(None, 0), env=group))
+        return setup()
+
+    try:
+        first, second = trial(), trial()
+        assert DataLoader.__iter__ is not original  # watching
+        first.close()
+        second.close()
+        assert DataLoader.__iter__ is original
+        run = trial()
+        loader = run.loader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+        (x,) = next(iter(loader))
+        assert DataLoader.__iter__ is not original  # the first step is not checked yet
+        run.report(len(x))
+        assert DataLoader.__iter__ is original
+        run.close()
+        assert DataLoader.__iter__ is original
+    finally:
+        DataLoader.__iter__ = original  # a failure here leaves the next tests torch's own
         activate(None)

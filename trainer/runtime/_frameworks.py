@@ -13,11 +13,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from trainer.apply import compile_script_model, data_loader, ddp_args, loader_settings, place, takes_layout
+from trainer.apply import data_loader, ddp_args, loader_settings
 from trainer.config import DDPConfig
 from trainer.knobs import table
 from trainer.runtime._base import _UNSET, DDP_WRAPPER, LOADER, ScriptError
-from trainer.runtime._batches import prefetched
 from trainer.runtime._loaders import Batches
 from trainer.runtime._run import Run
 
@@ -35,11 +34,12 @@ def missing(framework: str, error: ImportError) -> ScriptError:
 
 class FrameworkRun:
     """A ``trainer.runtime.Run`` that a framework's loop drives: its settings and reports, with the framework's
-    arguments translated by the adapter. Any other attribute is the run's (``rank``, ``in_search``, ``epochs``,
-    ``close``, a declared setting)."""
+    arguments translated by the adapter, through the run's parts (``Run.parts``). Any other attribute is the run's
+    (``rank``, ``in_search``, ``epochs``, ``close``, a declared setting)."""
 
     def __init__(self, run: Run):
         self.run = run
+        self._parts = run.parts
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.run, name)
@@ -47,7 +47,20 @@ class FrameworkRun:
     def apply(self, name: str, default: Any = _UNSET) -> Any:
         """The run's value of a setting (else ``default``, the framework object's own), recorded as applied: a
         setting the adapter applies is one the search may change."""
-        return self.run._apply(name, default)
+        return self._parts.settings.apply(name, default)
+
+    def applied(self, name: str, default: Any = None) -> Any:
+        """The value of a setting as applied (by the adapter or the run), else ``default``."""
+        return self._parts.settings.applied(name, default)
+
+    def ready(self) -> None:
+        """The run is ready to step (the framework's fit starts): the ``ready`` record, once."""
+        self._parts.measure.ready()
+
+    @property
+    def training_loader(self) -> Batches | None:
+        """The batches the framework iterates for training (``batches``), once it was handed them."""
+        return self._parts.loaders.training
 
     def loader(self, loader: DataLoader) -> DataLoader:
         """The script's DataLoader rebuilt with the run's batch size and loader settings (its own values are the
@@ -64,7 +77,7 @@ class FrameworkRun:
         if not isinstance(loader.dataset, IterableDataset):
             kept["sampler"] = loader.sampler
         rebuilt = data_loader(loader.dataset, loader_settings(**args), self.run.device, batch_size=batch_size, **kept)
-        self.run._applied["prefetch_factor"] = rebuilt.prefetch_factor
+        self._parts.settings.record("prefetch_factor", rebuilt.prefetch_factor)
         return rebuilt
 
     def batches(self, loader: Any, samples: Callable[[Any], int] | None = None) -> Batches:
@@ -73,22 +86,16 @@ class FrameworkRun:
         the run's unit (default: its first tensor's length)."""
         if isinstance(loader, Batches):
             return loader  # run.image_loader's: the run's already
-        batches = self.run._loader = Batches(self.run, loader, samples=samples, buffered=prefetched(loader))
-        self.run._closables.append(batches.close)
-        return batches
+        return self._parts.loaders.adopt(loader, samples)
 
     def layout(self, module: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
         """The module on the run's device, in channels_last when the run asks (only a model with image-shaped
         weights applies a layout); returns it and whether its inputs go channels_last too."""
-        channels_last = takes_layout(module) and bool(self.apply("channels_last"))
-        return place(module, self.run.device, channels_last=channels_last), channels_last
+        return self._parts.steps.layout(module)
 
     def compiled(self, module: torch.nn.Module) -> torch.nn.Module:
         """``module`` under torch.compile when the run asks, with its mode."""
-        if not self.apply("compile"):
-            return module
-        self.run._closables.append(torch._dynamo.reset)
-        return compile_script_model(module, self.apply("compile_mode"))
+        return self._parts.steps.compiled(module)
 
     def ddp_kwargs(self, given: dict[str, Any]) -> dict[str, Any]:
         """DistributedDataParallel's arguments: the run's wrapper settings (``given``'s values, the script's, as
@@ -103,7 +110,7 @@ class FrameworkRun:
         ``accum_steps``): its samples and loss into the run's meter. True once the trial is measured. ``final``:
         whether the framework stepped the optimizer after it (both frameworks also step at an epoch's last batch,
         where a group of micro-batches is cut short); None: every ``accum_steps``-th."""
-        self.run._mark_ready()
+        self.ready()
         self.run.micro_step(stepped=final)
         if isinstance(loss, dict):
             loss = loss.get("loss")

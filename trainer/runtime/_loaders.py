@@ -1,6 +1,7 @@
 """A run's loaders: a script's Dataset or DataLoader through ``run.loader``, an image folder through the project's
 pipelines (``run.image_loader``), and ``Batches``: the batches a loader hands the script, as the trial wants them (on
-the run's device, the loader alone, or one batch replayed), each epoch's turn marked for the meter."""
+the run's device, the loader alone, or one batch replayed), each epoch's turn marked for the meter. A trial notes
+every DataLoader its script iterates until its first step is checked (``watch_iterations``)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,83 @@ import torch
 
 from trainer.apply import DATALOADER_PREFETCH, applied_here, data_loader, loader_settings
 from trainer.config import ConfigError, DataConfig, TrainConfig, TrainingConfig
+from trainer.records import Dist
 from trainer.runtime._base import _END, _UNSET, IMAGES, LOADER, ScriptError, TrialDone
 from trainer.runtime._batches import first_length, prefetched, samples_per_rank, to_device, touch
 from trainer.runtime._folder import image_folder
+from trainer.runtime._measure import Measurement
+from trainer.runtime._settings import Settings
+
+_WATCHING: list[weakref.WeakSet] = []
+"""The DataLoaders each trial in progress has seen iterated (``watch_iterations``)."""
+
+_ORIGINAL: dict[str, Callable] = {}
+"""Torch's own ``DataLoader.__iter__`` while it is wrapped, and the wrapper."""
+
+
+def watch_iterations(seen: weakref.WeakSet) -> Callable[[], None]:
+    """Note in ``seen`` every DataLoader iterated from now until the returned function is called. DataLoader has no
+    hook for it: its ``__iter__`` is wrapped while any trial watches, and is torch's own again once none does."""
+    from torch.utils.data import DataLoader
+
+    if not _WATCHING:
+        original = DataLoader.__iter__
+
+        def __iter__(loader):
+            for watching in _WATCHING:
+                watching.add(loader)
+            return original(loader)
+
+        _ORIGINAL.update(original=original, wrapper=__iter__)
+        DataLoader.__iter__ = __iter__
+    _WATCHING.append(seen)
+
+    def stop() -> None:
+        # By identity: WeakSets compare by their contents.
+        _WATCHING[:] = [watching for watching in _WATCHING if watching is not seen]
+        if not _WATCHING and _ORIGINAL and DataLoader.__dict__.get("__iter__") is _ORIGINAL["wrapper"]:
+            DataLoader.__iter__ = _ORIGINAL.pop("original")  # a wrapper of someone else's on top stays theirs
+            _ORIGINAL.clear()
+
+    return stop
 
 
 class Loaders:
-    """The loader helpers of a run, and which loader is its training loader."""
+    """The loaders part of a run (``trainer.runtime._run.Run``): ``run.loader`` and ``run.image_loader``, which of
+    them is the training loader (the one the steps report on), and in a trial the DataLoaders the script iterates."""
+
+    def __init__(self, settings: Settings, measure: Measurement, env: Dist,
+                 *, on_close: Callable[[Callable[[], None]], None]):
+        self._settings, self._measure, self._on_close = settings, measure, on_close
+        self.device, self.rank, self.world_size = env.device, env.rank, env.world_size
+        self._training: Batches | None = None
+        """The training loader: the one the steps report on (``_use``); another (a validation loader) is passed
+        out of the meter's windows and cuts no epoch."""
+
+        self._feeding: Batches | None = None
+        """The loader that handed out the latest batch: at the first report, the training loader."""
+
+        self.image_folder: dict[str, Any] | None = None
+        """The image folder the script's own Dataset reads (``_folder.image_folder``), for its settings record."""
+
+        self._iterated: weakref.WeakSet = weakref.WeakSet()
+        self._unwatch: Callable[[], None] | None = None
+        if settings.request.measured:
+            # In a trial, every DataLoader the script iterates: one it built and iterates itself, beside
+            # ``run.loader``, must use the loader settings it reads from the run, or a knob is searched with no effect
+            # (checked at the first report, ``own_loader_problems``).
+            self._unwatch = watch_iterations(self._iterated)
+            on_close(self._stop_watching)
+
+    @property
+    def training(self) -> Batches | None:
+        """The training loader (None before the script made one, or where a loop of its own reads its data)."""
+        return self._training
+
+    @property
+    def channels_last(self) -> bool:
+        """Whether the batches' 4-D float tensors go channels_last."""
+        return bool(self._settings.value("channels_last"))
 
     def loader(self, data, *, samples: Callable[[Any], int] | None = None, **kwargs: Any) -> Batches:
         """``torch.utils.data.DataLoader(data, **kwargs)`` with the run's batch size and loader settings (a value
@@ -29,49 +100,70 @@ class Loaders:
         setting to a value it was not built with (its trials would measure the same thing under other names)."""
         from torch.utils.data import DataLoader
 
-        before = dict(self._applied)
         folder = image_folder(data.dataset if isinstance(data, DataLoader) else data)
+        applied: dict[str, Any] = {}
         if isinstance(data, DataLoader):
             loader = self._check_loader(data)
         else:
-            args = {name: self._apply(name, kwargs.pop(name, _UNSET)) for name in LOADER}
+            args = {name: self._settings.value(name, kwargs.pop(name, _UNSET)) for name in LOADER}
+            applied.update(args)
             batch_size = args.pop("batch_size")
             loader = data_loader(data, loader_settings(**args), self.device, batch_size=batch_size, **kwargs)
             # What the loader really uses: DataLoader fills in its own prefetch depth when given none.
-            self._applied["prefetch_factor"] = loader.prefetch_factor
-        batches = Batches(self, loader, samples=samples, buffered=prefetched(loader))
-        wrote = () if isinstance(data, DataLoader) else (*LOADER, "prefetch_factor")
-        return self._made(batches, before, {n: self._applied[n] for n in wrote if n in self._applied}, folder)
+            applied["prefetch_factor"] = loader.prefetch_factor
+        batches = Batches(self, self._measure, loader, samples=samples, buffered=prefetched(loader))
+        return self._made(batches, applied, folder)
 
-    def _made(self, batches: Batches, before: dict[str, Any], applied: dict[str, Any],
-              folder: dict[str, Any] | None) -> Batches:
-        """A loader the script made, with the settings it applied (``applied``; ``before``: the run's record as it
-        was): the run's training loader if it is the first; another (a validation loader, most often) records
-        nothing unless the steps report on its batches (``_use_as_training_loader`` at the first report)."""
+    def _made(self, batches: Batches, applied: dict[str, Any], folder: dict[str, Any] | None) -> Batches:
+        """A loader the script made, with the settings it applied: the run's training loader if it is the first;
+        another (a validation loader, most often) records nothing unless the steps report on its batches (``settle``
+        at the first report)."""
         batches.applied, batches.image_folder = applied, folder
-        self._closables.append(batches.close)
-        if self._loader is None:
-            self._use_as_training_loader(batches)
-        else:
-            self._applied = before
+        self._on_close(batches.close)
+        if self._training is None:
+            self._use(batches)
         return batches
 
-    def _use_as_training_loader(self, batches: Batches) -> None:
+    def _use(self, batches: Batches) -> None:
         """``batches`` is the training loader: its settings are the ones the run records."""
-        for name in self._loader.applied if self._loader is not None else ():
-            self._applied.pop(name, None)
-        self._loader = batches
-        self._applied.update(batches.applied)
-        self._image_folder = batches.image_folder
+        self._settings.replace(self._training.applied if self._training is not None else (), batches.applied)
+        self._training = batches
+        self.image_folder = batches.image_folder
 
-    def _is_other_loader(self, batches: Batches) -> bool:
+    def adopt(self, loader: Any, samples: Callable[[Any], int] | None = None) -> Batches:
+        """The loader a framework iterates for training (after the framework sharded it over the ranks) as the
+        training loader's batches; its settings are the ones the framework's adapter applied."""
+        batches = self._training = Batches(self, self._measure, loader, samples=samples, buffered=prefetched(loader))
+        self._on_close(batches.close)
+        return batches
+
+    def handed(self, batches: Batches) -> None:
+        """``batches`` handed out the latest batch."""
+        self._feeding = batches
+
+    def settle(self) -> None:
+        """At the first report: the loader that handed out its batch is the training loader (the steps report on
+        another loader than the first made)."""
+        if self._feeding is not None and self._feeding is not self._training:
+            self._use(self._feeding)
+
+    def supplies(self, batches: Batches) -> None:
+        """``batches`` are measured alone (the supply): the loader the script iterates first is its training loader."""
+        if self._training is not batches:
+            self._use(batches)
+
+    def is_other(self, batches: Batches) -> bool:
         """Whether ``batches`` is a loader the steps do not report on (a validation loader), once that is known."""
-        return self.meter is not None and self._loader is not batches
+        return self._measure.meter is not None and self._training is not batches
+
+    def release(self) -> None:
+        """The loaders let go (the run ended; their workers are joined by each one's ``close``)."""
+        self._training = self._feeding = None
 
     def _check_loader(self, loader):
         """A DataLoader the script built itself: its settings are the script's, not searched; a setting the script
         declares (or the run sets) must be what the loader was built with."""
-        wanted = {name: self.request.settings.get(name, self._declared.get(name, getattr(loader, name, None)))
+        wanted = {name: self._settings.value(name) if self._settings.has(name) else getattr(loader, name, None)
                   for name in LOADER}
         wrong = [f"{name}={have} (the run sets {want})" for name, have, want in self._loader_mismatch(loader, wanted)]
         if wrong:
@@ -94,30 +186,21 @@ class Loaders:
                 wrong.append((name, have, want))
         return wrong
 
-    def _watch_loaders(self) -> None:
-        """In a search, note every DataLoader the script iterates: one it built and iterates itself, beside
-        ``run.loader``, must use the loader settings it reads from the run, or a knob is searched with no effect
-        (checked at the first report, ``_own_loaders``)."""
-        from torch.utils.data import DataLoader
+    def _stop_watching(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
 
-        original = DataLoader.__iter__
-        seen = self._iterated
-
-        def __iter__(loader):
-            seen.add(loader)
-            return original(loader)
-
-        DataLoader.__iter__ = __iter__
-        self._closables.append(lambda: setattr(DataLoader, "__iter__", original))
-
-    def _own_loaders(self) -> list[str]:
-        """The loader settings the script read from the run but did not give a DataLoader it iterates."""
-        read = [name for name in LOADER if name in self._read]
+    def own_loader_problems(self) -> list[str]:
+        """At the first report: the loader settings the script read from the run but did not give a DataLoader it
+        iterates. The watch of the DataLoaders it iterates ends here (nothing later reads it)."""
+        self._stop_watching()
+        read = [name for name in LOADER if self._settings.was_read(name)]
         problems = []
         for loader in list(self._iterated):
-            if applied_here(loader) or loader is getattr(self._loader, "_loader", None) or not read:
+            if applied_here(loader) or loader is getattr(self._training, "source", None) or not read:
                 continue
-            for name, have, want in self._loader_mismatch(loader, {n: self._value(n) for n in read}):
+            for name, have, want in self._loader_mismatch(loader, {n: self._settings.value(n) for n in read}):
                 if name == "batch_size" and have is None:  # batches of its own batch_sampler: not comparable
                     continue
                 problems.append(f"the script reads run.{name} ({want}) but iterates a DataLoader built with "
@@ -139,11 +222,11 @@ class Loaders:
         if unknown:
             raise TypeError(f"run.image_loader(): unknown argument {sorted(unknown)[0]!r}; it takes "
                             f"{', '.join((*LOADER, *IMAGES))}")
-        before, wrote = dict(self._applied), []
+        applied: dict[str, Any] = {}
 
         def given(name: str) -> Any:
-            wrote.append(name)
-            return self._apply(name, loader_args.get(name, _UNSET))
+            value = applied[name] = self._settings.value(name, loader_args.get(name, _UNSET))
+            return value
 
         decode = given("decode")
         data = DataConfig(kind="imagefolder", path=str(path), image_size=image_size, num_classes=num_classes,
@@ -158,22 +241,22 @@ class Loaders:
         loader = loader_settings(num_workers=workers, prefetch_factor=given("prefetch_factor") if workers else None,
                                  pin_memory=given("pin_memory"), persistent_workers=given("persistent_workers"))
         if workers:  # what the loader really uses (DataLoader's own depth when the script gave none)
-            self._applied["prefetch_factor"] = loader.prefetch_factor or DATALOADER_PREFETCH
-            wrote.append("prefetch_factor")
+            applied["prefetch_factor"] = loader.prefetch_factor or DATALOADER_PREFETCH
         # A trial reads one endless stream of epochs (no epoch boundary inside its windows), as the built-in job's
         # measurements do; a plain or full run has the epochs of the script's loop.
+        in_search = self._settings.in_search
         cfg = TrainConfig(data=data, loader=loader, training=TrainingConfig(
-            mode="measure" if self.in_search else "train", epochs=1, batch_size=given("batch_size"),
-            channels_last=bool(self._value("channels_last"))))
+            mode="measure" if in_search else "train", epochs=1, batch_size=given("batch_size"),
+            channels_last=self.channels_last))
         problems = cfg.problems()
         if problems:
             raise ConfigError(problems)
         pipeline = build_pipeline(cfg, rank=self.rank, world_size=self.world_size, device=self.device,
                                   split="train" if train else "val")
-        self._closables.append(pipeline.close)
-        batches = Batches(self, pipeline, buffered=prefetched_batches(cfg), stream=self.in_search)
+        self._on_close(pipeline.close)
+        batches = Batches(self, self._measure, pipeline, buffered=prefetched_batches(cfg), stream=in_search)
         batches.num_classes = classes_of(cfg)
-        return self._made(batches, before, {n: self._applied[n] for n in wrote}, None)
+        return self._made(batches, applied, None)
 
 
 class Batches:
@@ -186,16 +269,16 @@ class Batches:
     model without the input pipeline (a batch that is already on the device costs nothing to fetch) — the two
     numbers the search's stages weigh for the built-in job too."""
 
-    def __init__(self, run: Loaders, loader, *, samples: Callable[[Any], int] | None = None, buffered: int = 0,
-                 stream: bool = False):
-        # ``run`` is the whole run (``trainer.runtime._run.Run``): its loaders, and what it reports.
-        self._run, self._loader, self._samples = run, loader, samples or first_length
+    def __init__(self, loaders: Loaders, measure: Measurement, loader, *, samples: Callable[[Any], int] | None = None,
+                 buffered: int = 0, stream: bool = False):
+        # ``loaders``: the run's loaders part, which of them is the training loader; ``measure``: the trial's meter.
+        self._loaders, self._measure, self._loader, self._samples = loaders, measure, loader, samples or first_length
         self.buffered = buffered
         """Batches the loader's workers have ready before the first step: the meter discards at least these."""
         self._stream = stream
         self.applied: dict[str, Any] = {}
-        """The settings this loader's helper applied (``Run._made``): the run's record while it is the training
-        loader."""
+        """The settings this loader's helper applied (``run.loader``, ``run.image_loader``): the run's record while it
+        is the training loader."""
 
         self.image_folder: dict[str, Any] | None = None
         self._iterators: list[weakref.ref] = []
@@ -210,7 +293,12 @@ class Batches:
         """Whether iterating it never ends an epoch: the ceiling's replayed batch, or a loader that streams epochs
         without end (an image pipeline built for a search's measurement, as the built-in job's): ``len()`` is then
         no epoch of these batches."""
-        return self._stream or self._run.request.mode == "ceiling"
+        return self._stream or self._measure.request.mode == "ceiling"
+
+    @property
+    def source(self) -> Any:
+        """The loader these batches are of (the script's DataLoader, a framework's, or an image pipeline)."""
+        return self._loader
 
     def close(self) -> None:
         """Its loader closed (an image pipeline's ``close``), or its DataLoader's workers joined: persistent ones
@@ -247,7 +335,7 @@ class Batches:
     def samples_per_rank(self) -> int | None:
         """How many samples of its data this rank sees per epoch, when the loader can tell
         (``trainer.runtime._batches.samples_per_rank``)."""
-        return samples_per_rank(self._loader, self._run.world_size)
+        return samples_per_rank(self._loader, self._loaders.world_size)
 
     def set_epoch(self, epoch: int) -> None:
         target = getattr(self._loader, "set_epoch", None) or getattr(getattr(self._loader, "sampler", None),
@@ -256,20 +344,19 @@ class Batches:
             target(epoch)
 
     def __iter__(self) -> Iterator[Any]:
-        run = self._run
-        mode = run.request.mode
+        loaders, mode = self._loaders, self._measure.request.mode
         if mode == "supply":
             self._supply()  # ends the run (TrialDone)
-        run._mark_ready()
-        channels_last = bool(run._value("channels_last"))
-        if mode == "ceiling" and not run._is_other_loader(self):
-            first = self._counted(to_device(next(self._iter()), run.device, channels_last))
+        self._measure.ready()
+        device, channels_last = loaders.device, loaders.channels_last
+        if mode == "ceiling" and not loaders.is_other(self):
+            first = self._counted(to_device(next(self._iter()), device, channels_last))
             while True:
-                run._feeding = self
+                loaders.handed(self)
                 yield first
         for batch in self._epoch():
-            run._feeding = self
-            yield self._counted(to_device(batch, run.device, channels_last))
+            loaders.handed(self)
+            yield self._counted(to_device(batch, device, channels_last))
 
     def _counted(self, batch: Any) -> Any:
         if self.first_samples is None:
@@ -277,15 +364,15 @@ class Batches:
         return batch
 
     def _epoch(self) -> Iterator[Any]:
-        """One pass over the loader. Where its batches come in rounds of its workers (``Run._epoch_shape``), each
-        turn, from its last whole round to the next epoch's first, is marked for the meter (``Run._turn``); the
-        first epoch's start is timed alone (``Run._first_start``)."""
-        run = self._run
-        if run._is_other_loader(self):  # a validation loader, once the steps report on another: no part of training
-            with run.meter.paused():
+        """One pass over the loader. Where its batches come in rounds of its workers (``Measurement._epoch_shape``),
+        each turn, from its last whole round to the next epoch's first, is marked for the meter
+        (``Measurement.turn``); the first epoch's start is timed alone (``Measurement.first_start``)."""
+        measure = self._measure
+        if self._loaders.is_other(self):  # a validation loader, once the steps report on another: no part of training
+            with measure.meter.paused():
                 yield from self._iter()
             return
-        with run._first_start():
+        with measure.first_start(self._loaders.training):
             it = self._iter()
             batch = next(it, _END)
         try:
@@ -297,34 +384,30 @@ class Batches:
         while batch is not _END:
             yield batch
             given += 1
-            turns = run._turns if run._turns_of is self else None  # known once the meter is made, at the first step
+            turns = measure.turns_of(self)  # known once the meter is made, at the first step
             if turns and given == turns[1]:
-                run._turn(begin=False)
+                measure.turn(begin=False)
             if turns and given == length - turns[0]:
-                run._turn(begin=True)
+                measure.turn(begin=True)
             batch = next(it, _END)
 
     def _supply(self) -> None:
         """The loader alone, no model: batches to the device as fast as it delivers them, until the meter has its
         figure; then the summary, and the trial ends. The loader the script iterates first is its training loader."""
-        run = self._run
-        if run._loader is not self:
-            run._use_as_training_loader(self)
-        run._mark_ready()
-        meter = run.meter = run._meter(continuous=False, buffered=self.buffered)
-        checksum = torch.zeros((), device=run.device)
+        measure, device, channels_last = self._measure, self._loaders.device, self._loaders.channels_last
+        self._loaders.supplies(self)
+        measure.ready()
+        meter = measure.start(self, continuous=False)
+        checksum = torch.zeros((), device=device)
         epoch = 0
-        channels_last = bool(run._value("channels_last"))
         while not meter.done:
             self.set_epoch(epoch)
             for batch in self._epoch():
-                moved = to_device(batch, run.device, channels_last)
-                checksum += touch(moved).to(run.device)
-                meter.step(images=self._samples(batch))
-                run.steps += 1
+                moved = to_device(batch, device, channels_last)
+                checksum += touch(moved).to(device)
+                measure.step(self._samples(batch))
                 if meter.done:
                     break
             epoch += 1
-        run.loss = checksum
-        run._finish(loss_known=False)
+        measure.finish(checksum, None)
         raise TrialDone()

@@ -14,8 +14,8 @@ import atexit
 import contextlib
 import gc
 import sys
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from trainer.protocol import ResultWriter, error_record
 from trainer.records import Dist, start_record
 from trainer.runtime._base import ScriptError
 from trainer.runtime._loaders import Batches, Loaders
+from trainer.runtime._measure import Measurement
 from trainer.runtime._reports import Reports
 from trainer.runtime._settings import Settings
 from trainer.runtime._steps import Steps
@@ -49,63 +50,63 @@ def setup(*, unit: str = "samples", **defaults: Any) -> Run:
     return Run(request, defaults, unit=unit, writer=live.writer if live else None, env=live.env if live else None)
 
 
-class Run(Settings, Loaders, Steps, Reports):
-    """The settings of this run and the helpers that apply them; ``run.NAME`` reads a declared setting. Its parts,
-    one module each: its settings (``_settings``), its loaders and their batches (``_loaders``), its model and steps
-    (``_steps``), what it reports (``_reports``); here what makes and ends it."""
+@dataclass(frozen=True, kw_only=True)
+class Parts:
+    """A run's parts, as a framework adapter drives them (``trainer.runtime._frameworks``): the settings it applies
+    to the framework's objects, the moment the run is ready, the training loader the framework iterates, the layout
+    and compile of its module."""
+
+    settings: Settings
+    measure: Measurement
+    loaders: Loaders
+    steps: Steps
+
+
+def _answered_by(method: Callable) -> Callable[[Callable], Callable]:
+    """A call of the script's that a part's ``method`` answers: its docstring is that method's."""
+
+    def answered(call: Callable) -> Callable:
+        call.__doc__ = method.__doc__
+        return call
+
+    return answered
+
+
+class Run:
+    """The settings of this run and the helpers that apply them; ``run.NAME`` reads a declared setting. Made of
+    parts, one module each, built in this order, each handed what it needs of the ones before: its settings
+    (``_settings``), its measurement (``_measure``: the meter, the trial's counts, its summary), its loaders and
+    their batches (``_loaders``), its model and steps (``_steps``), what it reports (``_reports``). Here what makes
+    and ends it; the script's calls each go to the part that answers them."""
 
     def __init__(self, request: Request, declared: dict[str, Any], *, unit: str,
                  writer: ResultWriter | None, env: Dist | None):
         self.request, self.unit = request, unit
-        self._declared = dict(declared)
-        self._read: set[str] = set()
-        self._applied: dict[str, Any] = {}
         self._owns_group = env is None and not dist.is_initialized()
         self.env = env or script_distributed()
         self.rank, self.world_size, self.device = self.env.rank, self.env.world_size, self.env.device
         self.local_rank = self.env.local_rank
         self._own_writer = writer is None
         self.writer = writer or ResultWriter(request.result, self.rank)
-        self._model: torch.nn.Module | None = None
-        self._optimizers: set[int] = set()
-        self._scaler: torch.amp.GradScaler | None = None
-        self._stepping = self._unscaled = False
-        self.stepped = False
-        """Whether the latest ``run.step`` ended with an optimizer step."""
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._module: torch.nn.Module | None = None
-        self._micro = 0
-        self._pending = 0
         self._closables: list[Callable[[], None]] = []
-        self._loader: Batches | None = None
-        """The training loader: the one the steps report on (``_use_as_training_loader``); another (a validation
-        loader) is passed out of the meter's windows and cuts no epoch."""
-
-        self._feeding: Batches | None = None
-        """The loader that handed out the latest batch: at the first report, the training loader."""
-
-        self._image_folder: dict[str, Any] | None = None
-        """The image folder the script's own Dataset reads (``_folder.image_folder``), for its settings record."""
-        self._iterated: weakref.WeakSet = weakref.WeakSet()
-        self.meter: ThroughputMeter | None = None
-        self.reports = self.steps = 0
-        self.epochs_done = 0
-        """Epochs of ``epochs()`` the script ran to their end (0 for a loop of its own)."""
-        self.done = self._closed = False
-        self._t_ready: float | None = None
-        self._epoch0_start_s: float | None = None
-        self._turns: tuple[int, int] | None = None
-        """(tail, lead) of the epoch turns of the script's own DataLoader while measuring (``_epoch_shape``)."""
-        self._turns_of: Batches | None = None
-        """The loader they are of (another one, a validation loader, turns nothing)."""
-        self.loss = torch.zeros((), device=self.device)
-        self._nonfinite = (torch.zeros((), dtype=torch.int64, device=self.device),
-                           torch.zeros((), dtype=torch.int64, device=self.device))
+        self._closed = False
+        on_close = self._closables.append
+        # 1. The settings: the trial's, else a helper's argument, else the script's declared default.
+        self._settings = Settings(request, declared)
         if self.device.type == "cuda":
-            self._apply_cudnn()
+            self._settings.apply_cudnn()
+        # 2. The measurement: the meter the steps feed and the records of the trial's start and end.
+        self._measure = Measurement(self._settings, self.env, self.writer, unit=unit)
+        # 3. The loaders and their batches (in a trial, the DataLoaders the script iterates are noted from here).
+        self._loaders = Loaders(self._settings, self._measure, self.env, on_close=on_close)
+        # 4. The model and its steps.
+        self._steps = Steps(self._settings, self._measure, self.device, on_close=on_close)
+        # 5. The reports: each step into the meter, the epochs a trial runs.
+        self._reports = Reports(self._settings, self._measure, self._loaders, self._steps, self.writer, self.device,
+                                self.world_size)
+        self.parts = Parts(settings=self._settings, measure=self._measure, loaders=self._loaders, steps=self._steps)
+        """What a framework adapter drives (``trainer.runtime._frameworks.FrameworkRun``)."""
         set_run(self)
-        if request.measured:
-            self._watch_loaders()
         if request.measured and active() is None:  # a process of the script's own: its records are ours
             # As the built-in job's ranks do: die with torchrun, and say where the script was when stopped (a
             # hang's report stands on it).
@@ -115,6 +116,114 @@ class Run(Settings, Loaders, Steps, Reports):
             atexit.register(self._at_exit)
             if not getattr(sys.excepthook, "autotune", False):
                 sys.excepthook = _record_uncaught(sys.excepthook)
+
+    # ---- the script's calls, each to its part -----------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._settings.read(name)
+
+    def settings(self) -> dict[str, Any]:
+        """What the script runs with: every setting it read or a helper applied, by name."""
+        return self._settings.settings()
+
+    @property
+    def in_search(self) -> bool:
+        """A search's trial (or a stage's measurement): ``report()`` may end the run."""
+        return self._settings.in_search
+
+    @_answered_by(Loaders.loader)
+    def loader(self, data, *, samples: Callable[[Any], int] | None = None, **kwargs: Any) -> Batches:
+        return self._loaders.loader(data, samples=samples, **kwargs)
+
+    @_answered_by(Loaders.image_loader)
+    def image_loader(self, path: str, *, image_size: int = 224, train: bool = True,
+                     num_classes: int | None = None, **loader_args: Any) -> Batches:
+        return self._loaders.image_loader(path, image_size=image_size, train=train, num_classes=num_classes,
+                                          **loader_args)
+
+    @_answered_by(Steps.model)
+    def model(self, module: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:
+        return self._steps.model(module, **ddp_kwargs)
+
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """The script's own module inside what ``run.model`` returned (no DDP wrapper, no compile): for its
+        ``state_dict``, its parameters by their own names (optimizer groups), its attributes."""
+        return self._steps.module
+
+    @_answered_by(Steps.step)
+    def step(self, optimizer: torch.optim.Optimizer, scheduler=None) -> contextlib.AbstractContextManager[None]:
+        return self._steps.step(optimizer, scheduler)
+
+    @_answered_by(Steps.backward)
+    def backward(self, loss: torch.Tensor) -> None:
+        self._steps.backward(loss)
+
+    @_answered_by(Steps.clip_grad_norm_)
+    def clip_grad_norm_(self, max_norm: float, parameters=None, **kwargs: Any) -> torch.Tensor | None:
+        return self._steps.clip_grad_norm_(max_norm, parameters, **kwargs)
+
+    @_answered_by(Steps.micro_step)
+    def micro_step(self, *, stepped: bool | None = None) -> None:
+        self._steps.micro_step(stepped=stepped)
+
+    @property
+    def final_micro_step(self) -> bool:
+        """Inside ``run.step``: whether this micro-step ends an optimizer step (its gradients are then complete)."""
+        return self._steps.final_micro_step
+
+    @property
+    def stepped(self) -> bool:
+        """Whether the latest ``run.step`` ended with an optimizer step."""
+        return self._steps.stepped
+
+    @_answered_by(Reports.report)
+    def report(self, samples: int, loss: torch.Tensor | float | None = None) -> bool:
+        return self._reports.report(samples, loss)
+
+    @_answered_by(Reports.epochs)
+    def epochs(self, n: int) -> Iterator[int]:
+        return self._reports.epochs(n)
+
+    @property
+    def reports(self) -> int:
+        """Calls of ``report()`` so far."""
+        return self._reports.reports
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """The latest loss reported."""
+        return self._reports.loss
+
+    @property
+    def meter(self) -> ThroughputMeter | None:
+        """The trial's meter (None before the first report, outside a search, and once the run is closed)."""
+        return self._measure.meter
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps measured."""
+        return self._measure.steps
+
+    @property
+    def epochs_done(self) -> int:
+        """Epochs of ``epochs()`` the script ran to their end (0 for a loop of its own)."""
+        return self._measure.epochs_done
+
+    @epochs_done.setter
+    def epochs_done(self, value: int) -> None:  # a framework's loop counts its own epochs
+        self._measure.epochs_done = value
+
+    @property
+    def done(self) -> bool:
+        """Whether the trial is measured (its summary written), or a plain script's failure is recorded."""
+        return self._measure.done
+
+    @done.setter
+    def done(self, value: bool) -> None:
+        self._measure.done = value
 
     # ---- the end ---------------------------------------------------------------------------------------------
 
@@ -139,14 +248,15 @@ class Run(Settings, Loaders, Steps, Reports):
             return
         self._closed = True
         if self.request.mode == "train" and self.meter is not None and self.reports and not self.done:
-            self._finish()
+            self._reports.finish()
         problem = self.ended()
         if problem is not None and active() is None:  # a live worker's trial: the worker records it
             self.writer.write(error_record(ScriptError([problem])), any_rank=True)
         for release in self._closables:
             release()
         self._closables.clear()
-        self._model = self._module = self._optimizer = self._loader = self.meter = None
+        for part in (self._steps, self._loaders, self._measure):
+            part.release()  # what it holds of the script's (its model, optimizer, loaders) goes with the trial
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -5,7 +5,7 @@ precision and accumulation."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -23,10 +23,26 @@ from trainer.apply import (
 from trainer.config import DDPConfig
 from trainer.knobs import table
 from trainer.runtime._base import _UNSET, DDP_WRAPPER
+from trainer.runtime._measure import Measurement
+from trainer.runtime._settings import Settings
 
 
 class Steps:
-    """``run.model`` and ``run.step`` with what they need."""
+    """The model and steps part of a run (``trainer.runtime._run.Run``): ``run.model``, ``run.step`` and what a step
+    holds (the optimizer, the GradScaler, the micro-steps of an optimizer step)."""
+
+    def __init__(self, settings: Settings, measure: Measurement, device: torch.device,
+                 *, on_close: Callable[[Callable[[], None]], None]):
+        self._settings, self._measure, self._device, self._on_close = settings, measure, device, on_close
+        self._model: torch.nn.Module | None = None
+        self._module: torch.nn.Module | None = None
+        self._optimizers: set[int] = set()
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._scaler: torch.amp.GradScaler | None = None
+        self._stepping = self._unscaled = False
+        self._micro = 0
+        self.stepped = False
+        """Whether the latest ``run.step`` ended with an optimizer step."""
 
     def model(self, module: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.Module:
         """The module on the run's device, in channels_last when the run asks, wrapped in DistributedDataParallel
@@ -41,18 +57,35 @@ class Steps:
             # overlap the backward, as the built-in job's do), with the script's choice as compile's default.
             module, own_compile = compiled, True
         self._module = module
-        # A language model (no image-shaped weights) does not apply a layout, so its trials do not search it.
-        module = place(module, self.device, channels_last=takes_layout(module) and bool(self._apply("channels_last")))
-        wrapper = {table().by_runtime_name[name].path.partition(".")[2]: self._apply(name, ddp_kwargs.pop(name, _UNSET))
+        module = self.layout(module)[0]
+        apply = self._settings.apply
+        wrapper = {table().by_runtime_name[name].path.partition(".")[2]: apply(name, ddp_kwargs.pop(name, _UNSET))
                    for name in DDP_WRAPPER}
-        ddp = wrap_ddp(module, self.device, DDPConfig(**wrapper), **ddp_kwargs)
+        ddp = wrap_ddp(module, self._device, DDPConfig(**wrapper), **ddp_kwargs)
         self._model = ddp
-        if self._apply("compile", own_compile):
-            # Compile the DDP wrapper: Dynamo's DDPOptimizer splits the graph at bucket boundaries so the
-            # all-reduces still overlap the backward pass (as the built-in job does).
-            self._closables.append(torch._dynamo.reset)
-            return compile_script_model(ddp, self._apply("compile_mode"))
-        return ddp
+        # Compile the DDP wrapper: Dynamo's DDPOptimizer splits the graph at bucket boundaries so the all-reduces
+        # still overlap the backward pass (as the built-in job does).
+        return self.compiled(ddp, own_compile)
+
+    def layout(self, module: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
+        """The module on the run's device, in channels_last when the run asks; returns it and whether its inputs go
+        channels_last too. A language model (no image-shaped weights) does not apply a layout, so its trials do not
+        search it."""
+        channels_last = takes_layout(module) and bool(self._settings.apply("channels_last"))
+        return place(module, self._device, channels_last=channels_last), channels_last
+
+    def compiled(self, module: torch.nn.Module, default: Any = _UNSET) -> torch.nn.Module:
+        """``module`` under torch.compile when the run asks (``default``: the script's own choice), with its mode;
+        Dynamo's caches are reset when the run ends."""
+        if not self._settings.apply("compile", default):
+            return module
+        self._on_close(torch._dynamo.reset)
+        return compile_script_model(module, self._settings.apply("compile_mode"))
+
+    def release(self) -> None:
+        """The model and optimizer let go (the run ended)."""
+        self._model = self._module = self._optimizer = self._scaler = None
+        self._optimizers.clear()
 
     @property
     def module(self) -> torch.nn.Module | None:
@@ -67,10 +100,10 @@ class Steps:
         optimizer step); after the last: the optimizer step through the GradScaler (fp16), then ``zero_grad``, then
         ``scheduler.step()`` when given (once per optimizer step, whatever the accumulation). ``run.stepped`` says
         whether this micro-step ended with an optimizer step (for a scheduler or EMA of the script's own)."""
-        accum = max(1, int(self._apply("accum_steps")))
-        amp = autocast(self._apply("precision"), self.device)
+        accum = max(1, int(self._settings.apply("accum_steps")))
+        amp = autocast(self._settings.apply("precision"), self._device)
         self._prepare(optimizer)
-        self._mark_ready()
+        self._measure.ready()
         final = self._micro % accum == accum - 1
         self._stepping, self._optimizer, self._unscaled, self.stepped = True, optimizer, False, False
         try:
@@ -96,22 +129,27 @@ class Steps:
         (``epochs``), and stepping it further raises. It then holds its last rate; outside a search the script's
         own schedule is left as it is."""
         total = getattr(scheduler, "total_steps", None)
-        return self.in_search and isinstance(total, int) and scheduler.last_epoch >= total
+        return self._settings.in_search and isinstance(total, int) and scheduler.last_epoch >= total
 
     def micro_step(self, *, stepped: bool | None = None) -> None:
         """A micro-step (a forward and backward) has ended; ``stepped``: whether the optimizer stepped after it
         (None: every ``accum_steps``-th micro-step does). ``run.step`` calls it; a framework's loop, which steps
         on its own schedule (at an epoch's last batch too, cutting a group of micro-batches short), calls it before
         ``report()``, which counts an optimizer step where one ended."""
-        accum = max(1, int(self._applied.get("accum_steps", 1)))
+        accum = self._settings.accum
         # report() counts a step when the micro-steps are a multiple of accum: a step taken early jumps to the next.
         self._micro = (self._micro // accum + 1) * accum if stepped else self._micro + 1
 
     @property
     def final_micro_step(self) -> bool:
         """Inside ``run.step``: whether this micro-step ends an optimizer step (its gradients are then complete)."""
-        accum = max(1, int(self._applied.get("accum_steps", 1)))
+        accum = self._settings.accum
         return self._micro % accum == accum - 1
+
+    @property
+    def accumulating(self) -> bool:
+        """Whether the micro-steps so far end inside an optimizer step (``report()`` counts none there)."""
+        return self._micro % self._settings.accum != 0
 
     def clip_grad_norm_(self, max_norm: float, parameters=None, **kwargs: Any) -> torch.Tensor | None:
         """``torch.nn.utils.clip_grad_norm_`` after ``run.backward`` inside ``run.step``, right under every
@@ -135,8 +173,8 @@ class Steps:
         outside autocast (backward runs in the forward's types anyway)."""
         if not self._stepping:
             raise RuntimeError("run.backward(loss) belongs inside `with run.step(optimizer):`")
-        loss = loss / max(1, int(self._applied.get("accum_steps", 1)))
-        with torch.autocast(self.device.type, enabled=False):
+        loss = loss / self._settings.accum
+        with torch.autocast(self._device.type, enabled=False):
             (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
 
     def _prepare(self, optimizer: torch.optim.Optimizer) -> None:
@@ -144,7 +182,7 @@ class Steps:
             return
         self._optimizers.add(id(optimizer))
         if self._scaler is None:
-            self._scaler = grad_scaler(self._applied.get("precision"), self.device)
+            self._scaler = grad_scaler(self._settings.applied("precision"), self._device)
         # The fused SGD kernel leaves its momentum buffers uninitialized when the GradScaler skips the very first
         # step; zeros make its first update equal stock SGD's (trainer.apply.init_momentum_buffers).
         prepare_optimizer(optimizer)

@@ -21,7 +21,7 @@ The trial's settings reach the ``Accelerator`` (``mixed_precision``, ``gradient_
 ``prepare`` is handed: a DataLoader is rebuilt with the run's batch size and loader settings before Accelerate
 shards it, a model goes channels_last and is compiled (after Accelerate's DDP wrapper, as ``Run.model``), an
 optimizer gets its first-step state. The loader ``prepare`` returns is the run's batches
-(``trainer.runtime._run.Batches``, as ``run.loader``'s; ``len()``, ``set_epoch`` and every other attribute are
+(``trainer.runtime._loaders.Batches``, as ``run.loader``'s; ``len()``, ``set_epoch`` and every other attribute are
 Accelerate's loader's): on the device, 4-D float inputs in channels_last when the run asks, and in a stage's
 measurement the loader alone (``supply``: the trial ends inside the loop's first fetch) or its first batch replayed
 (``ceiling``). ``run.accelerator(samples=...)`` says what a batch holds in the run's unit when it is not its first
@@ -108,7 +108,7 @@ class AccelerateRun(FrameworkRun):
         out before; models compiled, optimizers readied and the train loader made the run's batches after. The
         train loader is the first DataLoader prepared (Accelerate's convention: ``prepare(model, optimizer,
         train_loader, eval_loader)``); any later one (evaluation's) stays the script's."""
-        train = next((o for o in objects if isinstance(o, DataLoader)), None) if self.run._loader is None else None
+        train = next((o for o in objects if isinstance(o, DataLoader)), None) if self.training_loader is None else None
         before = [self.loader(o) if train is not None and o is train else
                   self.layout(o)[0] if isinstance(o, torch.nn.Module) else o for o in objects]
         out = prepare(*before, **kwargs)

@@ -14,7 +14,7 @@ process group the run started, gloo on the CPU), the train loader (batch size, w
 persistent workers; or, for an ImageFolder, the project's input pipelines: ``datamodule(dm, image_folder=...)``) and
 the module; the script's own values are the defaults, so outside a search the Trainer is the one the script asked
 for (DDP at every world size, as ``Run.model``). The train loader, once Lightning has sharded it, is the run's
-batches (``trainer.runtime._run.Batches``, as ``run.loader``'s): on the device, channels_last when the run asks, and
+batches (``trainer.runtime._loaders.Batches``, as ``run.loader``'s): on the device, channels_last when the run asks, and
 in a stage's measurement the loader alone (``supply``: the trial ends inside the fit's first fetch, its model
 unused) or its first batch replayed through the fit (``ceiling``). A callback reports every training batch into the
 run's meter and stops the fit once the trial is measured (``trainer.should_stop``; a fit that will not stop, under
@@ -126,7 +126,7 @@ class LightningRun(FrameworkRun):
         args.setdefault("accelerator", "gpu" if cuda else "cpu")
         args.update(self._ranks(args))
         if cuda and "cudnn_benchmark" in self.run.request.settings:
-            args["benchmark"] = self.run._applied["cudnn_benchmark"]
+            args["benchmark"] = self.applied("cudnn_benchmark")
         callbacks = args.get("callbacks") or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
         if self.run.in_search:
@@ -192,14 +192,14 @@ class Report(pl.Callback):
         for optimizer in trainer.optimizers:
             prepare_optimizer(optimizer)
         if trainer.num_training_batches == 0:
-            raise ScriptError([f"the train loader gave no batch (batch_size={self.run.run._applied.get('batch_size')} "
+            raise ScriptError([f"the train loader gave no batch (batch_size={self.run.applied('batch_size')} "
                                f"on {self.run.world_size} rank(s) is more than the data holds)"])
-        self.run.run._mark_ready()
+        self.run.ready()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module) -> None:
         # The epoch's shuffle and augmentation (an image pipeline's derive from it); Lightning sets a sampler's
         # epoch itself, not a pipeline's. Each epoch after the first iterates after this.
-        batches = self.run.run._loader
+        batches = self.run.training_loader
         if batches is not None and not batches.endless:
             batches.set_epoch(trainer.current_epoch)
 

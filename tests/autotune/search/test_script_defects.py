@@ -1,5 +1,5 @@
-"""Defects of a user's own script (and the report and wording they share with the built-in job), each kept as a test
-of what a user expects.
+"""What a user expects of a search of their own script (and of the report and wording it shares with the built-in
+job), one test each.
 
 The script is ``tests/helpers/scripts/segment.py``: a tiny U-Net on an in-memory dataset with its own augmentation,
 adapted to the runtime as a new user would. Here its search runs on a simulated machine (``tests.helpers.machine``:
@@ -302,7 +302,7 @@ def test_train_progress_of_a_script_prints_no_none():
 
     out = io.StringIO()
     progress = ProgressView(out=out, enabled=False)
-    # The runtime's progress record of a script's full run (trainer.runtime._run.Run._progress).
+    # The runtime's progress record of a script's full run (trainer.runtime._reports.Reports._progress).
     progress.record({"kind": "settings", "unit": "images"})
     progress.record({"kind": "progress", "t": 0.0, "step": 8, "epoch": None, "total_steps": None, "loss": 0.5,
                      "lr": None, "imgs_per_s": 120.0, "unit": "images"})

@@ -1,9 +1,8 @@
-"""Issue 28's defects of a user's own script that need a real process: searches, exports and full runs of
-``tests/helpers/scripts/segment.py`` (a tiny U-Net on an in-memory dataset, adapted to the runtime as a new user
-would) through the real command line on 2 gloo ranks, and its trials' records. Each test says what a user expects and
-is marked ``xfail(strict=True)`` until the defect is fixed. One 4-trial search (with its ``show``, export and full
-run) is shared by the tests that read it; the others are one trial each. (A trial 0 that diverges is refused at the
-probe: ``test_script_defects.py``, on a simulated run.)
+"""What a user expects of a search of their own script where it needs a real process: searches, exports and full runs
+of ``tests/helpers/scripts/segment.py`` (a tiny U-Net on an in-memory dataset, adapted to the runtime as a new user
+would) through the real command line on 2 gloo ranks, and its trials' records, one test each. One 4-trial search
+(with its ``show``, export and full run) is shared by the tests that read it; the others are one trial each. (A
+trial 0 that diverges is refused at the probe: ``test_script_defects.py``, on a simulated run.)
 """
 
 from __future__ import annotations
