@@ -13,6 +13,7 @@ hardware JPEG engines are no SMs: NVML's utilization does not count them, so onl
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,15 @@ class Pipe:
     derived: bool = False
     """Not measured alone: a hybrid's figures derived from its two ends' supplies."""
 
+    cpu_s: float = 0.0
+    """Seconds of the loader workers' time per sample, all of them together at the count it fed with alone: its
+    rate's inverse for a pipeline that decodes on the CPU, its CPU share's for a hybrid; 0 where the workers only
+    read the files (a decode on the GPUs)."""
+
+    rest_s: float = 0.0
+    """Seconds per sample of what else bounds its supply alone (a hybrid's GPU share; for a hybrid measured alone,
+    its own rate, since how it splits is not known); 0 where its CPU part alone does."""
+
     @property
     def family(self) -> str:
         return self.settings.get("data.decode", "")
@@ -119,6 +129,14 @@ class Pipe:
         ``reach``: with the top of its supply's interval (what it may reach) rather than its figure."""
         time = 1.0 / ceiling + self.device_s if ceiling > 0 else math.inf
         return min(self.upper if reach else self.point, 1.0 / time if time > 0 else math.inf)
+
+    def with_cores(self, share: float) -> Pipe:
+        """What it feeds where its CPU part has ``share`` of the cores it had alone (end to end the rank's own
+        processes take some): its CPU part's rate scales with them; a decode on the GPUs is not slowed."""
+        if not self.cpu_s or share >= 1.0:
+            return self
+        scale = 1.0 / max(self.cpu_s / share, self.rest_s) / self.point
+        return dataclasses.replace(self, point=self.point * scale, upper=self.upper * scale)
 
     def decode_share(self, ceiling: float) -> float:
         """The share of a sample's time beside the model (``with_model``) that its decode takes on the GPUs."""
@@ -143,10 +161,12 @@ def measured_pipes(vs: list[TrialView]) -> dict[tuple, Pipe]:
             continue
         decode = v.setting("data.decode")
         fraction = v.setting("data.hybrid_cpu_fraction") if decode == "hybrid" else None
+        on_cpu = 1.0 if decode not in supply_knob().gpu_values else fraction or 0.0
         pipe = Pipe(settings={"data.decode": decode, **({"data.hybrid_cpu_fraction": fraction}
                                                        if fraction is not None else {})},
                     point=v.imgs_per_s, upper=v.interval.high, precise=v.precise is not False,
-                    device_s=device_seconds(v))
+                    device_s=device_seconds(v), cpu_s=on_cpu / v.imgs_per_s,
+                    rest_s=1.0 / v.imgs_per_s if 0.0 < on_cpu < 1.0 else 0.0)
         key = (decode, fraction)
         if key not in measured or pipe.point > measured[key].point:
             measured[key] = pipe
@@ -166,7 +186,7 @@ def derived(measured: dict[tuple, Pipe], f: float) -> Pipe | None:
 
     return Pipe(settings={"data.decode": "hybrid", "data.hybrid_cpu_fraction": f}, point=mix(cpu.point, gpu.point),
                 upper=mix(cpu.upper, gpu.upper), precise=cpu.precise and gpu.precise, device_s=(1 - f) * gpu.device_s,
-                derived=True)
+                derived=True, cpu_s=f / cpu.point, rest_s=(1.0 - f) / gpu.point)
 
 
 def pipe_for(vs: list[TrialView], decode: str, fraction: float | None) -> Pipe | None:

@@ -32,14 +32,17 @@ class Tried(enum.Enum):
 
 def ranking(snap: Snapshot) -> tuple[list[Pipe], list[Pipe], float] | None:
     """(the best pipeline of each family within REACH of the best bound (``Pipe.with_model``: beside the model,
-    a decode on the GPUs charged its device time), best first; the families only an imprecise supply keeps out of
+    a decode on the GPUs charged its device time, a decode on the CPU the cores the rank's own processes take from
+    the loader's workers, ``worker_share``), best first; the families only an imprecise supply keeps out of
     it, the top of its interval within reach; the ceiling they are capped at) — None before both are known."""
     m = snap.scope
     best = snap.best if m.ceilings else None
     if m.ceilings and best is None:
         return None
     ceiling = best.value if best else math.inf
-    pipes = snap.pipes if m.supplies else [Pipe(settings={}, point=math.inf, upper=math.inf, precise=True)]
+    share = worker_share(m)
+    pipes = [p.with_cores(share) for p in snap.pipes] if m.supplies else \
+        [Pipe(settings={}, point=math.inf, upper=math.inf, precise=True)]
     if not pipes:
         return None
     top = max(p.with_model(ceiling) for p in pipes)
@@ -75,7 +78,8 @@ def tried(snap: Snapshot, values: tuple) -> Tried:
 
 def settings(snap: Snapshot, pipe: Pipe, point: Point | None = None) -> dict[str, Any]:
     """What a candidate of ``pipe`` fixes: the ceiling's choice at ``point`` (default: the best), the pipeline,
-    its threads' share beside the model and the most loader workers, the least accumulation."""
+    its threads' share beside the model, the loader workers its CPU part needs (``workers_for``), the least
+    accumulation."""
     m = snap.scope
     point = point if point is not None else snap.best.point if snap.best is not None else None
     if point is not None:
@@ -86,12 +90,48 @@ def settings(snap: Snapshot, pipe: Pipe, point: Point | None = None) -> dict[str
     fixed.update(pipe.settings)
     fixed.update(pipeline_settings(m, fixed.get("data.decode"), end_to_end=True))
     if "loader.num_workers" in m.space:
-        fixed["loader.num_workers"] = cores(m, "loader.num_workers", end_to_end=True)
+        fixed["loader.num_workers"] = workers_for(snap, pipe)
     if persist_own_workers(m):
         fixed["loader.persistent_workers"] = True
     if "training.accum_steps" in m.space:
         fixed["training.accum_steps"] = min(m.choices("training.accum_steps"))
     return fixed
+
+
+OWN_CORES = 2
+"""Cores a rank's own processes take on a GPU machine beside its loader workers: the training loop, which launches
+the GPUs' work, and the thread that pins each batch. The loader's workers end to end have the rest."""
+
+MARGIN = 1.1
+"""Workers a candidate runs beyond what its pipeline's CPU part needs to feed its bound: a pool at full load feeds
+unevenly."""
+
+
+def worker_share(m: Scope) -> float:
+    """The share of the cores a pipeline's CPU decode had alone (every core per rank as loader workers) that it has
+    end to end on GPUs (``OWN_CORES`` fewer). On CPU ranks the model itself computes on the cores, and the stages
+    bound the job by the two parts as measured."""
+    if not m.on_gpu or "loader.num_workers" not in m.space:
+        return 1.0
+    most = max(m.choices("loader.num_workers"))
+    return max(1, most - OWN_CORES) / most if most else 1.0
+
+
+def workers_for(snap: Snapshot, pipe: Pipe) -> int:
+    """A candidate's loader workers: on GPUs, as many as its pipeline's CPU part needs to feed the bound it is ranked
+    at (``Pipe.cpu_s``: the workers' seconds per sample alone), with a ``MARGIN``, and at least the share of the
+    cores the knob's policy starts from (workers that only read files need few; the climb settles the count), at
+    most all but ``OWN_CORES``; on CPU ranks the policy's share."""
+    m = snap.scope
+    start = cores(m, "loader.num_workers", end_to_end=True)
+    if not m.on_gpu:
+        return start
+    most = max(m.choices("loader.num_workers"))
+    top = max(min(m.choices("loader.num_workers")), most - OWN_CORES)
+    ceiling = snap.best.value if snap.best is not None else math.inf
+    target = pipe.with_cores(worker_share(m)).with_model(ceiling)
+    needed = math.ceil(most * pipe.cpu_s * target * MARGIN) if math.isfinite(target) else most
+    return min(top, max(min(start, top), needed))
 
 
 def complete(m: Scope, fixed: dict[str, Any]) -> dict[str, Any]:

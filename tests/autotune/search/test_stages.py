@@ -30,6 +30,7 @@ from autotune.search.evaluate import BASELINE_CAP
 from autotune.search.progress import Progress
 from autotune.search.stages import REACH, Budget
 from autotune.search.stages._measure import supply_overrides
+from autotune.search.stages._ranking import worker_share
 from autotune.study import view
 from autotune.study.liveness import owner
 from autotune.study.measured import cudnn_decided, grid, trainable_ceiling
@@ -215,7 +216,8 @@ def test_ties_at_the_ceiling_are_run_one_per_decode_family_the_most_headroom_fir
     spec = copy.deepcopy(SPEC)
     # Declared in the order the old cut kept: it must not matter.
     spec["space"]["data.hybrid_cpu_fraction"]["choices"] = [0.75, 0.5, 0.25]
-    feeds = {"pil": 1500.0, "torchvision-cpu": 5600.0, "nvjpeg-gpu": 11000.0}  # 5,600 >= 90 % of a 6,000 ceiling
+    # 8,000 at 8 workers alone, 6,000 at the 6 a GPU rank's own processes leave it: within 90 % of a 6,000 ceiling.
+    feeds = {"pil": 1500.0, "torchvision-cpu": 8000.0, "nvjpeg-gpu": 11000.0}
     r = search(Machine(ceilings=GPU, supplies=feeds), spec=spec, trials=16)
     picked = [(v.setting("data.decode"), v.setting("data.hybrid_cpu_fraction") if v.setting("data.decode") == "hybrid"
                else None) for v in r.views if v.stage == "candidate"]
@@ -226,10 +228,14 @@ def test_ties_at_the_ceiling_are_run_one_per_decode_family_the_most_headroom_fir
 
 def test_a_pipeline_dropped_on_an_imprecise_supply_still_runs_end_to_end():
     # libjpeg-turbo on the CPU swings 50 %: its figure falls short of the band, the top of its interval reaches it.
-    feeds = {"pil": 1500.0, "torchvision-cpu": 5000.0, "nvjpeg-gpu": 11000.0}
+    # End to end its CPU decode has 6 of the 8 workers it fed with alone (``_ranking.worker_share``).
+    feeds = {"pil": 1500.0, "torchvision-cpu": 6000.0, "nvjpeg-gpu": 11000.0}
     r = search(Machine(ceilings=GPU, supplies=feeds, noisy={"torchvision-cpu": 0.5}), trials=20)
     supply = next(v for v in parts(r, "supply") if v.setting("data.decode") == "torchvision-cpu")
-    assert supply.precise is False and supply.imgs_per_s < REACH * GPU[("fp16", True)] <= supply.interval.high
+    share = worker_share(r.engine.stages.scope)
+    assert share == 0.75
+    assert supply.precise is False
+    assert supply.imgs_per_s * share < REACH * GPU[("fp16", True)] <= supply.interval.high * share
     run = [v for v in r.views if v.stage == "candidate" and v.setting("data.decode") == "torchvision-cpu"]
     # It runs end to end (and, measurably slower there than the best, is stopped by the pruner).
     assert len(run) == 1 and run[0].attrs.get("uncertain") is True and run[0].imgs_per_s is not None
@@ -263,7 +269,7 @@ def test_when_a_precision_diverges_end_to_end_the_next_fastest_takes_over():
 def test_a_candidate_whose_every_trial_fails_is_replaced_by_the_next():
     spec = copy.deepcopy(SPEC)
     spec["stages"]["candidates"] = 2
-    feeds = {"pil": 1500.0, "torchvision-cpu": 5600.0, "nvjpeg-gpu": 11000.0}
+    feeds = {"pil": 1500.0, "torchvision-cpu": 7500.0, "nvjpeg-gpu": 11000.0}
     r = search(Machine(ceilings=GPU, supplies=feeds, oom_decodes={"nvjpeg-gpu"}), spec=spec, trials=20)
     nvjpeg = [v for v in e2e(r) if v.setting("data.decode") == "nvjpeg-gpu" and not v.baseline]
     assert nvjpeg and all(v.outcome == view.Outcome.INFEASIBLE and v.failure_class == "oom" for v in nvjpeg)
@@ -732,3 +738,26 @@ def test_each_climb_trial_is_one_knob_one_step_from_its_point_and_no_draw_comes_
     start = first[0].attrs["climb_from"]
     assert first and {c.attrs["climb_from"] for c in first} <= {start, *(c.number for c in first)}
     assert "stages: the climb ends at trial" in r.out
+
+
+RESNET50 = {("fp16", True): 6238.0, ("fp16", False): 4300.0, ("bf16", True): 5600.0, ("bf16", False): 3900.0,
+            ("fp32", True): 2500.0, ("fp32", False): 2100.0}
+"""A ResNet-50 on one GPU, with the supplies below (inputs to the simulation)."""
+
+
+def test_a_cpu_decode_is_charged_the_cores_a_ranks_own_processes_take_and_its_candidate_gets_the_workers_it_needs():
+    # The bound alone ranks hybrid at a 75 % CPU share first (it takes the least of the GPUs), but that share needs
+    # every core the pipeline had alone; end to end the rank's own processes take two of them.
+    machine = Machine(ceilings=RESNET50, supplies={"pil": 2514.0, "torchvision-cpu": 4680.0, "nvjpeg-gpu": 12336.0},
+                      decode_busy={"nvjpeg-gpu": 0.26})
+    r = search(machine, trials=12, util=True)
+    candidates = [v for v in e2e(r) if v.stage == "candidate"]
+    hybrid = [v.setting("data.hybrid_cpu_fraction") for v in candidates if v.setting("data.decode") == "hybrid"]
+    # Charged, the 75 % share feeds 4,680 x 6/8 at most; the 50 % share, bounded by the GPUs' time, ranks first.
+    assert hybrid and hybrid[0] == 0.5, [(v.setting("data.decode"), v.setting("data.hybrid_cpu_fraction"))
+                                         for v in candidates]
+    # Workers that only read files start at the policy's share; a CPU share that needs more gets more, never all.
+    workers = {v.setting("data.decode"): v.setting("loader.num_workers") for v in candidates}
+    most = SPEC["space"]["loader.num_workers"]["high"]
+    assert workers["nvjpeg-gpu"] == round(0.75 * most)
+    assert all(w <= most - 2 for w in workers.values())
