@@ -32,6 +32,7 @@ the run's log says so.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -62,6 +63,8 @@ ARGUMENTS = {"per_device_train_batch_size": "batch_size", "gradient_accumulation
 ``precision``. The Trainer's other arguments (``tf32``, ``ddp_find_unused_parameters``, ``ddp_broadcast_buffers``)
 have no setting and stay the script's."""
 
+NO_CALLBACK = "pass callbacks=[run.callback()] to its Trainer (Trainer(..., callbacks=[run.callback()]))"
+
 TRIAL_EPOCHS = 1_000_000
 """A search's trial trains until it is measured (``run.epochs``' rule): epochs without a practical end."""
 
@@ -81,10 +84,8 @@ class TransformersRun(FrameworkRun):
         def ended() -> str | None:
             # A Trainer without the run's callback reports nothing: the fix is the callback, not run.report.
             problem = own()
-            if problem is not None and run.reports == 0:
-                return ("the script ended without reporting a step: pass callbacks=[run.callback()] to its Trainer "
-                        "(Trainer(..., callbacks=[run.callback()]))")
-            return problem
+            return f"the script ended without reporting a step: {NO_CALLBACK}" \
+                if problem is not None and run.reports == 0 else problem
 
         run.ended = ended
 
@@ -101,6 +102,7 @@ class TransformersRun(FrameworkRun):
         if not self.run.request.measured:
             return args
         changes.update(self._ranks(args))
+        self._guard()
         if self.run.in_search:
             # A trial's windows time training alone, over as many epochs as it takes to settle; what it leaves is
             # the trial's: no checkpoint, no evaluation, its output in the trial's folder.
@@ -111,6 +113,25 @@ class TransformersRun(FrameworkRun):
                 changes["output_dir"] = str(Path(self.run.request.result).resolve().parent / "trainer_output")
         changes = {k: v for k, v in changes.items() if getattr(args, k) != v}
         return dataclasses.replace(args, **changes) if changes else args
+
+    def _guard(self) -> None:
+        """A Trainer that trains without the run's callback is refused as its training starts: it would report
+        nothing, and in a search train without end."""
+        from transformers import Trainer
+
+        own = Trainer.train
+        if getattr(own, "autotune", False):
+            return
+
+        @functools.wraps(own)
+        def train(trainer, *args, **kwargs):
+            if not any(isinstance(c, Report) for c in trainer.callback_handler.callbacks):
+                raise ScriptError([f"the Trainer trains without the run's callback: {NO_CALLBACK}"])
+            return own(trainer, *args, **kwargs)
+
+        train.autotune = True
+        Trainer.train = train
+        self.run._closables.append(lambda: setattr(Trainer, "train", own))
 
     def _settings(self, args: TrainingArguments) -> dict[str, Any]:
         """The arguments that carry a setting, each the run's value (the script's own as its default), through the
@@ -146,22 +167,19 @@ class TransformersRun(FrameworkRun):
         return out
 
     def _ranks(self, args: TrainingArguments) -> dict[str, Any]:
-        """The process group the run started, as the Trainer is told of it: its backend, and ``use_cpu`` on CPUs
-        (Accelerate joins a CPU group only when told). The script's own values stand when it runs on its own; a
-        difference is said in one line of the run's log."""
+        """The process group the run started, as the Trainer is told of it: ``use_cpu`` on CPUs (without it the
+        Trainer's Accelerate state trains each CPU process alone) and the group's backend. The script's own values
+        stand when it runs on its own; a difference is said in one line of the run's log."""
         ranks = {"use_cpu": self.run.device.type == "cpu"}
         if dist.is_initialized():
             ranks["ddp_backend"] = dist.get_backend()
-        differ = {}
-        if args.ddp_backend is not None and args.ddp_backend != ranks.get("ddp_backend"):
-            differ["ddp_backend"] = args.ddp_backend
-        if args.use_cpu and not ranks["use_cpu"]:
-            differ["use_cpu"] = True
+        differ = {k: getattr(args, k) for k, v in ranks.items()
+                  if getattr(args, k) != v and not (k == "ddp_backend" and args.ddp_backend is None)}
         if differ and self.run.rank == 0:
             given = ", ".join(f"{k}={v!r}" for k, v in differ.items())
-            print(f"autotune: the run has {self.run.world_size} rank(s) on {ranks.get('ddp_backend')} "
-                  f"({self.run.device.type}): the script's {given} stands when it runs on its own",
-                  file=sys.stderr, flush=True)
+            told = ", ".join(f"{k}={v!r}" for k, v in ranks.items() if k in differ)
+            print(f"autotune: the run has {self.run.world_size} rank(s) on {self.run.device.type} ({told}): the "
+                  f"script's {given} stands when it runs on its own", file=sys.stderr, flush=True)
         return ranks
 
     def callback(self, *, samples: Callable[[Mapping[str, Any]], int] | None = None) -> Report:
