@@ -25,8 +25,8 @@ optimizer step, the step's loss as the Trainer logs it (the model's own loss ove
 own folder; outside a search all of it is the script's.
 
 The run starts the process group before the Trainer's arguments exist (gloo on CPUs, where the Trainer is told
-``use_cpu``); in a run the tool started, its processes stand whatever backend the script asked for, and one line of
-the run's log says so.
+``use_cpu``); in a run the tool started, its processes are that group whatever the script's ``use_cpu`` or
+``ddp_backend``, and one line of the run's log says what the run overrode.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ import torch.distributed as dist
 
 from trainer.apply import DATALOADER_PREFETCH, ddp_args, loader_args, loader_settings, prepare_optimizer
 from trainer.config import DDPConfig
-from trainer.runtime._base import ScriptError
+from trainer.knobs import table
+from trainer.runtime._base import DDP_WRAPPER, LOADER, ScriptError
 from trainer.runtime._batches import first_length
 from trainer.runtime._frameworks import FrameworkRun, missing
 from trainer.runtime._run import Run
@@ -57,11 +58,17 @@ except ImportError as e:  # the one line a search prints; trainer.runtime itself
 ARGUMENTS = {"per_device_train_batch_size": "batch_size", "gradient_accumulation_steps": "accum_steps",
              "torch_compile": "compile", "torch_compile_mode": "compile_mode",
              "dataloader_num_workers": "num_workers", "dataloader_prefetch_factor": "prefetch_factor",
-             "dataloader_pin_memory": "pin_memory", "dataloader_persistent_workers": "persistent_workers",
-             "ddp_bucket_cap_mb": "bucket_cap_mb", "ddp_static_graph": "static_graph"}
+             "dataloader_pin_memory": "pin_memory", "dataloader_persistent_workers": "persistent_workers"}
 """The ``TrainingArguments`` a trial may set, by the setting (``trainer.knobs``) each carries; ``bf16``/``fp16`` carry
-``precision``. The Trainer's other arguments (``tf32``, ``ddp_find_unused_parameters``, ``ddp_broadcast_buffers``)
-have no setting and stay the script's."""
+``precision``, and ``DDP_ARGUMENTS`` the DDP wrapper's. The Trainer's other arguments (``tf32``,
+``ddp_find_unused_parameters``, ``ddp_broadcast_buffers``) have no setting and stay the script's."""
+
+_FIELDS = {f.name for f in dataclasses.fields(TrainingArguments)}
+DDP_ARGUMENTS = {f"ddp_{field}": (name, field) for name, field in
+                 ((n, table().by_runtime_name[n].path.partition(".")[2]) for n in DDP_WRAPPER)
+                 if f"ddp_{field}" in _FIELDS}
+"""The DDP wrapper's settings the Trainer takes as ``ddp_<DDPConfig field>`` (the others it never passes to DDP), by
+their setting and their field."""
 
 NO_CALLBACK = "pass callbacks=[run.callback()] to its Trainer (Trainer(..., callbacks=[run.callback()]))"
 
@@ -136,34 +143,30 @@ class TransformersRun(FrameworkRun):
     def _settings(self, args: TrainingArguments) -> dict[str, Any]:
         """The arguments that carry a setting, each the run's value (the script's own as its default), through the
         appliers of ``trainer.apply``."""
+        own = {name: getattr(args, arg) for arg, name in ARGUMENTS.items()}
         precision = self.apply("precision", "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
-        out: dict[str, Any] = {"bf16": precision == "bf16", "fp16": precision == "fp16"}
-        out["per_device_train_batch_size"] = int(self.apply("batch_size", args.per_device_train_batch_size))
-        out["gradient_accumulation_steps"] = int(self.apply("accum_steps", args.gradient_accumulation_steps))
-        out["torch_compile"] = bool(self.apply("compile", args.torch_compile or args.torch_compile_mode is not None))
+        compiled = own["compile"] or own["compile_mode"] is not None
+        run: dict[str, Any] = {"batch_size": int(self.apply("batch_size", own["batch_size"])),
+                               "accum_steps": int(self.apply("accum_steps", own["accum_steps"])),
+                               "compile": bool(self.apply("compile", compiled))}
         # A mode turns compile on (TrainingArguments' own rule): it is a setting only where compile is.
-        out["torch_compile_mode"] = self.apply("compile_mode", args.torch_compile_mode) if out["torch_compile"] \
-            else None
-        loader = loader_settings(num_workers=int(self.apply("num_workers", args.dataloader_num_workers)),
-                                 prefetch_factor=self.apply("prefetch_factor", args.dataloader_prefetch_factor),
-                                 pin_memory=self.apply("pin_memory", args.dataloader_pin_memory),
-                                 persistent_workers=self.apply("persistent_workers",
-                                                               args.dataloader_persistent_workers))
-        fitted = loader_args(loader, self.run.device)
-        if fitted["num_workers"]:  # what the DataLoader really uses: its own depth where the script gave none
-            self.run._applied["prefetch_factor"] = fitted["prefetch_factor"] or DATALOADER_PREFETCH
-        out.update(dataloader_num_workers=fitted["num_workers"], dataloader_prefetch_factor=fitted["prefetch_factor"],
-                   dataloader_pin_memory=fitted["pin_memory"],
-                   dataloader_persistent_workers=fitted["persistent_workers"])
+        run["compile_mode"] = self.apply("compile_mode", own["compile_mode"]) if run["compile"] else None
+        loader = loader_settings(**{name: self.apply(name, own[name]) for name in LOADER if name != "batch_size"})
+        run.update(loader_args(loader, self.run.device))
+        if run["num_workers"]:  # what the DataLoader really uses: its own depth where the script gave none
+            self.run._applied["prefetch_factor"] = run["prefetch_factor"] or DATALOADER_PREFETCH
+        out: dict[str, Any] = {"bf16": precision == "bf16", "fp16": precision == "fp16",
+                               **{arg: run[name] for arg, name in ARGUMENTS.items()}}
         if not (args.deepspeed or args.fsdp):  # the Trainer's DDP arguments apply to its DDP wrapper only
-            ddp = ddp_args(DDPConfig(
-                bucket_cap_mb=self.apply("bucket_cap_mb", args.ddp_bucket_cap_mb or DDPConfig().bucket_cap_mb),
-                static_graph=bool(self.apply("static_graph", bool(args.ddp_static_graph)))))
-            out.update(ddp_bucket_cap_mb=ddp["bucket_cap_mb"], ddp_static_graph=ddp["static_graph"])
-            if args.ddp_bucket_cap_mb is None and ddp["bucket_cap_mb"] == DDPConfig().bucket_cap_mb:
-                out["ddp_bucket_cap_mb"] = None  # DDP's own default, left to DDP as the script did
-            if args.ddp_static_graph is None and not ddp["static_graph"]:
-                out["ddp_static_graph"] = None
+            library = DDPConfig()
+            given = {arg: getattr(args, arg) for arg in DDP_ARGUMENTS}
+            wrapper = {field: self.apply(name, getattr(library, field) if given[arg] is None else given[arg])
+                       for arg, (name, field) in DDP_ARGUMENTS.items()}
+            ddp = ddp_args(DDPConfig(**wrapper))
+            for arg, (_, field) in DDP_ARGUMENTS.items():
+                # Left unset where the script left it and the run keeps DDP's own default.
+                unset = given[arg] is None and ddp[field] == getattr(library, field)
+                out[arg] = None if unset else ddp[field]
         return out
 
     def _ranks(self, args: TrainingArguments) -> dict[str, Any]:
