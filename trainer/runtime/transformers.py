@@ -234,8 +234,9 @@ class Report(TrainerCallback):
         if loss is None and isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor) \
                 and output[0].ndim == 0:
             loss = output[0]
-        # With the step's token count (num_items_in_batch) the model returns its share of the step's loss.
-        self._fed.append((self.samples(batch), loss.detach() if loss is not None else None,
+        # With the step's token count (num_items_in_batch) the model returns its share of the step's loss. A copy:
+        # the Trainer scales the tensor itself in place (by the ranks) once the model returned it.
+        self._fed.append((self.samples(batch), loss.detach().clone() if loss is not None else None,
                           kwargs.get("num_items_in_batch") is not None))
 
     def on_substep_end(self, args, state, control, **kwargs) -> None:
