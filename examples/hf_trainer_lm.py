@@ -1,4 +1,4 @@
-"""A small GPT-2-shaped causal language model on generated tokens under the Hugging Face ``Trainer``: the script a
+"""A small Llama-shaped causal language model on generated tokens under the Hugging Face ``Trainer``: the script a
 ``transformers`` user writes (``TrainingArguments``, a collator, ``Trainer.train``), built from a config (nothing
 downloaded), tuned through ddp-autotune's Trainer adapter (``hf_trainer_lm_plain.py`` is the script without it;
 docs/frameworks.md shows the diff), measured in tokens/s. The search tunes the batch per device, accumulation,
@@ -16,7 +16,7 @@ import math
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 from trainer.runtime import transformers as tuned
 
@@ -63,9 +63,9 @@ def main():
     cuda = torch.cuda.is_available()
     run = tuned.setup(unit="tokens")
     dim, layers = args.dim or (512 if cuda else 128), args.layers or (8 if cuda else 2)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=dim, n_layer=layers,
-                                       n_head=max(1, dim // 64), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                       bos_token_id=0, eos_token_id=0))
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=args.vocab, hidden_size=dim, intermediate_size=4 * dim,
+                                         num_hidden_layers=layers, num_attention_heads=max(1, dim // 64),
+                                         max_position_embeddings=args.seq_len, bos_token_id=0, eos_token_id=0))
     training = run.training_args(TrainingArguments(
         output_dir=args.out, per_device_train_batch_size=32, num_train_epochs=args.epochs, learning_rate=args.lr,
         weight_decay=0.1, bf16=cuda, use_cpu=not cuda, dataloader_num_workers=1, logging_steps=50,
