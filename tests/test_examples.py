@@ -29,12 +29,20 @@ def test_the_runtime_adds_about_a_dozen_lines_to_the_seed_script():
     assert len(added) <= 12, added
 
 
-FRAMEWORK_EXAMPLES = (("lightning_ddp_plain.py", "lightning_ddp.py"), ("accelerate_lm_plain.py", "accelerate_lm.py"))
+FRAMEWORK_EXAMPLES = (("lightning_ddp_plain.py", "lightning_ddp.py"), ("accelerate_lm_plain.py", "accelerate_lm.py"),
+                      ("hf_trainer_lm_plain.py", "hf_trainer_lm.py"))
+IN_THE_README = FRAMEWORK_EXAMPLES[:2]
+"""The framework examples whose diff the README shows too (docs/frameworks.md shows every one)."""
 
 
-def test_the_readme_shows_each_framework_example_against_its_plain_form_in_a_few_lines():
-    shown = [b.splitlines() for b in re.findall(r"```diff\n(.*?)\n```", (REPO / "README.md").read_text(), re.S)]
+def shown(page: Path) -> list[list[str]]:
+    return [b.splitlines() for b in re.findall(r"```diff\n(.*?)\n```", page.read_text(), re.S)]
+
+
+def test_the_docs_show_each_framework_example_against_its_plain_form_in_a_few_lines():
     for plain, tuned in FRAMEWORK_EXAMPLES:
         diff = main_diff(plain, tuned)
-        assert diff in shown, f"README: no diff block of {tuned} against {plain}"
+        pages = [REPO / "docs" / "frameworks.md", *([REPO / "README.md"] if (plain, tuned) in IN_THE_README else [])]
+        for page in pages:
+            assert diff in shown(page), f"{page.name}: no diff block of {tuned} against {plain}"
         assert len([x for x in diff if x.startswith("+")]) <= 6, diff

@@ -20,7 +20,7 @@ The usual idioms have a helper each: ``run.clip_grad_norm_(max_norm)`` after ``r
 on the micro-step that steps only), ``run.step(optimizer, scheduler)`` (the scheduler once per optimizer step;
 ``run.stepped`` says whether one happened), ``run.module`` (the script's own module inside DDP and compile: its
 parameter names for optimizer groups, its ``state_dict``), ``run.model(torch.compile(net))`` (compiled once, as the
-run says). A framework adapter (Lightning, Accelerate) is a thin layer over the same calls.
+run says). A framework adapter (Lightning, Accelerate, the Hugging Face Trainer) is a thin layer over the same calls.
 
 Under plain ``torchrun`` (no search) every value is the script's default and nothing is measured. Under
 ``autotune search`` the run hands the script each trial's settings and measures the steps it reports with the
@@ -31,9 +31,10 @@ The settings a script can take are the knobs of ``trainer.knobs`` that have a ru
 applied by the helper its entry names (``Knob.applied_by``); NCCL's variables are set by the launcher before the
 process group exists.
 
-A Lightning or Accelerate script keeps its framework's loop: ``trainer.runtime.lightning`` and
-``trainer.runtime.accelerate`` (each needs its framework; this package does not) make the ``Trainer`` or the
-``Accelerator`` with the trial's settings through the same helpers and report its batches into the same meter.
+A Lightning, Accelerate or Hugging Face Trainer script keeps its framework's loop: ``trainer.runtime.lightning``,
+``trainer.runtime.accelerate`` and ``trainer.runtime.transformers`` (each needs its framework; this package does not)
+make the ``Trainer``, the ``Accelerator`` or the ``TrainingArguments`` with the trial's settings through the same
+helpers and report its batches into the same meter.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What the framework adapters (``trainer.runtime.lightning``, ``trainer.runtime.accelerate``) share: a run that
-a framework drives instead of the script's own loop. The settings are still applied by ``trainer.apply``'s helpers
+"""What the framework adapters (``trainer.runtime.lightning``, ``.accelerate``, ``.transformers``) share: a run
+that a framework drives instead of the script's own loop. The settings are still applied by ``trainer.apply``'s helpers
 (the DataLoader's arguments, the DDP wrapper's, layout and compile, the optimizer's first step); this module only
 hands each helper the run's values, with the framework object's own as the script's defaults. The train loader the
 framework iterates is the run's ``Batches`` (``batches``), as ``run.loader``'s is: on the device, in channels_last
