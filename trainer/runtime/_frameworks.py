@@ -53,9 +53,17 @@ class FrameworkRun:
         """The value of a setting as applied (by the adapter or the run), else ``default``."""
         return self._parts.settings.applied(name, default)
 
+    def record(self, name: str, value: Any) -> None:
+        """Record ``value`` as the setting the framework really runs (its own default where the run gave none)."""
+        self._parts.settings.record(name, value)
+
     def ready(self) -> None:
         """The run is ready to step (the framework's fit starts): the ``ready`` record, once."""
         self._parts.measure.ready()
+
+    def on_close(self, release: Callable[[], None]) -> None:
+        """``release`` runs when the run closes: what the adapter patched for the trial is put back."""
+        self._parts.on_close(release)
 
     @property
     def training_loader(self) -> Batches | None:

@@ -60,6 +60,8 @@ class Parts:
     measure: Measurement
     loaders: Loaders
     steps: Steps
+    on_close: Callable[[Callable[[], None]], None]
+    """Registers what the run undoes when it closes (a framework method the adapter patched, ...)."""
 
 
 def _answered_by(method: Callable) -> Callable[[Callable], Callable]:
@@ -104,7 +106,10 @@ class Run:
         # 5. The reports: each step into the meter, the epochs a trial runs.
         self._reports = Reports(self._settings, self._measure, self._loaders, self._steps, self.writer, self.device,
                                 self.world_size)
-        self.parts = Parts(settings=self._settings, measure=self._measure, loaders=self._loaders, steps=self._steps)
+        self.report_fix = "call run.report(samples, loss) after each step of its training loop"
+        """What a script that reports no step is told to do (an adapter whose framework reports names its own)."""
+        self.parts = Parts(settings=self._settings, measure=self._measure, loaders=self._loaders, steps=self._steps,
+                           on_close=on_close)
         """What a framework adapter drives (``trainer.runtime._frameworks.FrameworkRun``)."""
         set_run(self)
         if request.measured and active() is None:  # a process of the script's own: its records are ours
@@ -233,8 +238,7 @@ class Run:
         if not self.request.measured or self.done:
             return None
         if self.reports == 0:
-            return ("the script ended without reporting a step: call run.report(samples, loss) after each step of "
-                    "its training loop")
+            return f"the script ended without reporting a step: {self.report_fix}"
         if self.request.mode == "train":
             return None
         return (f"the script ended after {self.steps} steps, before it was measured "

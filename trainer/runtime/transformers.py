@@ -86,15 +86,7 @@ class TransformersRun(FrameworkRun):
 
     def __init__(self, run: Run):
         super().__init__(run)
-        own = run.ended
-
-        def ended() -> str | None:
-            # A Trainer without the run's callback reports nothing: the fix is the callback, not run.report.
-            problem = own()
-            return f"the script ended without reporting a step: {NO_CALLBACK}" \
-                if problem is not None and run.reports == 0 else problem
-
-        run.ended = ended
+        run.report_fix = NO_CALLBACK  # a Trainer without the run's callback reports nothing: the fix is the callback
 
     def training_args(self, args: TrainingArguments) -> TrainingArguments:
         """The script's ``TrainingArguments`` with the run's settings; outside a run the tool started, the same
@@ -138,7 +130,7 @@ class TransformersRun(FrameworkRun):
 
         train.autotune = True
         Trainer.train = train
-        self.run._closables.append(lambda: setattr(Trainer, "train", own))
+        self.on_close(lambda: setattr(Trainer, "train", own))
 
     def _settings(self, args: TrainingArguments) -> dict[str, Any]:
         """The arguments that carry a setting, each the run's value (the script's own as its default), through the
@@ -154,7 +146,7 @@ class TransformersRun(FrameworkRun):
         loader = loader_settings(**{name: self.apply(name, own[name]) for name in LOADER if name != "batch_size"})
         run.update(loader_args(loader, self.run.device))
         if run["num_workers"]:  # what the DataLoader really uses: its own depth where the script gave none
-            self.run._applied["prefetch_factor"] = run["prefetch_factor"] or DATALOADER_PREFETCH
+            self.record("prefetch_factor", run["prefetch_factor"] or DATALOADER_PREFETCH)
         out: dict[str, Any] = {"bf16": precision == "bf16", "fp16": precision == "fp16",
                                **{arg: run[name] for arg, name in ARGUMENTS.items()}}
         if not (args.deepspeed or args.fsdp):  # the Trainer's DDP arguments apply to its DDP wrapper only
@@ -224,7 +216,7 @@ class Report(TrainerCallback):
         self._over_ranks = self.run.world_size if args.average_tokens_across_devices else 1
         if optimizer is not None:  # fused SGD's momentum buffers before its first step (trainer.apply)
             prepare_optimizer(getattr(optimizer, "optimizer", optimizer))
-        self.run.run._mark_ready()
+        self.run.ready()
 
     def _forward(self, module, args, kwargs, output) -> None:
         if not module.training or not torch.is_grad_enabled():
