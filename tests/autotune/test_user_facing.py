@@ -132,7 +132,8 @@ def test_the_first_command_takes_the_cpu_wheels_where_there_is_no_nvidia_smi(tmp
                    "autotune search"]
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
-    assert asked(str(bin_dir)) == ["python -m pip install .", "autotune search"]  # a GPU machine: pip's default
+    # A GPU machine: pip's default torch, and DALI's extra for the GPU study to weigh its pipeline.
+    assert asked(str(bin_dir)) == ["python -m pip install .[dali]", "autotune search"]
     # A newcomer reads why before the commands, not after the download has started.
     intro = " ".join((REPO / "README.md").read_text().split("## Quick start", 1)[1].split("```bash", 1)[0].split())
-    assert "nvidia-smi" in intro and "CPU builds" in intro
+    assert "nvidia-smi" in intro and "CPU builds" in intro and "`dali` extra" in intro and "MB of wheels" in intro
