@@ -29,7 +29,7 @@ from trainer.compiled import compile_record, graph_key, record_paid
 from trainer.config import CUDA_GRAPH_MODES, TrainConfig
 from trainer.data import build_pipeline, num_classes, prefetched_batches
 from trainer.loop import evaluate, train_step
-from trainer.meter import ThroughputMeter, sync
+from trainer.meter import ThroughputMeter, sync, timed_batches
 from trainer.model import build_model
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.protocol import Kind, ResultWriter
@@ -115,7 +115,7 @@ class Job:
         # Everything random in an epoch derives from (seed, epoch), so a resumed run replays it exactly.
         torch.manual_seed(t.seed * 100_003 + self.epoch * 1_009 + self.env.rank)
         self.pipeline.set_epoch(self.epoch)
-        batches = iter(self.pipeline)
+        batches = timed_batches(iter(self.pipeline), self.meter.waited)  # the step's wait for data
         start = self.step - self.epoch * self.steps_per_epoch
         for _ in range(start * t.accum_steps):  # resumed mid-epoch: skip what was seen
             next(batches)

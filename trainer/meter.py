@@ -11,13 +11,17 @@ A train run measures to its end and stands on every window.
 A script's own DataLoader, restarted at each epoch, turns at each epoch's end (``turn_begins`` to ``turn_ends``,
 from the runtime): the turn is a window of its own, marked, and its cost is charged at the rate it recurs over the
 real epoch (``epoch_steps``), one process with the steady windows beside it.
+
+Where the loop's batches come through ``timed_batches``, each window also holds the time the host waited for them
+(``Window.wait_s``), and the summary splits the measured time in two: waiting for data, and the rest, the step's own
+(forward, backward, optimizer, communication and the host's launch gaps, as one share).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +57,10 @@ class Window:
 
     turn: bool = False
     """It holds an epoch's turn of the script's own loader, and only that (``ThroughputMeter.turn_begins``)."""
+
+    wait_s: float = 0.0
+    """Seconds of the window the host spent waiting for the next batch (``ThroughputMeter.waited``), on the rank
+    that waited longest."""
 
     @property
     def imgs_per_s(self) -> float:
@@ -91,6 +99,9 @@ class ThroughputMeter:
     clock: Callable[[], float] = time.perf_counter
     """The timer of the windows (a test drives the meter on a clock of its own)."""
 
+    waits_timed: bool = False
+    """The loop's waits for its batches are told (``waited``): the summary holds the step's split."""
+
     cancelled: bool = False
     ended: str | None = None
     """Why the measurement ended: ``precise``, ``capped`` (``trainer.estimate.stop``) or ``cancelled``."""
@@ -116,6 +127,7 @@ class ThroughputMeter:
     _win_t0_wall: float = 0.0
     _win_t0: float = 0.0
     _win_paused: float = 0.0
+    _win_wait: float = 0.0
     _in_turn: bool = False
     _loss: torch.Tensor | None = None
     _loss_at_open: torch.Tensor | None = None
@@ -164,6 +176,13 @@ class ThroughputMeter:
         if self.state != "done" and self._t_step - self._t_said >= STEPS_EVERY_S:
             self._say({"kind": Kind.STEPS, "t": time.time(), "steps": self.steps_total, "state": self.state,
                        "step_s": round(self._t_step - now, 4)})
+
+    def waited(self, seconds: float) -> None:
+        """The host waited ``seconds`` for the loop's next batch (``timed_batches``): counted into the open window
+        (a warm-up step's wait is left out, as the warm-up is)."""
+        self.waits_timed = True
+        if self.state == "measure":
+            self._win_wait += seconds
 
     def _say(self, record: dict[str, Any]) -> None:
         self._t_said = time.monotonic()
@@ -249,7 +268,7 @@ class ThroughputMeter:
         self._loss_at_open = self._loss.detach().clone() if self._loss is not None else None
         sync(self.device)
         self._win_t0_wall, self._win_t0, self._win_steps, self._win_paused = time.time(), self.clock(), 0, 0.0
-        self._win_images = 0
+        self._win_images, self._win_wait = 0, 0.0
         self._win_nonfinite = None
 
     def _close_window(self, *, turn: bool = False) -> None:
@@ -260,22 +279,24 @@ class ThroughputMeter:
         stop_asked = float(bool(self.stop_requested and self.stop_requested()))
         bad = float(self._win_nonfinite.item()) if self._win_nonfinite is not None else 0.0
         # The slowest rank's duration and time measured so far, the worst rank's non-finite steps, the earliest start
-        # and latest end (the tuner clips GPU samples to the true span): one collective, so every rank decides alike.
-        slowest, elapsed, neg_t0, t1, stop_asked, bad = allreduce(
-            [seconds, now - self._t_measure, -self._win_t0_wall, t1_wall, stop_asked, bad], dist.ReduceOp.MAX,
-            self.device)
+        # and latest end (the tuner clips GPU samples to the true span), the longest wait for data (a rank kept
+        # waiting holds the others at the step's all-reduce): one collective, so every rank decides alike.
+        slowest, elapsed, neg_t0, t1, stop_asked, bad, wait = allreduce(
+            [seconds, now - self._t_measure, -self._win_t0_wall, t1_wall, stop_asked, bad, self._win_wait],
+            dist.ReduceOp.MAX, self.device)
         losses = [float(x.float().item()) if x is not None else 0.0 for x in (self._loss_at_open, self._loss)]
         images, *loss_sums = allreduce([float(self._win_images), *losses], dist.ReduceOp.SUM, self.device)
         start, end = ((x / _world() for x in loss_sums) if self._loss is not None else (None, None))
         w = Window(index=len(self.windows), t0=-neg_t0, t1=t1, steps=self._win_steps, images=int(images),
                    seconds=slowest, loss_start=start if self._loss_at_open is not None else None, loss_end=end,
-                   loss_nonfinite=int(bad), turn=turn)
+                   loss_nonfinite=int(bad), turn=turn, wait_s=wait)
         self.windows.append(w)
         self.latest = None if self.continuous else self.estimate()
         self._say({"kind": Kind.WINDOW, "window": w.index, "t0": w.t0, "t1": w.t1, "steps": w.steps,
                    "images": w.images, "seconds": round(w.seconds, 6), "imgs_per_s": round(w.imgs_per_s, 3),
                    "loss_start": _round(w.loss_start), "loss_end": _round(w.loss_end),
                    "loss_nonfinite": w.loss_nonfinite, "paused_s": round(self._win_paused, 6), "turn": turn,
+                   "wait_s": round(w.wait_s, 6) if self.waits_timed else None,
                    "estimate": _estimate_record(self.latest)})
         if not turn:  # the next window aimed at window_s from this one's pace, by at most 2x either way
             aim = round(w.steps * self.cfg.window_s / max(w.seconds, 1e-9))
@@ -329,7 +350,38 @@ class ThroughputMeter:
             "loss_start": _round(used[0].loss_start) if used else None,
             "loss_end": _round(used[-1].loss_end) if used else None,
             "loss_nonfinite_in_windows": sum(w.loss_nonfinite for w in used),
+            "data_wait_share": data_wait_share(used) if self.waits_timed else None,
         }
+
+
+def data_wait_share(windows: list[Window]) -> float | None:
+    """The share of the windows' time the host waited for data; the rest is the step's own. Over the steady
+    windows, an epoch's turn left out: the turn is charged once per real epoch, not at the rate it was measured.
+    None where no time was measured."""
+    steady = [w for w in windows if not w.turn]
+    seconds = sum(w.seconds for w in steady)
+    return round(min(1.0, sum(w.wait_s for w in steady) / seconds), 4) if seconds > 0 else None
+
+
+def timed_batches(batches: Iterator, waited: Callable[[float], None],
+                  clock: Callable[[], float] = time.perf_counter) -> Iterator:
+    """``batches``, each ``next`` timed and told to ``waited`` (``ThroughputMeter.waited``): how long the host
+    waited for the batch.
+
+    On a GPU this host time is the step's wait for data, not the device's: a step's kernels are launched
+    asynchronously, so the host runs ahead of the device until something blocks it. Where the input keeps up, a
+    batch is ready when asked for and the host blocks elsewhere (a full launch queue, a value read back from the
+    device); where it does not, the host blocks here while the device drains its queue and then idles. A pipeline
+    that decodes or copies on the device does its host part (launches, its own syncs) inside ``next``: the input
+    side's share of the step, counted here too."""
+    while True:
+        t0 = clock()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        waited(clock() - t0)
+        yield batch
 
 
 def _estimate_record(est: Estimate | None) -> dict[str, Any] | None:

@@ -195,6 +195,10 @@ class WindowRecord(TypedDict):
     """It holds an epoch's turn of a script's own loader (its last partial round, its workers started anew, its
     first round), charged once per real epoch rather than taken as a pace."""
 
+    wait_s: float | None
+    """Seconds of the window the host waited for the next batch, on the rank that waited longest (None: the loop's
+    waits are not timed, as the loader alone's are not)."""
+
     estimate: dict[str, float] | None
     """The figure so far (``imgs_per_s``), its interval's relative half-width (``half_width``) and the steady span's
     first window (``start``); None while the windows are too few for one (and in a train run)."""
@@ -253,6 +257,12 @@ class SummaryRecord(TypedDict, total=False):
     loss_start: float | None
     loss_end: float | None
     loss_nonfinite_in_windows: int
+    data_wait_share: float | None
+    """The step's split: the share of the steady windows' time the host waited for the next batch, on the rank that
+    waited longest (``trainer.meter.timed_batches``); the rest is the step's own work, forward, backward, optimizer,
+    communication and the host's launch gaps, as one share. None where the waits are not timed (the loader alone, a
+    script whose loop reads data of its own)."""
+
     steps: int
     epochs: int
     loss: float

@@ -54,6 +54,30 @@ def test_measure_run_streams_windows_and_counts_every_image(jpegs, tmp_path, dec
     assert set(summary) == set(SummaryRecord.__annotations__) - COMPILED_ONLY
 
 
+@pytest.mark.parametrize("fed", ["slowly", "at once"])
+def test_the_summary_splits_the_step_into_its_wait_for_data_and_the_rest(tmp_path, fed):
+    """Fed slowly: a tiny model, its large JPEGs decoded in the rank's own process (no loader workers), inside the
+    loop's ``next``: the step mostly waits for data. Fed at once: resnet18 on a batch made on the device: it waits
+    for none."""
+    if fed == "slowly":
+        big = make_jpeg_folder(tmp_path / "big", classes=2, per_class=4, size=(960, 1280))
+        cfg = tiny_config(**{"model.name": "tests.helpers.models:tiny", "data.kind": "imagefolder",
+                             "data.path": str(big), "data.decode": "pil", "loader.num_workers": 0})
+    else:
+        cfg = tiny_config(**{"data.kind": "synthetic", "loader.num_workers": 0})
+    code, records, log = run_job(cfg, tmp_path)
+    assert code == 0, log
+    (summary,) = kinds(records, "summary")
+    windows = kinds(records, "window")
+    steady = [windows[i] for i in summary["windows_used"]]
+    assert summary["data_wait_share"] == pytest.approx(sum(w["wait_s"] for w in steady)
+                                                       / sum(w["seconds"] for w in steady), abs=1e-4)
+    if fed == "slowly":
+        assert summary["data_wait_share"] > 0.5, summary
+    else:
+        assert summary["data_wait_share"] < 0.1, summary
+
+
 def test_loader_mode_measures_the_pipeline_alone(jpegs, tmp_path):
     cfg = tiny_config(**{"data.kind": "imagefolder", "data.path": str(jpegs), "data.decode": "torchvision-cpu",
                          "training.mode": "loader"})
@@ -62,6 +86,7 @@ def test_loader_mode_measures_the_pipeline_alone(jpegs, tmp_path):
     assert kinds(records, "summary")[0]["imgs_per_s"] > 0
     assert all(w["images"] == w["steps"] * 4 * 2 for w in kinds(records, "window"))
     assert all(w["loss_start"] is None and w["loss_end"] is None for w in kinds(records, "window"))  # no model
+    assert kinds(records, "summary")[0]["data_wait_share"] is None  # the loader alone: no step to split
 
 
 @pytest.mark.parametrize("persistent", [False, True])

@@ -13,7 +13,7 @@ import torch
 from tests.helpers.traces import Clock
 from trainer.config import MeasureConfig
 from trainer.estimate import MIN_BATCHES
-from trainer.meter import PACE_STEPS, ThroughputMeter
+from trainer.meter import PACE_STEPS, ThroughputMeter, timed_batches
 
 
 def make(records=None, *, clock=None, **cfg):
@@ -202,6 +202,39 @@ def test_an_epochs_turn_is_a_window_of_its_own_charged_over_the_real_epoch():
     assert s["epoch_turns"] >= 1 and s["epoch_turn_s"] == pytest.approx(0.3, rel=0.01)
     assert s["imgs_per_s"] == pytest.approx(40 * 8 / (40 * 0.01 + 0.3), rel=0.01)
     assert s["imgs_per_s_steady"] == pytest.approx(800, rel=0.01) and s["turn_windows"] == [t["window"] for t in turns]
+
+
+def test_the_steps_wait_for_data_is_the_steady_windows_share_without_the_warm_up_or_the_turns():
+    """Each step waits 2.5 ms for its batch and computes 7.5 ms: a quarter of the measured time waiting for data. The
+    warm-up's batches come slowly (a loader filling its queue) and each epoch's restart is a long wait, inside its
+    turn: neither is in the share."""
+    records = []
+    meter = make(records, window_s=0.05, max_s=10.0, precision=0.01)
+    meter.epoch_steps = 40
+
+    def loader():
+        for step in itertools.count():
+            meter.clock.t += 0.0025 + (0.05 if meter.state == "warmup" else 0.0) + (0.3 if step % 40 == 0 else 0.0)
+            yield step
+
+    for step in timed_batches(loader(), meter.waited, meter.clock):
+        if meter.done:
+            break
+        meter.clock.t += 0.0075
+        meter.step()
+        if step % 40 == 35:
+            meter.turn_begins()
+        elif step % 40 == 3:
+            meter.turn_ends()
+    windows = [r for r in records if r["kind"] == "window"]
+    assert any(w["turn"] for w in windows) and meter.warmup_steps > 1
+    for w in windows:
+        if not w["turn"]:
+            assert w["wait_s"] == pytest.approx(0.0025 * w["steps"])
+    assert meter.summary()["data_wait_share"] == pytest.approx(0.25)
+    # A loop whose waits are not timed (the loader alone, a script's loop of its own) has no split.
+    untimed = drive(make(records := []), [0.01])
+    assert untimed.summary()["data_wait_share"] is None and all(r["wait_s"] is None for r in records[1:])
 
 
 def test_a_turn_in_progress_delays_the_first_window_to_its_end():

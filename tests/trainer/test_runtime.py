@@ -73,6 +73,8 @@ def test_each_setting_of_a_trial_reaches_the_script_and_its_steps_are_measured(t
     summary = of(records, "summary")[0]
     windows = of(records, "window")
     assert summary["unit"] == "images" and summary["loss_finite"] is True and summary["imgs_per_s"] > 0
+    # The script's waits for its batches are timed as the built-in job's are: its step's split is in the summary.
+    assert 0.0 <= summary["data_wait_share"] < 1.0 and all(w["wait_s"] is not None for w in windows)
     # The meter counts optimizer steps, each of 2 micro-batches of 4 images on each of 2 ranks.
     assert all(w["images"] == w["steps"] * 2 * 4 * 2 for w in windows)
     # Told to stop, the script broke out of its loop at once: its micro-steps are the meter's optimizer steps
@@ -87,7 +89,7 @@ def test_the_supply_mode_measures_the_loader_alone_and_the_ceiling_mode_replays_
         mode="supply", measure=MEASURE, settings={"batch_size": 8, "num_workers": 1}))
     assert code == 0, log[-3000:]
     summary = of(records, "summary")[0]
-    assert summary["mode"] == "loader" and summary["imgs_per_s"] > 0
+    assert summary["mode"] == "loader" and summary["imgs_per_s"] > 0 and summary["data_wait_share"] is None
     assert seen is None or seen["steps"] == 0  # the trial ended inside the loader: no training step ran
     code, records, log, seen = torchrun(SEEN, tmp_path / "ceiling", request=Request(
         mode="ceiling", measure=MEASURE, settings={"batch_size": 8}))

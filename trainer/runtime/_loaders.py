@@ -14,6 +14,7 @@ import torch
 
 from trainer.apply import DATALOADER_PREFETCH, applied_here, data_loader, loader_settings
 from trainer.config import ConfigError, DataConfig, TrainConfig, TrainingConfig
+from trainer.meter import timed_batches
 from trainer.records import Dist
 from trainer.runtime._base import _END, _UNSET, IMAGES, LOADER, ScriptError, TrialDone
 from trainer.runtime._batches import first_length, prefetched, samples_per_rank, to_device, touch
@@ -354,9 +355,18 @@ class Batches:
             while True:
                 loaders.handed(self)
                 yield first
-        for batch in self._epoch():
+        # Each batch timed from the script's ask to its hand-over, the copy to the device included (as the built-in
+        # job's pipelines copy inside theirs): the step's wait for data (``trainer.meter.timed_batches``).
+        moved = (to_device(batch, device, channels_last) for batch in self._epoch())
+        for batch in timed_batches(moved, self._waited):
             loaders.handed(self)
-            yield self._counted(to_device(batch, device, channels_last))
+            yield self._counted(batch)
+
+    def _waited(self, seconds: float) -> None:
+        """The script waited ``seconds`` for a batch: the training loader's wait goes into the meter's windows
+        (another loader's, a validation loader's, is no part of training)."""
+        if self._measure.meter is not None and not self._loaders.is_other(self):
+            self._measure.meter.waited(seconds)
 
     def _counted(self, batch: Any) -> Any:
         if self.first_samples is None:
