@@ -140,8 +140,11 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
         out.append(("its settings", "none yet: no end-to-end trial has completed; run `autotune search`"))
         return out
     settings = fmt_params(best.shown(view.searched(trials)))
+    waits = waits_for_data(best) if not synthetic else None
+    if waits and any(waits in text for _, text in out):  # what limits it said it already
+        waits = None
     out.append(("its settings", f"trial {best.number}: {settings}" + (" (the baseline's own)" if best.baseline
-                                                                     else "")))
+                                                                     else "") + (f"; {waits}" if waits else "")))
     where = f" --study {study.study_name}" + (f" --storage {storage}" if storage else "")
     out.append(("run it", f"`autotune export best.yaml{where}` (measures it again in a fresh process), then "
                           "`autotune train --config best.yaml`"))
@@ -197,9 +200,7 @@ def describe_limit(best: TrialView, top: TrialView, pipe: Pipe, decode: str, dev
     if reach < UNEXPLAINED:
         return (f"not explained by the parts: {decode} alone feeds {fmt_ips(supply)} {per} and the model alone runs "
                 f"{fmt_ips(ceiling)} on the {devices}, together allowing {fmt_ips(bound)}, and the tuned "
-                f"configuration reaches {fmt_ips(best.imgs_per_s)}, {reach:.0%} of that: something else holds it "
-                "back (the loader and the job contending for the CPU, a slow step the parts do not run); "
-                "bench/profile_step.py shows where a step's time goes")
+                f"configuration reaches {fmt_ips(best.imgs_per_s)}, {reach:.0%} of that{where_the_step_goes(best)}")
     if share >= DECODE_SHARE_SAID and bound < min(supply, ceiling):
         fix = ("a larger share on DALI's hardware decoder (data.dali_hw_decoder_load) would free it"
                if decode == "dali" else f"NVIDIA DALI's hardware decoder ({DALI_INSTALL}) or a larger CPU share of "
@@ -217,6 +218,37 @@ def describe_limit(best: TrialView, top: TrialView, pipe: Pipe, decode: str, dev
     return (f"the model's compute on the {devices}: alone, on synthetic data, it runs at {fmt_ips(ceiling)} {per}, "
             f"less than {decode} alone feeds ({fmt_ips(supply)}); the tuned configuration reaches "
             f"{fmt_ips(best.imgs_per_s)}, {best.imgs_per_s / ceiling:.0%} of that")
+
+
+DATA_WAIT_SAID = 0.1
+"""A step that waits at least this share of its measured time for data is held back by its input side: a loader
+that keeps up has the next batch ready when the step asks, and the step waits for little more than its hand-over."""
+
+
+def waits_for_data(v: TrialView) -> str | None:
+    """The share of the trial's measured time its step waited for data (``trainer.meter.timed_batches``), in words;
+    None where the trial has no record of it."""
+    share = v.attrs.get("data_wait_share")
+    if share is None:
+        return None
+    said = f"{100 * share:.0f} %" if share >= 0.005 else "less than 1 %"
+    return f"its step waits {said} of its measured time for data"
+
+
+def where_the_step_goes(best: TrialView) -> str:
+    """What holds back a configuration the parts do not explain, as its run split its step: waiting for data (the
+    input side), or the step itself (forward, backward, optimizer, communication and the host's launch gaps,
+    measured as one share), with what addresses each; said after "... of that"."""
+    waits = waits_for_data(best)
+    if waits is None:
+        return (": something else holds it back (the loader and the job contending for the CPU, a slow step the parts "
+                "do not run); bench/profile_step.py shows where a step's time goes")
+    if best.attrs["data_wait_share"] >= DATA_WAIT_SAID:
+        return (f"; {waits}: the input side holds it back — more loader workers where the CPU has cores to spare, "
+                "fewer where they crowd the rank's own process, or a pipeline that decodes less on the CPU")
+    return (f"; {waits}: the step itself runs slower than the model alone (its compute, communication and the host's "
+            "launch gaps, measured as one share) — the loader's workers contending with the rank's own process for "
+            "the CPU (fewer free it), or work the model alone does not do")
 
 
 def describe_certainty(v: TrialView, per: str = "imgs/s") -> str:

@@ -39,7 +39,8 @@ TRIALS = [
 
 
 def make_study(storage: str, name: str = "gpu-study", *, pareto: bool = False, util: bool = True,
-               trials=TRIALS, stages: bool = True, stage_trials=None) -> optuna.Study:
+               trials=TRIALS, stages: bool = True, stage_trials=None, extra=None) -> optuna.Study:
+    """``extra``: more attrs of some trials, by number."""
     study = optuna.create_study(study_name=name, storage=storage,
                                 directions=["maximize", "maximize"] if pareto else ["maximize"])
     study.set_user_attr("objective", "pareto" if pareto else "throughput")
@@ -60,6 +61,7 @@ def make_study(storage: str, name: str = "gpu-study", *, pareto: bool = False, u
             attrs["util_mean"] = u
         if cls:
             attrs.update(failure_class=cls, failure_message=f"rank 1: {cls} happened")
+        attrs.update((extra or {}).get(number, {}))
         ips = attrs.get("imgs_per_s", 0.0)
         if state == "ok":
             attrs["constraint"] = 0.0
@@ -214,6 +216,38 @@ def test_what_limits_the_job_is_the_smaller_of_the_ceiling_and_its_pipelines_sup
                      "the GPUs (11,645); the tuned configuration reaches 8,625, 96% of that")
     none = make_study(f"sqlite:///{tmp_path / 'none.db'}", "plain", stages=False)
     assert dict(conclusions(none))["what limits it"].startswith("not measured: this study has no stage measurements")
+
+
+@pytest.mark.parametrize(("share", "says"), [
+    (0.31, "its step waits 31 % of its measured time for data: the input side holds it back"),
+    (0.02, "its step waits 2 % of its measured time for data: the step itself runs slower than the model alone"),
+])
+def test_a_gap_the_parts_do_not_explain_is_split_by_the_best_steps_wait_for_data(tmp_path, share, says):
+    """Trial 3 reaches 74 % of what its parts allow: what limits it says where its step's time went, as its run
+    measured it, in ``show`` and the report alike; the settings' line does not say it again."""
+    from autotune.overview import conclusions, table
+
+    study = make_study(f"sqlite:///{tmp_path / 'gap.db'}", extra={3: {"data_wait_share": share}})
+    said = dict(conclusions(study))
+    assert said["what limits it"].startswith("not explained by the parts") and says in said["what limits it"]
+    assert "profile_step" not in said["what limits it"] and "for data" not in said["its settings"]
+    assert f"what limits it: {said['what limits it']}" in table(study).splitlines()
+    # A study whose runs did not time their waits reads as it did: where to look.
+    unknown = dict(conclusions(make_study(f"sqlite:///{tmp_path / 'old.db'}", "old")))["what limits it"]
+    assert unknown.endswith("something else holds it back (the loader and the job contending for the CPU, a slow "
+                            "step the parts do not run); bench/profile_step.py shows where a step's time goes")
+
+
+def test_the_best_steps_wait_for_data_is_on_its_settings_line_where_what_limits_it_does_not_say_it(tmp_path):
+    from autotune.overview import conclusions
+
+    slow_feed = [STAGE_TRIALS[0], ("supply", {"training.mode": "loader", "data.decode": "nvjpeg-gpu"}, 9000.0)]
+    study = make_study(f"sqlite:///{tmp_path / 'feed.db'}", stage_trials=slow_feed,
+                       extra={3: {"data_wait_share": 0.004}})
+    said = dict(conclusions(study))
+    assert said["what limits it"].startswith("the input pipeline") and "for data" not in said["what limits it"]
+    assert said["its settings"] == ("trial 3: bs=256 fp16 nvjpeg-gpu bkt=30; its step waits less than 1 % of its "
+                                    "measured time for data")
 
 
 def test_a_ceiling_the_tuned_configuration_ran_above_is_not_named_what_limits_it(tmp_path):
