@@ -150,6 +150,18 @@ class Machine:
         crowded = max(0, cfg.loader.num_workers - self.contend_past) if self.contend_past is not None else 0
         return share * min(supply, 1.0 / (1.0 / compute + device_s)) * max(0.2, 1.0 - self.contention * crowded)
 
+    def data_wait(self, cfg, searched: bool) -> float | None:
+        """The share of a run's time its steps wait for data: end to end, what the pipeline feeds short of what the
+        model (and a decode on the GPUs beside it) would take; a run on synthetic data waits for none; the loader
+        alone times no wait (None)."""
+        kind = self.kind(cfg)
+        if kind == "loader":
+            return None
+        if kind == "synthetic":
+            return 0.0
+        takes = 1.0 / (1.0 / self.compute(cfg, searched) + self.device_s(cfg))
+        return max(0.0, 1.0 - self.supply(cfg) / takes)
+
     def device_s(self, cfg) -> float:
         """Seconds of the GPUs' time each sample's decode takes (the hybrid: its GPU share's)."""
         d = cfg.data.decode
@@ -281,12 +293,16 @@ class FakePool:
         meter = ThroughputMeter(cfg.measure, images_per_step=images, device=_CPU, emit=lambda r: None,
                                 clock=Clock(), stop_requested=stopped)
         swing, chunk, pace = self.machine.swing(cfg), -1, steady
+        wait = self.machine.data_wait(cfg, self.runs[-1]["plans_searched"])
         while not meter.done:
             if int(meter.clock.t / 0.5) != chunk:
                 chunk = int(meter.clock.t / 0.5)
                 pace = steady * max(0.05, 1 + swing * rng.gauss(0, 1))
             ramp = 0.8 if meter.clock.t < RAMP_S else 1.0
-            meter.clock.t += images / (pace * ramp)
+            step_s = images / (pace * ramp)
+            if wait is not None:  # the step's share of waiting for its batch, as the job's timed batches tell it
+                meter.waited(wait * step_s)
+            meter.clock.t += step_s
             n = len(meter.windows)
             meter.step()
             for w in meter.windows[n:]:

@@ -24,7 +24,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.formatting import fmt_ips
-from autotune.overview import conclusions, cudnn_lines, headline, table
+from autotune.overview import DATA_WAIT_SAID, conclusions, cudnn_lines, headline, table
 from autotune.search.engine import Engine, best_line
 from autotune.search.evaluate import BASELINE_CAP
 from autotune.search.progress import Progress
@@ -142,6 +142,20 @@ def test_an_input_bound_job_measures_no_further_precision_or_layout():
     assert len({(v.setting("training.precision"), v.setting("training.channels_last"))
                 for v in parts(r, "ceiling")}) == 1
     assert "no other precision or layout is measured: the input pipelines" in r.out
+
+
+def test_each_trial_keeps_its_steps_wait_for_data_an_input_bound_one_waits_and_a_compute_bound_one_does_not():
+    """The share of its measured time each run's step waited for data, from its summary to the trial: end to end,
+    what the pipeline feeds short of what the model takes (``Machine.data_wait``); the model alone waits for none;
+    the loader alone has no step to split."""
+    waiting = search(Machine(ceilings=GPU, supplies={"pil": 300.0, "torchvision-cpu": 900.0, "nvjpeg-gpu": 1200.0}),
+                     trials=4)
+    computing = search(Machine(ceilings=GPU, supplies=FEEDS), trials=4)
+    assert view.fastest(waiting.views).attrs["data_wait_share"] >= DATA_WAIT_SAID
+    assert view.fastest(computing.views).attrs["data_wait_share"] < 0.01
+    for r in (waiting, computing):
+        assert all(v.attrs["data_wait_share"] == 0.0 for v in parts(r, "ceiling"))
+        assert all("data_wait_share" not in v.attrs for v in parts(r, "supply"))
 
 
 def test_pairs_the_ceiling_cannot_tell_apart_are_told_apart_end_to_end():
