@@ -158,6 +158,7 @@ def test_a_lightning_fit_reports_every_batch_and_stops_once_the_trial_is_measure
     got = records(tmp_path)
     summary = next(r for r in got if r["kind"] == "summary")
     assert summary["imgs_per_s"] > 0 and summary["loss_finite"] is True
+    assert 0.0 <= summary["data_wait_share"] < 1.0  # Lightning's waits for the run's batches are timed
     # The meter counts Lightning's optimizer steps: every 3 micro-batches, and at each epoch's last (16 batches).
     assert run.steps == trainer.global_step
     windows = [r for r in got if r["kind"] == "window"]
@@ -317,6 +318,7 @@ def test_an_accelerate_loop_reports_its_micro_batches_and_is_told_to_stop(tmp_pa
     assert run.steps == stepped
     windows = [r for r in records(tmp_path) if r["kind"] == "window"]
     assert windows and all(w["steps"] * 8 <= w["images"] <= w["steps"] * 3 * 8 for w in windows)
+    assert all(w["wait_s"] is not None for w in windows)  # the prepared loader's batches are timed
 
 
 @pytest.mark.parametrize(("framework", "module"), [("lightning", "lightning"), ("accelerate", "accelerate")])
