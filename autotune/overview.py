@@ -12,7 +12,15 @@ import statistics
 from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_loss, fmt_params, fmt_pm, plural
 from autotune.study import view
 from autotune.study.found import found
-from autotune.study.measured import Pipe, Point, ceiling_share, cudnn_decided, pipe_for, trainable_ceiling
+from autotune.study.measured import (
+    DATA_WAIT_SAID,
+    Pipe,
+    Point,
+    ceiling_share,
+    cudnn_decided,
+    pipe_for,
+    trainable_ceiling,
+)
 from autotune.study.view import Outcome, Stage, TrialView
 from trainer.knobs import DALI_INSTALL
 
@@ -218,11 +226,6 @@ def describe_limit(best: TrialView, top: TrialView, pipe: Pipe, decode: str, dev
     return (f"the model's compute on the {devices}: alone, on synthetic data, it runs at {fmt_ips(ceiling)} {per}, "
             f"less than {decode} alone feeds ({fmt_ips(supply)}); the tuned configuration reaches "
             f"{fmt_ips(best.imgs_per_s)}, {best.imgs_per_s / ceiling:.0%} of that")
-
-
-DATA_WAIT_SAID = 0.1
-"""A step that waits at least this share of its measured time for data is held back by its input side: a loader
-that keeps up has the next batch ready when the step asks, and the step waits for little more than its hand-over."""
 
 
 def waits_for_data(v: TrialView) -> str | None:

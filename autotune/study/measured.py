@@ -43,6 +43,17 @@ def supply_knob() -> Searched:
     return policy.supply()
 
 
+DATA_WAIT_SAID = 0.1
+"""A step that waits at least this share of its measured time for data is held back by its input side: a loader
+that keeps up has the next batch ready when the step asks, and the step waits for little more than its hand-over."""
+
+
+def waits(v: TrialView) -> bool | None:
+    """Whether the trial's step waited for data (``DATA_WAIT_SAID``); None where its run did not time the waits."""
+    share = v.attrs.get("data_wait_share")
+    return None if share is None else share >= DATA_WAIT_SAID
+
+
 @dataclass(frozen=True)
 class Point:
     """A point of the ceiling's grid: one value of each of its dimensions (``grid()``), in the grid's order."""

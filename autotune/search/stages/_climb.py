@@ -29,7 +29,7 @@ from autotune.search.bounds import Snapshot
 from autotune.search.stages._ask import WAIT, Ask, Request, Wait
 from autotune.search.stages._ranking import complete
 from autotune.space import Param
-from autotune.study.measured import Point
+from autotune.study.measured import Point, waits
 from autotune.study.view import Outcome, Stage, TrialView
 from trainer.knobs import table
 
@@ -151,13 +151,14 @@ class Climb:
     def limit(self, snap: Snapshot, point: TrialView) -> Limit:
         """What bounds ``point`` by the measured parts: its pipeline (the supply, or its decode beside the model,
         below the ceiling's interval), the host's launches (the model alone leaves the GPUs idle), the model's
-        compute; a point well below its ceiling that the parts do not explain is taken as input-bound."""
+        compute; a point well below its ceiling that the parts do not explain is taken as input-bound: its step
+        waits for data (more workers), or its loader's workers take the cores its own processes need (fewer)."""
         m = self.ask.scope
         at = Point.of(point)
         ceiling = snap.interval(at) if m.ceilings else None
         pipe = snap.pipe_of(point.config) if m.supplies else None
         if ceiling is None:
-            return Limit.INPUT if pipe is not None else Limit.COMPUTE
+            return Limit.INPUT if pipe is not None or waits(point) else Limit.COMPUTE
         if pipe is not None and pipe.with_model(ceiling.value) < ceiling.low:
             return Limit.INPUT
         busy = [v.util for v in snap.ceilings_of(at) if v.util is not None]
@@ -169,7 +170,8 @@ class Climb:
 
     def moves(self, point: TrialView, limit: Limit) -> list[Move]:
         """Every move one step from ``point``, in the order ``limit`` takes the knobs (within a scope, the knob
-        table's order), the cheaper direction first."""
+        table's order), the cheaper direction first; where the point's step waits for data (its measured split), the
+        pipeline's counts (workers, batches in flight) up first."""
         held = {*table().defining_settings} - {"training.channels_last"}
         if point.params.get("training.compile"):
             held |= set(table().graph_settings)
@@ -180,8 +182,10 @@ class Climb:
         params.sort(key=lambda p: (order.index(p.knob.scope),
                                    entries.index(p.path) if p.path in entries else len(entries)))
         out = []
+        more = waits(point) and limit == Limit.INPUT
         for p in params:
-            for direction in ("down", "up"):
+            first_up = more and p.knob.scope == "pipeline" and p.path in _cheaper_down()
+            for direction in ("up", "down") if first_up else ("down", "up"):
                 value = step(p, point.params[p.path], direction)
                 if value is not None:
                     out.append(Move(p.path, direction, value))

@@ -24,7 +24,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.formatting import fmt_ips
-from autotune.overview import DATA_WAIT_SAID, conclusions, cudnn_lines, headline, table
+from autotune.overview import conclusions, cudnn_lines, headline, table
 from autotune.search.engine import Engine, best_line
 from autotune.search.evaluate import BASELINE_CAP
 from autotune.search.progress import Progress
@@ -33,7 +33,7 @@ from autotune.search.stages._measure import supply_overrides
 from autotune.search.stages._ranking import worker_share
 from autotune.study import view
 from autotune.study.liveness import owner
-from autotune.study.measured import cudnn_decided, grid, trainable_ceiling
+from autotune.study.measured import DATA_WAIT_SAID, cudnn_decided, grid, trainable_ceiling
 from autotune.study.setup import create_or_load, parts_study
 from tests.helpers.machine import SPEC, FakePool, Machine, SimClock, constructed_plan, util_of
 
@@ -775,3 +775,16 @@ def test_a_cpu_decode_is_charged_the_cores_a_ranks_own_processes_take_and_its_ca
     most = SPEC["space"]["loader.num_workers"]["high"]
     assert workers["nvjpeg-gpu"] == round(0.75 * most)
     assert all(w <= most - 2 for w in workers.values())
+
+
+def test_where_the_best_steps_wait_for_data_the_climb_moves_its_workers_up_first_and_down_where_they_do_not():
+    # Pipelines that feed less than the model takes, at their most from all 8 workers: the candidate's 6 starve the
+    # step, which waits for data; with compute the limit instead, fewer workers (cheaper) come first.
+    waiting = search(Machine(ceilings=GPU, supplies=CROWDED), trials=8)
+    first = next(v for v in e2e(waiting) if v.stage == "climb")
+    point = next(v for v in e2e(waiting) if v.number == first.attrs["climb_from"])
+    assert point.attrs["data_wait_share"] >= DATA_WAIT_SAID
+    assert (first.attrs["climb_knob"], first.attrs["climb_dir"]) == ("loader.num_workers", "up")
+    fed = search(Machine(ceilings=GPU, supplies=FEEDS), trials=8)
+    first = next(v for v in e2e(fed) if v.stage == "climb")
+    assert first.attrs["climb_dir"] == "down"
