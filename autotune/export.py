@@ -25,6 +25,7 @@ learning rate was set for, the rate is scaled linearly (Goyal et al., 2017) and 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,7 @@ def build(study, trial: TrialView) -> tuple[dict[str, Any], list[str]]:
         gain = trial.interval.over(base.interval)
         measured.update(baseline_trial=base.number, baseline_imgs_per_s=base.imgs_per_s,
                         baseline_half_width=base.half_width, gain=round(gain.value, 3),
-                        gain_half_width=round(gain.half_width, 4))
+                        gain_half_width=round(gain.half_width, 4) if gain.known else None)
     versions = a.get("versions") or {}
     fingerprint = {**(study.user_attrs.get("fingerprint") or {}),
                    **{k: versions.get(k) for k in ("torch", "torchvision", "cuda", "cudnn", "nccl") if k in versions}}
@@ -243,7 +244,7 @@ def write(data: dict[str, Any], path: str | Path) -> Path:
     again = m.get("remeasured") or {}
     head = (f"# Exported by `autotune export` from study {a['study']}, trial {a['trial']}: "
             f"{fmt_interval(m.get('imgs_per_s', 0), m.get('ci_half_width'), m.get('per', 'imgs/s'))}"
-            + (f" ({fmt_ratio(Interval(m['gain'], m.get('gain_half_width') or 0.0))} trial {m['baseline_trial']})"
+            + (f" ({fmt_ratio(Interval(m['gain'], m.get('gain_half_width') or math.inf))} trial {m['baseline_trial']})"
                if m.get("gain") else "")
             + (f"; re-measured in a fresh process: {fmt_interval(again['imgs_per_s'], again.get('ci_half_width'))}"
                if again.get("imgs_per_s") else "")
@@ -285,12 +286,12 @@ def record_remeasure(study, trial: TrialView, data: dict[str, Any], s: dict[str,
     """A fresh-process measurement of ``trial`` (``s``: its job's summary) recorded in ``data`` and with the study,
     judged against the search's figure and its interval, and set against trial 0's; returns the line to print."""
     per = view.rate(study)
-    fresh = Interval(float(s["imgs_per_s"]), float(s.get("ci_half_width") or 0.0))
+    fresh = Interval(float(s["imgs_per_s"]), float(s.get("ci_half_width") or math.inf))  # none: too few windows
     searched = trial.interval
     ratio = fresh.value / searched.value
     # The same configuration measured twice agrees where the intervals overlap, or where the two lie within the gap
     # a fresh process is allowed (its own noise the intervals of one process do not hold).
-    agrees = fresh.ties(searched) or abs(ratio - 1) <= GAP_WARNING
+    agrees = fresh.a_tie(searched) or abs(ratio - 1) <= GAP_WARNING
     again = {"imgs_per_s": fresh.value, "ci_half_width": s.get("ci_half_width"), "precise": s.get("precise"),
              "ratio": round(ratio, 4), "agrees": agrees, "loss_start": s.get("loss_start"),
              "loss_end": s.get("loss_end"), "fresh_process": True, "search_worker": trial.attrs.get("worker")}
@@ -302,10 +303,13 @@ def record_remeasure(study, trial: TrialView, data: dict[str, Any], s: dict[str,
     data["autotune"]["measured"]["remeasured"] = again
     line = (f"re-measured in a fresh process: {fmt_interval(fresh.value, fresh.half_width, per)} = {ratio:.1%} of "
             f"the search's {fmt_interval(searched.value, searched.half_width)}{view.describe_runs(trial, per)}")
-    if fresh.ties(searched):
+    if fresh.a_tie(searched):
         line += ": their intervals overlap"
     elif agrees:
         line += f": within {GAP_WARNING:.0%} of it"
+    elif not (fresh.known and searched.known):
+        line += (f" — WARNING: they lie more than {GAP_WARNING:.0%} apart, and a figure without an interval (too few "
+                 "windows) cannot say whether that is noise: export again to measure it once more")
     else:
         line += (f" — WARNING: their intervals do not overlap and they lie more than {GAP_WARNING:.0%} apart; the "
                  "search's figure for this config is not what a fresh job reaches here (another load on the machine, "

@@ -16,16 +16,36 @@ def fmt_ips(x: float | None) -> str:
     return "-" if x is None else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
 
 
-def fmt_pm(half_width: float | None) -> str:
-    """An interval's relative half-width: ``± 1.2 %`` (``± ?`` where none was measured)."""
-    return "± ?" if half_width is None or not math.isfinite(half_width) else f"± {100 * half_width:.1f} %"
+def known(half_width: float | None) -> bool:
+    """A half-width that is an interval: not missing, not unbounded (one window alone)."""
+    return half_width is not None and math.isfinite(half_width)
 
 
-def fmt_interval(x: float | None, half_width: float | None, per: str | None = None) -> str:
-    """A figure with its 95 % interval: ``1,234 ± 1.2 % imgs/s``."""
+def fmt_pm(half_width: float | None, why: str | None = None) -> str:
+    """An interval's relative half-width: ``± 1.2 %``; ``± ?`` where none was measured, with ``why`` where given
+    (``no_interval``): every line that gives a half-width goes through here, so a missing one reads the same
+    everywhere and never stops a line from being written."""
+    if known(half_width):
+        return f"± {100 * half_width:.1f} %"
+    return "± ?" + (f" (no interval: {why})" if why else "")
+
+
+def no_interval(attrs: dict) -> str:
+    """Why a trial's figure has no interval, from its attrs: the windows it stands on were too few for one (one
+    window gives a figure and no spread), or it was measured before the tool gave intervals."""
+    n, seconds = attrs.get("windows"), attrs.get("measured_s")
+    if n is None and attrs.get("precise") is None:
+        return "measured before intervals were"
+    what = plural(n, "window") if n is not None else "its windows"
+    return what + (f" in {seconds:.1f} s" if seconds is not None else "") + ", too few for one"
+
+
+def fmt_interval(x: float | None, half_width: float | None, per: str | None = None, why: str | None = None) -> str:
+    """A figure with its 95 % interval: ``1,234 ± 1.2 % imgs/s`` (``why``: see ``fmt_pm``)."""
     if x is None:
         return "-"
-    return f"{fmt_ips(x)} {fmt_pm(half_width)}" + (f" {per}" if per else "")
+    return f"{fmt_ips(x)} {fmt_pm(half_width)}" + (f" {per}" if per else "") + \
+        (f" (no interval: {why})" if why and not known(half_width) else "")
 
 
 def per_second(unit: str | None) -> str:
@@ -43,7 +63,7 @@ def describe_gain(best: Interval, base: Interval) -> str:
     """What a ratio to the baseline says, honestly: the ratio with its uncertainty, and where the intervals overlap,
     that the two are a tie (no gain the noise does not explain)."""
     ratio = best.over(base)
-    if best.ties(base):
+    if best.a_tie(base):
         return f"{fmt_ratio(ratio)}: a tie with the baseline (their intervals overlap)"
     return f"{fmt_ratio(ratio)} the baseline"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_loss, fmt_params, fmt_pm, plural
+from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_loss, fmt_params, fmt_pm, no_interval, plural
 from autotune.study import view
 from autotune.study.found import found
 from autotune.study.measured import (
@@ -257,7 +257,7 @@ def where_the_step_goes(best: TrialView) -> str:
 def describe_certainty(v: TrialView, per: str = "imgs/s") -> str:
     """How sure a figure is: its interval and what it stands on."""
     if v.half_width is None:
-        return "its figure has no interval (measured before intervals were)"
+        return f"its figure has no interval ({no_interval(v.attrs)})"
     a = v.attrs
     text = f"{fmt_pm(v.half_width)} (95 % interval"
     if a.get("ci_batches"):
@@ -308,7 +308,7 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         gain = ""
         if v.feasible and base:
             ratio = v.interval.over(base.interval)
-            gain = f"{ratio.value:.2f}x" + ("=" if v.interval.ties(base.interval) and v is not base else "")
+            gain = f"{ratio.value:.2f}x" + ("=" if v.interval.a_tie(base.interval) and v is not base else "")
         pm = (f"{100 * v.half_width:.1f}%" if v.half_width is not None else "?" if v.precise is False else "-") \
             + ("~" if imprecise(v) else "")
         note = fmt_params(v.shown(searched), 90)
@@ -330,6 +330,10 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
     if any(imprecise(v) for v in trials):
         notes.append("~ the trial reached its time cap (measure.max_s) with its interval wider than the precision "
                      "asked (measure.precision): its figure is less certain, as the interval says")
+    for v in trials:
+        if v.imgs_per_s is not None and v.half_width is None and v.precise is False and v.outcome != Outcome.PRUNED:
+            notes.append(f"? trial {v.label}'s interval is unknown: {no_interval(v.attrs)}; its figure is neither a "
+                         "tie with another nor measurably apart from it")
     for n in sorted(below):
         r = again[n]
         notes.append(f"{BELOW} trial {n} re-measured in a fresh process (`autotune export`) at "

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.formatting import fmt_interval, fmt_ips, fmt_loss, plural
+from autotune.formatting import fmt_interval, fmt_ips, fmt_loss, no_interval, plural
 from autotune.outputs import write_atomic
 from autotune.overview import conclusions, describe_loss, headline
 from autotune.study import view
@@ -71,6 +71,9 @@ class TrialRow:
     half_width: float | None = None
     """Its figure's 95 % interval as a share of it."""
 
+    no_interval: str | None = None
+    """Why its figure has no interval (``autotune.formatting.no_interval``; None where it has one)."""
+
     util: float | None = None
     precision: str = "?"
     decode: str = "?"
@@ -100,7 +103,8 @@ def trial_rows(study) -> list[TrialRow]:
         rows.append(TrialRow(
             number=v.number, part=v.part, outcome=outcome, stage=v.stage, imgs_per_s=v.imgs_per_s,
             windows=[x for x in map(finite, a.get("imgs_per_s_windows") or []) if x is not None],
-            half_width=v.half_width, util=v.util, precise=None if v.outcome == Outcome.PRUNED else v.precise,
+            half_width=v.half_width, no_interval=no_interval(a) if v.half_width is None else None,
+            util=v.util, precise=None if v.outcome == Outcome.PRUNED else v.precise,
             # The trial's config says what ran, searched or not (a knob the spec fixed, a stage's setting).
             precision=str(v.setting("training.precision", "?")), decode=str(v.setting("data.decode", "?")),
             batch_size=v.setting("training.batch_size"), channels_last=bool(v.setting("training.channels_last")),
@@ -373,7 +377,7 @@ def intervals_section(rows, per: str = "imgs/s") -> Section:
         rs = [r for r in drawn if r.outcome == outcome]
         if not rs:
             continue
-        hover = [f"trial {r.label}: {fmt_interval(r.imgs_per_s, r.half_width, per)}; loss {r.loss}"
+        hover = [f"trial {r.label}: {fmt_interval(r.imgs_per_s, r.half_width, per, r.no_interval)}; loss {r.loss}"
                  + ("; it reached its time cap with its interval wider than the precision asked"
                     if r.precise is False else "") for r in rs]
         fig.add_trace(go.Scatter(x=[_label(r) for r in rs], y=[r.imgs_per_s for r in rs], mode="markers",

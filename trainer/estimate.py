@@ -75,6 +75,11 @@ class Interval:
     def high(self) -> float:
         return self.value * (1 + self.half_width)
 
+    @property
+    def known(self) -> bool:
+        """It has an interval: one window alone gives a figure whose half-width is unbounded."""
+        return math.isfinite(self.half_width)
+
     def below(self, other: Interval) -> bool:
         """Measurably slower than ``other``: the whole interval lies under the other's."""
         return self.high < other.low
@@ -82,6 +87,11 @@ class Interval:
     def ties(self, other: Interval) -> bool:
         """The two intervals overlap: the figures cannot be told apart."""
         return not (self.below(other) or other.below(self))
+
+    def a_tie(self, other: Interval) -> bool:
+        """A tie as a line may name one: both intervals known, and overlapping. A figure without an interval
+        overlaps every other; that says nothing of the two, so it is never called a tie."""
+        return self.known and other.known and self.ties(other)
 
     def over(self, other: Interval) -> Interval:
         """The ratio of two independent figures, its half-width from both (the delta method)."""

@@ -41,6 +41,20 @@ BASELINE_PRECISION = 0.05
 seed configuration, noisy window to window and process to process, and a ratio to it carries its interval either
 way; measuring it as tightly as a candidate costs a search a fifth of its budget."""
 
+
+
+def baseline_precision(measure) -> float:
+    """The precision trial 0 measures to (``BASELINE_PRECISION``, or the study's ``measure.precision`` if looser):
+    one rule for the built-in job, a user's script and a framework's."""
+    return max(measure.precision, BASELINE_PRECISION)
+
+
+def baseline_measure(measure) -> dict[str, Any]:
+    """The measurement overrides trial 0 runs with, wherever it runs (the search's baseline trial, a script's first
+    run before the study exists, its re-measure): its longer cap and its precision."""
+    return {"measure.max_s": BASELINE_CAP * measure.max_s, "measure.precision": baseline_precision(measure)}
+
+
 BOUNDED_STAGES = frozenset({Stage.CANDIDATE, Stage.CLIMB, Stage.REFINE, Stage.SEARCH, Stage.RETRY})
 """End-to-end trials not launched when what the stages measured bounds them below the best (not the baseline, and
 not a start the spec asked for)."""
@@ -195,9 +209,7 @@ class Evaluator:
             # values the space does not hold): the sampler draws nothing for them.
             overrides = self.plan.space.suggest(trial, self.plan.base.to_dict(), only=set(self.plan.baseline))
             if stage not in self.preloaded:  # a run made before the study existed has its measurement
-                m = self.plan.base.measure
-                overrides.update({"measure.max_s": BASELINE_CAP * m.max_s,
-                                  "measure.precision": max(m.precision, BASELINE_PRECISION)})
+                overrides.update(baseline_measure(self.plan.base.measure))
             return overrides
         return self.plan.space.suggest(trial, self.plan.base.to_dict())
 

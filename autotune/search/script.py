@@ -25,6 +25,7 @@ from typing import Any
 from autotune.exceptions import AutotuneError
 from autotune.hw.nvml import Sampler
 from autotune.runner.trial import TrialJob, TrialRun, run_trial
+from autotune.search.evaluate import baseline_measure
 from autotune.spec import StudySpec
 from autotune.study.view import Stage
 from autotune.verdict import ending, judge, script_fix
@@ -225,7 +226,9 @@ def _with_script_spec(data: dict[str, Any], spec: str) -> dict[str, Any]:
 def probe(plan, logs: Path, say) -> Probe:
     """Trial 0 in a fresh process: the script with its own defaults (the run sets nothing). Raises ScriptError,
     naming the fix, when it cannot stand as a trial."""
-    cfg = plan.base.with_overrides({"name": f"{plan.name}-trial-0", "output_dir": str(logs / "trial-0")})
+    # Measured as trial 0 is for every job: to the baseline's precision, with its longer cap.
+    cfg = plan.base.with_overrides({**baseline_measure(plan.base.measure), "name": f"{plan.name}-trial-0",
+                                    "output_dir": str(logs / "trial-0")})
     job = TrialJob(config=cfg, trial_dir=logs / "trial-0", nproc_per_node=plan.nproc,
                    gpus=[g.uuid for g in plan.gpus] if plan.gpus else plan.entries,
                    torchrun_args=list(plan.torchrun.args), timeout_s=plan.trial_timeout_s)

@@ -1,10 +1,11 @@
 """What a study found, in the one sentence the search's last line, ``show`` and the report share: the fastest
 configuration with its interval and its ratio to the baseline, said as the intervals allow (a gain inside the noise is
-no gain, and configurations whose intervals overlap are a tie)."""
+no gain, configurations whose intervals overlap are a tie, and a figure without an interval is said to have none,
+never called a tie)."""
 
 from __future__ import annotations
 
-from autotune.formatting import fmt_interval, fmt_ratio
+from autotune.formatting import fmt_interval, fmt_ratio, no_interval
 from autotune.study import view
 from autotune.study.view import TrialView
 
@@ -16,8 +17,8 @@ def found(trials: list[TrialView], per: str = "imgs/s", *, share: str = "") -> s
     best, base = view.fastest(trials), view.baseline(trials)
     if best is None:
         return "none yet"
-    figure = f"{fmt_interval(best.imgs_per_s, best.half_width, per)}{view.describe_runs(best, per)}{share}"
-    if base is not None and (best.baseline or best.interval.ties(base.interval)):
+    figure = f"{fmt_interval(best.imgs_per_s, best.half_width, per, why(best))}{view.describe_runs(best, per)}{share}"
+    if base is not None and (best.baseline or best.interval.a_tie(base.interval)):
         if best.baseline:
             return ("no configuration measurably faster than the baseline on this machine: "
                     f"{describe_baseline(base, per)}")
@@ -39,4 +40,10 @@ def describe_baseline(base: TrialView, per: str = "imgs/s") -> str:
     processes, combined (``trial 0 (the baseline, 1,000 ± 1.5 %)``)."""
     runs = view.describe_runs(base, per)
     return (f"trial {base.label}" + (" with its re-measure" if runs else "") + " (the baseline, "
-            f"{fmt_interval(base.imgs_per_s, base.half_width)}{runs.replace(' (', '; ', 1)[:-1] if runs else ''})")
+            f"{fmt_interval(base.imgs_per_s, base.half_width, why=why(base))}"
+            f"{runs.replace(' (', '; ', 1)[:-1] if runs else ''})")
+
+
+def why(v: TrialView) -> str:
+    """Why ``v``'s figure has no interval (``no_interval``), for a line that gives its figure."""
+    return no_interval(v.attrs)

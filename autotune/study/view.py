@@ -328,12 +328,12 @@ def fastest(trials: list[TrialView]) -> TrialView | None:
 
 def tied(trials: list[TrialView]) -> list[TrialView]:
     """The configurations that tie with the fastest (their intervals overlap its), the fastest first; the baseline never
-    counts as one."""
+    counts as one, nor does a figure without an interval (``Interval.a_tie``)."""
     configs = configurations(trials)  # once: a configuration run more than once is a new view at each call
     best = max(configs, key=lambda v: v.imgs_per_s, default=None)
     if best is None:
         return []
-    return sorted((c for c in configs if c is best or (not c.baseline and c.interval.ties(best.interval))),
+    return sorted((c for c in configs if c is best or (not c.baseline and c.interval.a_tie(best.interval))),
                   key=lambda c: (c is not best, -c.imgs_per_s))
 
 
@@ -395,9 +395,10 @@ def _as_one(runs: list[TrialView]) -> TrialView:
     value = _weighted([x for x, _ in valued], [w for _, w in valued]) if valued else first.value
     utils = [v.util for v in runs if v.util is not None]
     util = statistics.fmean(utils) if utils else first.util
-    attrs = {**first.attrs, "imgs_per_s": both.value, "ci_half_width": both.half_width, "util_mean": util,
+    half = both.half_width if both.known else None  # runs none of which had an interval: still none
+    attrs = {**first.attrs, "imgs_per_s": both.value, "ci_half_width": half, "util_mean": util,
              RUNS: [[v.number, v.imgs_per_s, v.half_width] for v in runs]}
-    return dataclasses.replace(first, imgs_per_s=both.value, half_width=both.half_width, util=util, value=value,
+    return dataclasses.replace(first, imgs_per_s=both.value, half_width=half, util=util, value=value,
                                attrs=attrs)
 
 

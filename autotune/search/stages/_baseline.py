@@ -1,11 +1,14 @@
-"""Trial 0 again: measured again in a fresh process where its interval was still wider than the precision asked at
-its time cap; every gain is a ratio to it."""
+"""Trial 0 again: measured again in a fresh process where at its time cap its interval was still wider than the
+baseline's precision (``autotune.search.evaluate.baseline_precision``), or its windows too few for one; every gain is a
+ratio to it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.formatting import fmt_pm, known, no_interval
 from autotune.search.bounds import Snapshot
+from autotune.search.evaluate import baseline_precision
 from autotune.search.stages._ask import Ask, Request
 from autotune.study.view import Outcome, Stage
 
@@ -20,10 +23,14 @@ class BaselineAgain:
                 or any(v.attrs.get("remeasure_of") is not None for v in runs)):
             return None
         first = runs[0]
-        if first.outcome != Outcome.MEASURED or first.precise is not False or snap.budget.left < 2:
+        # One rule for every job: trial 0 is measured to the baseline's precision, whatever its own run asked.
+        target = baseline_precision(self.ask.scope.plan.base.measure)
+        within = known(first.half_width) and first.half_width <= target
+        if first.outcome != Outcome.MEASURED or first.precise is not False or within or snap.budget.left < 2:
             return None
-        target = self.ask.scope.plan.base.measure.precision
-        self.ask.notes.note("baseline", f"stages: trial {first.label}'s interval was still wider than ±{target:.0%} "
-                                        f"at its time cap (± {first.half_width:.1%}): measured again in a fresh "
-                                        "process; the baseline combines the two runs")
+        wide = (f"trial {first.label}'s interval was still wider than ±{target:.0%} (the baseline's precision) at "
+                f"its time cap ({fmt_pm(first.half_width)})" if known(first.half_width) else
+                f"trial {first.label} has no interval ({no_interval(first.attrs)}) at its time cap")
+        self.ask.notes.note("baseline", f"stages: {wide}: measured again in a fresh process; the baseline combines "
+                                        "the two runs")
         return self.ask.trial(dict(first.params), {"stage": Stage.BASELINE, "remeasure_of": first.number})

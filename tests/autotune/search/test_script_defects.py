@@ -31,7 +31,7 @@ from autotune.runner.torchrun import Torchrun
 from autotune.runner.trial import TrialJob
 from autotune.search import script
 from autotune.search.engine import Engine, best_line
-from autotune.search.evaluate import why_supply_stops
+from autotune.search.evaluate import baseline_measure, why_supply_stops
 from autotune.search.prepare import Plan, SearchOptions
 from autotune.search.progress import Progress
 from autotune.space import resolve
@@ -92,11 +92,13 @@ class Sim:
     configs the pool was asked to run."""
 
     def __init__(self, tmp: Path, machine: Machine, trials: int, *, enqueue=(), cancels: bool = True,
-                 image_folder: dict | None = None):
+                 image_folder: dict | None = None, first: dict | None = None):
+        """``first``: settings trial 0 ran with besides the base's (its measurement, as the probe set it)."""
         self.plan = plan = script_plan(trials, root=tmp, image_folder=image_folder)
         self.pool = FakePool(machine, tmp, cancels=cancels)
         # Trial 0 ran before the study existed (the probe), in a fresh process: the baseline trial records it.
-        job = TrialJob(config=plan.base.with_overrides({"output_dir": str(tmp / "trial-0")}),
+        job = TrialJob(config=plan.base.with_overrides({**baseline_measure(plan.base.measure), **(first or {}),
+                                                        "output_dir": str(tmp / "trial-0")}),
                        trial_dir=tmp / "trial-0", nproc_per_node=2)
         plan.preloaded["baseline"] = (self.pool.run(job, fresh=True), [])
         self.pool.runs.clear()

@@ -1,0 +1,116 @@
+"""How sure a user's script's figures are, as its search and ``show`` say it: a trial 0 whose windows were too few for
+an interval, a figure without an interval set beside others, trial 0 measured once to the baseline's precision, a
+loss that never moved.
+
+The search runs on the simulated machine of ``test_script_defects`` (the search's own engine, stages, evaluator and
+recording; only the runs are simulated, and the figures are inputs of the tests)."""
+
+from __future__ import annotations
+
+import re
+
+import optuna
+import pytest
+
+from autotune import export, overview, report
+from autotune.search import script
+from autotune.search.evaluate import BASELINE_CAP, BASELINE_PRECISION
+from autotune.study import view
+from autotune.study.found import found
+from tests.autotune.search import test_script_defects as defects
+from tests.autotune.search.test_script_defects import Sim, cpu_demo_study, cpu_ranks, script_plan, storage_of
+from tests.helpers.machine import FakePool
+
+ONE_WINDOW = {"measure.max_s": 0.5}
+"""Trial 0's measurement cut to one window (a script whose epochs are slow to turn): a figure without an interval."""
+
+
+# ---- trial 0 without an interval -----------------------------------------------------------------------------------
+
+
+def test_a_search_whose_trial_0_has_no_interval_runs_to_its_end_and_says_why(tmp_path, two_cores):
+    sim = Sim(tmp_path, cpu_ranks(), 6, first=ONE_WINDOW)
+    first = next(v for v in sim.views if v.baseline)
+    assert first.imgs_per_s is not None and first.half_width is None, first.attrs  # the case: a figure, no interval
+    assert len([v for v in sim.views if not v.part]) > 2, sim.lines  # the search went on after trial 0
+    said = re.search(r"trial 0 has no interval \((.+?)\)", sim.lines)
+    assert said and "1 window" in said.group(1), sim.lines  # why it is measured again, in the search's lines
+
+
+def test_show_the_report_and_the_export_of_a_baseline_without_an_interval_say_why(tmp_path, two_cores):
+    sim = Sim(tmp_path, cpu_ranks(), 2, first=ONE_WINDOW)  # no budget left to measure it again
+    assert view.baseline(sim.views).half_width is None
+    shown = overview.table(sim.study)
+    assert re.search(r"trial 0.*no interval: 1 window", shown), shown
+    report.render_html(sim.study)
+    data, _ = export.build(sim.study, export.pick_trial(sim.study))
+    assert data["autotune"]["measured"].get("gain_half_width") is None, data["autotune"]["measured"]
+
+
+# ---- a figure without an interval is no tie ------------------------------------------------------------------------
+
+
+def unknown_beside_known(tmp_path) -> optuna.Study:
+    """Trial 0 at 100 ± 1 %; trial 1 at 453 ± 2 %; trial 2 at 295, one window: no interval."""
+    known = [100.0, 101.0, 99.0, 100.0]
+    return cpu_demo_study(storage_of(tmp_path), trials=[
+        ("baseline", {"training.batch_size": 8, "data.decode": "pil"}, known, True, (1.4, 1.3), {}),
+        ("refine", {"training.batch_size": 32, "data.decode": "pil"}, [450.0, 455.0, 453.0, 453.0], True, (1.3, 1.2),
+         {"ci_half_width": 0.02}),
+        ("refine", {"training.batch_size": 64, "data.decode": "pil"}, [295.0, 295.0, 295.0, 295.0], False,
+         (1.3, 1.2), {"ci_half_width": None, "windows": 1, "measured_s": 0.5})], parts=[])
+
+
+def test_a_trial_without_an_interval_is_never_named_a_tie(tmp_path):
+    study = unknown_beside_known(tmp_path)
+    trials = view.views(study)
+    line = found(trials)
+    assert line.startswith("trial 1,") and "tie" not in line, line
+    assert [v.number for v in view.tied(trials)] == [1]
+    shown = overview.table(study)
+    row = next(ln for ln in shown.splitlines() if ln.startswith("2 "))
+    assert "=" not in row.split()[5], row  # its ratio to trial 0 is not marked a tie either
+    assert re.search(r"trial 2's interval is unknown: 1 window .*too few", shown), shown
+
+
+# ---- trial 0 measured once, to the baseline's precision ------------------------------------------------------------
+
+
+def test_trial_0_of_a_script_is_measured_to_the_baselines_precision(tmp_path, monkeypatch, two_cores):
+    plan = script_plan(3, root=tmp_path)
+    pool = FakePool(cpu_ranks(), tmp_path)
+    jobs = []
+
+    def run_trial(job):  # trial 0 in a fresh process, with the settings record the script writes
+        jobs.append(job)
+        run = pool.run(job, fresh=True)
+        run.records.insert(1, {"kind": "settings", "t": 0.0, "unit": "images", "applied": defects.APPLIES,
+                               "loader": True, "samples_per_rank": defects.SAMPLES_PER_RANK})
+        return run
+
+    monkeypatch.setattr(script, "run_trial", run_trial)
+    script.probe(plan, tmp_path / "logs", lambda line: None)
+    m = jobs[0].config.measure
+    assert (m.precision, m.max_s) == (BASELINE_PRECISION, BASELINE_CAP * plan.base.measure.max_s), m
+
+
+def test_a_trial_0_within_the_baselines_precision_at_its_cap_is_not_measured_again(tmp_path, two_cores):
+    # Trial 0 measured to the study's ±3 % (a script study started before its probe measured to the baseline's
+    # precision): its cap reached at ±3.7 %, within the baseline's ±5 %.
+    sim = Sim(tmp_path, cpu_ranks(noisy={"pil": 0.1}), 8, first={"measure.precision": 0.03})
+    first = next(v for v in sim.views if v.baseline)
+    assert first.precise is False and 0.03 < first.half_width <= BASELINE_PRECISION, first.attrs
+    again = [v for v in sim.views if v.attrs.get("remeasure_of") is not None]
+    assert not again, sim.lines
+
+
+def test_a_trial_0_measured_again_names_the_precision_it_was_measured_to(tmp_path, two_cores):
+    sim = Sim(tmp_path, cpu_ranks(noisy={"pil": 0.2}), 8)
+    assert any(v.attrs.get("remeasure_of") == 0 for v in sim.views), sim.lines
+    said = next(ln for ln in sim.lines.splitlines() if "measured again in a fresh process" in ln)
+    assert f"±{BASELINE_PRECISION:.0%}" in said and "±3%" not in said, said
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
