@@ -68,15 +68,23 @@ def describe_gain(best: Interval, base: Interval) -> str:
     return f"{fmt_ratio(ratio)} the baseline"
 
 
+LOSS_WARNING = "loss_warning"
+"""The trial attr of what makes its figure doubtful though it stands (``autotune.verdict.still_loss``)."""
+
+STILL = "!"
+"""Marks a loss that never moved across a trial's windows (``LOSS_WARNING``)."""
+
+
 def fmt_loss(attrs: dict) -> str:
     """A trial's loss over its measured windows, start -> end; "diverged" when it did not stay finite: a figure
-    without its loss says nothing about training."""
+    without its loss says nothing about training; ``!`` after one that never moved (``LOSS_WARNING``)."""
     if attrs.get("loss_finite") is False:
         return "diverged"
     start, end = attrs.get("loss_start"), attrs.get("loss_end")
     if end is None:
         return "-"
-    return f"{start:.3g}->{end:.3g}" if start is not None else f"{end:.3g}"
+    text = f"{start:.3g}->{end:.3g}" if start is not None else f"{end:.3g}"
+    return text + (STILL if attrs.get(LOSS_WARNING) else "")
 
 
 def fmt_value(v: Any) -> str:

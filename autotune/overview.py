@@ -9,7 +9,18 @@ from __future__ import annotations
 
 import statistics
 
-from autotune.formatting import fmt_duration, fmt_interval, fmt_ips, fmt_loss, fmt_params, fmt_pm, no_interval, plural
+from autotune.formatting import (
+    LOSS_WARNING,
+    STILL,
+    fmt_duration,
+    fmt_interval,
+    fmt_ips,
+    fmt_loss,
+    fmt_params,
+    fmt_pm,
+    no_interval,
+    plural,
+)
 from autotune.study import view
 from autotune.study.found import found
 from autotune.study.measured import (
@@ -168,6 +179,8 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
                      "than the baseline")
     else:
         sure += "; not yet measured again in a fresh process (`autotune export` does)"
+    if best.attrs.get(LOSS_WARNING):
+        sure += f"; WARNING: {best.attrs[LOSS_WARNING]}"
     out.append(("how sure", sure))
     return out
 
@@ -334,6 +347,10 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         if v.imgs_per_s is not None and v.half_width is None and v.precise is False and v.outcome != Outcome.PRUNED:
             notes.append(f"? trial {v.label}'s interval is unknown: {no_interval(v.attrs)}; its figure is neither a "
                          "tie with another nor measurably apart from it")
+    for v in trials:
+        if v.attrs.get(LOSS_WARNING):
+            notes.append(f"{STILL} trial {v.label}: {v.attrs[LOSS_WARNING]}; its figure stands, but says nothing of "
+                         "training until the loss moves")
     for n in sorted(below):
         r = again[n]
         notes.append(f"{BELOW} trial {n} re-measured in a fresh process (`autotune export`) at "

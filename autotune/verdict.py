@@ -11,7 +11,8 @@ collected:
    ``trainer.protocol.ROOT_CAUSE_ORDER``: an OOM outranks the NCCL errors it makes its peers raise), then why the
    launcher stopped it, then its exit code and the end of its log, read with the signatures the job classifies its
    own exceptions by (``trainer.protocol.SIGNATURES``).
-2. ``figure``: whether the figure it reported stands: a loss that did not hold is a divergence, no figure a crash.
+2. ``figure``: whether the figure it reported stands: a loss that did not hold is a divergence, no figure a crash;
+   and what makes a figure that stands doubtful (``still_loss``: a loss that never moved), said beside it.
 
 ``judge`` is both, for a run whose figure is wanted.
 """
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 
 from autotune.runner.process import STACKS_MARK, log_tail
 from autotune.runner.trial import Stopped
+from trainer.learning import window_losses
 from trainer.protocol import SIGNATURES, STEPS_EVERY_S, Failure, Kind, nonfinite_reason, root_cause_rank
 
 FIXES: dict[Failure, str] = {
@@ -74,6 +76,9 @@ class Verdict:
 
     error: dict[str, Any] | None = None
     """The error record the class stands on (the root cause over the ranks), when a rank wrote one."""
+
+    warning: str | None = None
+    """What makes a figure that stands doubtful, said beside it (``still_loss``): no failure."""
 
     @property
     def ok(self) -> bool:
@@ -126,7 +131,9 @@ def judge(run: Finished, *, pruned: bool = False, stopped_early: bool = False) -
     summary = _last(run.records, Kind.SUMMARY)
     if stopped_early and summary is None:
         return v
-    return figure(summary)
+    v = figure(summary)
+    warning = still_loss(run.records) if v.ok else None
+    return Verdict(warning=warning) if warning else v
 
 
 def ending(run: Finished) -> Verdict:
@@ -224,6 +231,32 @@ def figure(summary: dict[str, Any] | None) -> Verdict:
     if s.get("imgs_per_s") is None:
         return failed(Failure.CRASH, "the job reported no throughput")
     return OK
+
+
+STILL_FIGURES = 3
+"""Fewest loss figures (the first window's start, then each window's end: two windows) a loss that never moved is
+judged on."""
+
+
+def still_loss(records: Sequence[dict]) -> str | None:
+    """Why a run's figure is doubtful though it stands: its loss is the same figure, to the last digit its windows
+    record, across the windows its figure stands on (``0 -> 0``). The steps ran, so the figure stands; but a run
+    whose loss never moves learns nothing from what it is fed: one class in its data, labels all alike, a loss
+    detached from the model. Where a script's settings record names its ImageFolder, how many classes it holds."""
+    summary = _last(records, Kind.SUMMARY) or {}
+    used = set(summary.get("windows_used") or [])
+    windows = [r for r in records if r.get("kind") == Kind.WINDOW and (not used or r.get("window") in used)]
+    figures = [x for x in window_losses(windows) if x is not None]
+    if len(figures) < STILL_FIGURES or any(x != figures[0] for x in figures):
+        return None
+    text = (f"its loss never moved ({figures[0]:.6g} at each of its {len(windows)} windows' ends): the run learns "
+            "nothing from what it is fed")
+    folder = (_last(records, Kind.SETTINGS) or {}).get("image_folder") or {}
+    classes = folder.get("classes")
+    if classes is None:
+        return text + " (one class in its data, labels all alike, or a loss detached from the model?)"
+    text += f"; its ImageFolder ({folder.get('path')}) holds {classes} class{'' if classes == 1 else 'es'}"
+    return text + (": give it the folder whose subfolders are the classes" if classes < 2 else "")
 
 
 def _last(records: Sequence[dict], kind: str) -> dict | None:

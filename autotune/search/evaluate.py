@@ -112,6 +112,10 @@ class Evaluation:
     """The trial whose OOM predicted this one's (``Evaluator.known_oom``)."""
 
     shapes_new_to_worker: bool | None = None
+    loss_warning: str | None = None
+    """What makes its figure doubtful though it stands (``autotune.verdict.still_loss``; ``formatting.LOSS_WARNING``
+    reads it)."""
+
     repaired_by_next: dict[str, Any] | None = None
     """What the repaired draw enqueued after it changes (``autotune.search.record``)."""
 
@@ -124,7 +128,7 @@ class Evaluation:
 
     def judged(self, v: verdict.Verdict) -> None:
         """Take ``autotune.verdict``'s decision as the trial's failure and message."""
-        self.failure, self.message = v.failure, v.reason
+        self.failure, self.message, self.loss_warning = v.failure, v.reason, v.warning
 
     def take(self, measured: dict[str, Any]) -> None:
         """Take what a run or the GPUs' samples recorded: a named field by its name, the rest into ``figures``."""
@@ -150,7 +154,7 @@ class Evaluation:
 
 _NAMED = ("stage", "log_path", "imgs_per_s", "ci_half_width", "precise", "util_available", "util_mean", "wall_s",
           "stopped_early", "pruned_before_launch", "bound_imgs_per_s", "oom_predicted_from", "shapes_new_to_worker",
-          "repaired_by_next")
+          "loss_warning", "repaired_by_next")
 """The fields of ``Evaluation`` stored as the trial's attrs, under their own names."""
 
 

@@ -4,6 +4,7 @@ exceptions by), a pruned or measured run being no failure, and the failures a se
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import optuna
@@ -211,3 +212,20 @@ def test_a_full_run_names_the_root_cause_or_what_its_log_shows(tmp_path):
     result = fullrun.TrainResult.of([], returncode=1, verdict=verdict.ending(run(tmp_path, log=log)))
     assert fullrun.failure_message(plan, result) == (
         f"the job exited with code 1 and no error record (oom: {log.strip()}); log: {plan.log_path}")
+
+
+def windows(*losses):
+    """Window records whose loss went through ``losses`` (each window from one figure to the next)."""
+    return [{"kind": "window", "window": i, "loss_start": a, "loss_end": b}
+            for i, (a, b) in enumerate(itertools.pairwise(losses))]
+
+
+def test_a_loss_that_never_moved_is_flagged_and_its_figure_stands(tmp_path):
+    still = verdict.judge(run(tmp_path, [*windows(0.0, 0.0, 0.0, 0.0), SUMMARY], rc=0))
+    assert still.ok and "never moved" in still.warning, still
+    learning = verdict.judge(run(tmp_path, [*windows(2.3, 2.2, 2.25, 2.1), SUMMARY], rc=0))
+    assert learning == verdict.OK
+    # What the script's ImageFolder holds, where its settings record says: one class is the slip to name.
+    folder = {"kind": "settings", "image_folder": {"path": "/data/photos", "classes": 1}}
+    named = verdict.judge(run(tmp_path, [folder, *windows(0.0, 0.0, 0.0), SUMMARY], rc=0))
+    assert "1 class" in named.warning and "/data/photos" in named.warning, named.warning

@@ -115,6 +115,10 @@ class Machine:
     """Decode paths that decode on the GPUs: the share of the time the GPUs are busy while the path feeds alone.
     End to end such a path and the model share the GPUs: per sample, the model's time plus the decode's."""
 
+    loss: float | None = None
+    """Every step's loss, one figure throughout (a run that learns nothing: one class in its data); None: the
+    windows carry no loss, and a run's summary says it fell."""
+
     model_busy: float = 0.98
     """The share of the time the GPUs are busy while the model alone runs (below 0.6: the host's kernel launches
     bound it)."""
@@ -275,8 +279,9 @@ class FakePool:
             measured = sum(w.seconds for w in meter.windows)  # its warm-up is part of run_s
             self.clock.advance((m.fresh_s if started else 0.0) + m.run_s + compile_s + measured)
         finite = not (m.kind(cfg) == "e2e" and cfg.training.precision in m.diverges)
-        emit({"kind": "summary", **meter.summary(), "loss_finite": finite, "loss_start": 2.0,
-              "loss_end": 1.9 if finite else float("nan"), "loss_nonfinite_in_windows": 0 if finite else 3,
+        falls = {"loss_start": 2.0, "loss_end": 1.9 if finite else float("nan")} if m.loss is None else {}
+        emit({"kind": "summary", **meter.summary(), "loss_finite": finite, **falls,
+              "loss_nonfinite_in_windows": 0 if finite else 3,
               **({"compile_s": compile_s, "compiles": int(compile_s > 0),
                   "compile_reused": compile_s == 0, "compile_from_caches": from_caches} if compiled else {})})
         return self._end(run)
@@ -294,6 +299,7 @@ class FakePool:
                                 clock=Clock(), stop_requested=stopped)
         swing, chunk, pace = self.machine.swing(cfg), -1, steady
         wait = self.machine.data_wait(cfg, self.runs[-1]["plans_searched"])
+        loss = None if self.machine.loss is None else _torch().tensor(self.machine.loss)
         while not meter.done:
             if int(meter.clock.t / 0.5) != chunk:
                 chunk = int(meter.clock.t / 0.5)
@@ -304,10 +310,11 @@ class FakePool:
                 meter.waited(wait * step_s)
             meter.clock.t += step_s
             n = len(meter.windows)
-            meter.step()
+            meter.step(loss)
             for w in meter.windows[n:]:
                 emit({"kind": "window", "window": w.index, "t0": w.t0, "t1": w.t1, "seconds": w.seconds,
                       "steps": w.steps, "images": w.images, "imgs_per_s": w.imgs_per_s, "turn": w.turn,
+                      "loss_start": w.loss_start, "loss_end": w.loss_end,
                       "estimate": {"imgs_per_s": meter.latest.value, "half_width": meter.latest.half_width,
                                    "start": meter.latest.start} if meter.latest else None})
                 if stopped() and not self.cancels:
@@ -358,6 +365,12 @@ class SimClock:
 
 
 _CPU = __import__("torch").device("cpu")
+
+
+def _torch():
+    import torch
+
+    return torch
 
 
 def _what(cfg) -> str:

@@ -15,9 +15,10 @@ CROPS = ("RandomResizedCrop", "CenterCrop", "RandomCrop")
 
 
 def image_folder(dataset: Any) -> dict[str, Any] | None:
-    """``{"path": its folder, "image_size": its crop}`` of a torchvision ``ImageFolder`` (any ``DatasetFolder``)
-    of JPEG files: the folder ``run.image_loader`` would take, and the crop where its transform says one (a square
-    RandomResizedCrop, CenterCrop or RandomCrop, the last of them); None for any other dataset."""
+    """``{"path": its folder, "classes": how many, "image_size": its crop}`` of a torchvision ``ImageFolder`` (any
+    ``DatasetFolder``) of JPEG files: the folder ``run.image_loader`` would take, its classes, and the crop where its
+    transform says one (a square RandomResizedCrop, CenterCrop or RandomCrop, the last of them); None for any other
+    dataset."""
     try:
         from torchvision.datasets import DatasetFolder
     except ImportError:
@@ -26,7 +27,8 @@ def image_folder(dataset: Any) -> dict[str, Any] | None:
         return None
     if not all(str(path).lower().endswith(JPEG) for path, *_ in dataset.samples):
         return None
-    out: dict[str, Any] = {"path": os.path.abspath(os.fspath(dataset.root))}
+    # Its classes: a folder given one level too high holds one, and a loss over one class never moves.
+    out: dict[str, Any] = {"path": os.path.abspath(os.fspath(dataset.root)), "classes": len(dataset.classes)}
     size = crop_size(getattr(dataset, "transform", None))
     if size is not None:
         out["image_size"] = size

@@ -35,8 +35,10 @@ def transform(size):
 
 def test_an_imagefolder_of_jpegs_is_told_with_its_crop_and_nothing_else_is(tiny_jpegs, tmp_path):
     folder = datasets.ImageFolder(str(tiny_jpegs), transform=transform(32))
-    assert image_folder(folder) == {"path": str(tiny_jpegs.resolve()), "image_size": 32}
-    assert image_folder(datasets.ImageFolder(str(tiny_jpegs))) == {"path": str(tiny_jpegs.resolve())}  # no crop
+    classes = len(folder.classes)
+    assert image_folder(folder) == {"path": str(tiny_jpegs.resolve()), "classes": classes, "image_size": 32}
+    assert image_folder(datasets.ImageFolder(str(tiny_jpegs))) == {"path": str(tiny_jpegs.resolve()),
+                                                                   "classes": classes}  # no crop
     assert crop_size(v2.Compose([v2.Resize(256), v2.CenterCrop(224)])) == 224
     assert crop_size(v2.RandomResizedCrop((160, 128))) is None  # not square: the pipelines crop squares
     # Not an image folder: no folder to read, and no measurement for it.
@@ -76,7 +78,8 @@ def test_the_settings_record_names_the_folder_a_scripts_loader_reads(tiny_jpegs,
     finally:
         activate(None)
     (settings,) = [r for r in records if r["kind"] == "settings"]
-    assert settings["image_folder"] == {"path": str(tiny_jpegs.resolve()), "image_size": 24}
+    assert settings["image_folder"] == {"path": str(tiny_jpegs.resolve()), "classes": len(data.classes),
+                                        "image_size": 24}
 
 
 # ---- the search: one measurement where the script's own loader is the limit ---------------------------------------
@@ -183,7 +186,8 @@ def test_the_measurement_runs_on_the_live_worker_of_the_example_script(tiny_jpeg
         own = pool.run(job(base, "own"))
         (settings,) = own.of_kind("settings")
         folder = settings["image_folder"]
-        assert folder == {"path": str(tiny_jpegs.resolve()), "image_size": 32}
+        assert folder == {"path": str(tiny_jpegs.resolve()), "image_size": 32,
+                          "classes": len(datasets.ImageFolder(str(tiny_jpegs)).classes)}
         theirs = pool.run(job(base.with_overrides({
             "training.mode": "loader", "data.decode": fastest_decode(on_gpu=False), "data.kind": "imagefolder",
             "data.path": folder["path"],

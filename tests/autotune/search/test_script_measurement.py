@@ -114,3 +114,17 @@ def test_a_trial_0_measured_again_names_the_precision_it_was_measured_to(tmp_pat
 @pytest.fixture(autouse=True)
 def _quiet():
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+# ---- a loss that never moves ---------------------------------------------------------------------------------------
+
+
+def test_a_loss_that_never_moves_is_flagged_in_the_trials_row_and_in_show(tmp_path, two_cores):
+    sim = Sim(tmp_path, cpu_ranks(loss=0.0), 3)
+    first = next(v for v in sim.views if v.baseline)
+    assert first.outcome == "measured" and first.imgs_per_s, first.attrs  # the figure stays ...
+    shown = overview.table(sim.study)
+    row = next(ln for ln in shown.splitlines() if ln.startswith("0"))
+    assert "0->0!" in row, row  # ... flagged in its row ...
+    assert re.search(r"! trial 0: its loss never moved", shown), shown  # ... and said in words
+    assert re.search(r"how sure: .*WARNING: its loss never moved", shown), shown
