@@ -327,6 +327,8 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
         note = fmt_params(v.shown(searched), 90)
         if v.failure_class and v.outcome != Outcome.PRUNED:
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
+        if a.get("fresh_process") and a.get("worker"):  # a function's trial off the live worker: why
+            note = f"[fresh process: {a['fresh_process']}]  {note}"
         # The best is a configuration (``view.configurations``): one run more than once is a new view of its first run.
         starred = best is not None and not v.part and v.number == best.number
         mark = ("*" if starred else "") + (BELOW if not v.part and v.number in below else "")
@@ -385,9 +387,13 @@ def trial_time(trials: list[TrialView]) -> list[str]:
         if values:
             parts.append(f"{name} {statistics.median(values):.1f} s")
     wall = statistics.median(float(a["wall_s"]) for a in launched if a.get("wall_s") is not None)
-    reused = sum(1 for a in launched if (a.get("launch_s") or 0) < 2.0 and a.get("worker"))
-    return [f"median trial ({len(launched)} launched, {reused} on a live worker): {wall:.1f} s; medians of its "
-            f"parts: {', '.join(parts)}"]
+    # A trial says why it got a process of its own (``fresh_process``); one of a study recorded before that, by how
+    # long its start took.
+    said = any(a.get("fresh_process") for a in launched)
+    fresh = sum(1 for a in launched if a.get("fresh_process") or not a.get("worker")
+                or (not said and (a.get("launch_s") or 0) >= 2.0))
+    return [f"median trial ({fresh} launched, {len(launched) - fresh} on a live worker): {wall:.1f} s; medians of "
+            f"its parts: {', '.join(parts)}"]
 
 
 def pruning(trials: list[TrialView]) -> list[str]:

@@ -35,6 +35,8 @@ class Worker:
 
     def __init__(self, job: TrialJob, run: TrialRun, folder: Path, name: str):
         self.name, self.key, self.key_any_script = name, job.process_key(), job.process_key(script=False)
+        self.job = job
+        """The job it was launched with: what a job it cannot serve differs from (``TrialJob.differs_from``)."""
         folder.mkdir(parents=True, exist_ok=True)
         self.requests, self.log_path = folder / "requests.jsonl", folder / "log.txt"
         self.requests.write_bytes(b"")
@@ -90,25 +92,44 @@ class WorkerPool:
         self.root = Path(tempfile.mkdtemp(prefix=f"{socket.gethostname()}-{os.getpid()}-", dir=root))
         self.worker: Worker | None = None
         self.launched = 0
+        self.gone: str | None = None
+        """Why there is no live worker, once there was one."""
 
-    def run(self, job: TrialJob, *, fresh: bool = False, on_record: Callable[[dict], bool | None] | None = None,
+    def run(self, job: TrialJob, *, fresh: bool | str = False, on_record: Callable[[dict], bool | None] | None = None,
             on_poll: Callable[[], None] | None = None) -> TrialRun:
-        """Run ``job`` on the live worker, or on a new one when ``fresh``, when there is none or when its process
-        scope differs. A worker that turns out to have exited before starting the trial is replaced, once. A user's
-        script file cannot serve trials: it runs in a process of its own, always."""
+        """Run ``job`` on the live worker, or on a new one when ``fresh`` (True, or why in words), when there is
+        none or when its process scope differs; the run says why it got a new one (``TrialRun.fresh``). A worker
+        that turns out to have exited before starting the trial is replaced, once. A user's script file cannot serve
+        trials: it runs in a process of its own, always."""
         if job.config.script.path:
             self.close()
-            return run_trial(job, on_record=on_record, on_poll=on_poll)
+            run = run_trial(job, on_record=on_record, on_poll=on_poll)
+            run.fresh = "a script file runs each trial in a process of its own"
+            return run
         run, reused = self._run_once(job, fresh=fresh, on_record=on_record, on_poll=on_poll)
         if reused and not run.of_kind(Kind.START) and not run.stopped:
-            run, _ = self._run_once(job, fresh=True, on_record=on_record, on_poll=on_poll)
+            run, _ = self._run_once(job, fresh="the live worker had exited", on_record=on_record, on_poll=on_poll)
         return run
 
-    def _run_once(self, job: TrialJob, *, fresh: bool, on_record, on_poll) -> tuple[TrialRun, bool]:
+    def why_new(self, job: TrialJob, fresh: bool | str = False) -> str | None:
+        """Why ``job`` needs a new worker, in words; None: the live one serves it."""
+        w = self.worker
+        if fresh:
+            return fresh if isinstance(fresh, str) else "a fresh process was asked for"
+        if w is None:
+            return self.gone or "no live worker yet"
+        if not w.alive():
+            return "the live worker had exited"
+        if not job.runs_on(w.key, w.key_any_script):
+            return f"{', '.join(job.differs_from(w.job)) or 'its process scope'}: a live process cannot change it"
+        return None
+
+    def _run_once(self, job: TrialJob, *, fresh: bool | str, on_record, on_poll) -> tuple[TrialRun, bool]:
         run = prepare(job)
         cancel_path(run).unlink(missing_ok=True)
         w = self.worker
-        reused = not (fresh or w is None or not w.alive() or not job.runs_on(w.key, w.key_any_script))
+        run.fresh = self.why_new(job, fresh)
+        reused = run.fresh is None
         if not reused:
             self.close()
             self.launched += 1
@@ -135,6 +156,7 @@ class WorkerPool:
     def _retire(self, run: TrialRun, reader: LineReader) -> None:
         """The trial failed: its worker goes (killed if it has not exited by itself) and the books are closed."""
         w, self.worker = self.worker, None
+        self.gone = "the last worker ended with its trial (a failure costs the worker)"
         exited = not w.alive()
         run.leftover_pids = w.tree.finish() if exited else w.kill()
         if exited:

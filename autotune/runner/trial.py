@@ -84,6 +84,17 @@ class TrialJob:
             return True
         return not self.config.script.given and key_any_script == self.process_key(script=False)
 
+    def differs_from(self, other: TrialJob) -> list[str]:
+        """What keeps this job off a live process made for ``other`` (``process_key``): the settings, by name."""
+        mine, theirs = process_settings(self.config), process_settings(other.config)
+        names = [k for k in mine if mine[k] != theirs[k]]
+        for name, a, b in (("ranks", self.nproc_per_node, other.nproc_per_node), ("GPUs", self.gpus, other.gpus),
+                           ("torchrun arguments", self.torchrun_args, other.torchrun_args),
+                           ("environment", self.extra_env, other.extra_env), ("CPU cores", self.cores, other.cores)):
+            if a != b:
+                names.append(name)
+        return names
+
     def env(self) -> tuple[dict[str, str], dict[str, str]]:
         return run_env(nccl=self.config.nccl.to_env(), nproc=self.nproc_per_node, gpus=self.gpus,
                        extra=self.extra_env, cores=self.cores)
@@ -125,6 +136,9 @@ class TrialRun:
 
     worker: str | None = None
     """The live worker that ran it (None: a process of its own)."""
+
+    fresh: str | None = None
+    """Why it ran in a process started for it, in words (None: on a worker that was already live)."""
 
     def of_kind(self, kind: str) -> list[dict]:
         return [r for r in self.records if r.get("kind") == kind]

@@ -42,16 +42,18 @@ def search(o: SearchOptions, say=print) -> optuna.Study:
         base = generate_data(plan.spec, say)
         plan = dataclasses.replace(plan, base=base, probe=base, data=summarize_data(base))
     attrs = {"fingerprint": fingerprint(plan.nvml, plan.gpus), "torchrun_args": list(plan.torchrun.args)}
-    if plan.is_script:  # what the script applies decides the space: known from its first run, before any study
-        found = script.known(storage, plan.name) or script.probe(plan, log_root(plan.storage_url, plan.name), say)
-        plan = script.apply(plan, found)
-        attrs.update({script.PROBE_KEY: found.record(), "unit": found.unit})
-    attrs["reference_global_batch"] = reference_batch(plan)
-    study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
-                           nproc=plan.nproc, seed=o.seed, baseline=plan.baseline, starts=plan.starts, attrs=attrs)
-    engine = Engine(plan, study, storage, say)
-    engine.introduce()
-    with WorkerPool(engine.logs / "workers") as pool:
+    logs = log_root(plan.storage_url, plan.name)
+    # One pool from the first run on: a function's trial 0 starts the worker its next trials run on.
+    with WorkerPool(logs / "workers") as pool:
+        if plan.is_script:  # what the script applies decides the space: known from its first run, before any study
+            found = script.known(storage, plan.name) or script.probe(plan, logs, say, pool=pool)
+            plan = script.apply(plan, found)
+            attrs.update({script.PROBE_KEY: found.record(), "unit": found.unit})
+        attrs["reference_global_batch"] = reference_batch(plan)
+        study = create_or_load(spec=plan.spec, study_name=plan.name, storage=storage, objective=plan.objective,
+                               nproc=plan.nproc, seed=o.seed, baseline=plan.baseline, starts=plan.starts, attrs=attrs)
+        engine = Engine(plan, study, storage, say)
+        engine.introduce()
         engine.run(pool)
     return study
 

@@ -42,7 +42,6 @@ seed configuration, noisy window to window and process to process, and a ratio t
 way; measuring it as tightly as a candidate costs a search a fifth of its budget."""
 
 
-
 def baseline_precision(measure) -> float:
     """The precision trial 0 measures to (``BASELINE_PRECISION``, or the study's ``measure.precision`` if looser):
     one rule for the built-in job, a user's script and a framework's."""
@@ -53,6 +52,13 @@ def baseline_measure(measure) -> dict[str, Any]:
     """The measurement overrides trial 0 runs with, wherever it runs (the search's baseline trial, a script's first
     run before the study exists, its re-measure): its longer cap and its precision."""
     return {"measure.max_s": BASELINE_CAP * measure.max_s, "measure.precision": baseline_precision(measure)}
+
+
+TRIAL_0 = "trial 0 runs as a user's job does"
+"""Why trial 0 gets a process of its own (``TrialRun.fresh``, shown in its row)."""
+
+TRIAL_0_AGAIN = "trial 0 measured again, from a new process's start"
+"""Why its re-measure does: a second process's figure, where one process's stayed unsure."""
 
 
 BOUNDED_STAGES = frozenset({Stage.CANDIDATE, Stage.CLIMB, Stage.REFINE, Stage.SEARCH, Stage.RETRY})
@@ -239,18 +245,20 @@ class Evaluator:
         ev.pruned_before_launch = f"{bound[1]}, below the best ({best.low:,.0f} at the least); not launched"
         return True
 
-    def fresh(self, ev: Evaluation, trial) -> bool:
-        """Whether the trial needs a worker of its own (see the module's docstring)."""
+    def fresh(self, ev: Evaluation, trial) -> str | None:
+        """Why the trial needs a worker of its own, in words (see the module's docstring); None: it does not."""
         if ev.stage == Stage.BASELINE:
-            return True
+            return TRIAL_0_AGAIN if trial.user_attrs.get("remeasure_of") is not None else TRIAL_0
         shape = conv_shape(ev.config)
         live = self.pool.worker.name if self.pool.worker is not None and self.pool.worker.alive() else None
         if not self.plan.entries or shape is None or live is None:
-            return False
+            return None
         seen = self.seen.get(live, {})
         if trial.user_attrs.get("cudnn_evidence") and shape in seen:
-            return True
-        return ev.config.training.cudnn_benchmark and seen.get(shape) is False
+            return "training.cudnn_benchmark off on shapes its worker ran: a process keeps cuDNN's plans"
+        if ev.config.training.cudnn_benchmark and seen.get(shape) is False:
+            return "training.cudnn_benchmark on for shapes its worker ran with it off: a process keeps cuDNN's plans"
+        return None
 
     def launch(self, trial, ev: Evaluation, trial_dir: Path, heartbeat: Heartbeat) -> None:
         plan = self.plan
@@ -304,7 +312,8 @@ def conv_shape(config: TrainConfig) -> tuple | None:
 def run_attrs(run: TrialRun) -> dict[str, Any]:
     """Trial attributes from a run: figures, timing, where it ran."""
     attrs = {**measured_attrs(run.windows, run.summary), **run.timing(), "windows": len(run.windows),
-             "pgids": run.pgids, "worker": run.worker, "log_path": str(run.log_path.resolve()),
+             "pgids": run.pgids, "worker": run.worker, "fresh_process": run.fresh,
+             "log_path": str(run.log_path.resolve()),
              "result_path": str(run.result_path.resolve()),
              "env": {k: v for k, v in run.env.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED")}}
     if run.leftover_pids:

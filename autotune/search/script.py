@@ -25,7 +25,7 @@ from typing import Any
 from autotune.exceptions import AutotuneError
 from autotune.hw.nvml import Sampler
 from autotune.runner.trial import TrialJob, TrialRun, run_trial
-from autotune.search.evaluate import baseline_measure
+from autotune.search.evaluate import TRIAL_0, baseline_measure
 from autotune.spec import StudySpec
 from autotune.study.view import Stage
 from autotune.verdict import ending, judge, script_fix
@@ -223,9 +223,10 @@ def _with_script_spec(data: dict[str, Any], spec: str) -> dict[str, Any]:
     return out
 
 
-def probe(plan, logs: Path, say) -> Probe:
+def probe(plan, logs: Path, say, *, pool=None) -> Probe:
     """Trial 0 in a fresh process: the script with its own defaults (the run sets nothing). Raises ScriptError,
-    naming the fix, when it cannot stand as a trial."""
+    naming the fix, when it cannot stand as a trial. ``pool`` (``autotune.runner.pool.WorkerPool``): a function's
+    trial 0 starts a worker of the pool, which the trials after it run on; without one, a process of its own."""
     # Measured as trial 0 is for every job: to the baseline's precision, with its longer cap.
     cfg = plan.base.with_overrides({**baseline_measure(plan.base.measure), "name": f"{plan.name}-trial-0",
                                     "output_dir": str(logs / "trial-0")})
@@ -236,7 +237,7 @@ def probe(plan, logs: Path, say) -> Probe:
         f"(log: {job.trial_dir / 'log.txt'})")
     sampler = Sampler(plan.nvml, plan.gpus).start()
     try:
-        run = run_trial(job)
+        run = run_trial(job) if pool is None else pool.run(job, fresh=TRIAL_0)
     finally:
         samples = sampler.stop()
     settings = run.of_kind(Kind.SETTINGS)

@@ -231,18 +231,21 @@ class FakePool:
         """One entry per run: the config, the worker, whether it was a fresh one, and whether the cuDNN plans it ran
         on were found by the search."""
 
-    def run(self, job, *, fresh: bool = False, on_record=None, on_poll=None) -> TrialRun:
+    def run(self, job, *, fresh: bool | str = False, on_record=None, on_poll=None) -> TrialRun:
         m, cfg = self.machine, job.config
-        started = fresh or self.worker is None
+        started = bool(fresh) or self.worker is None
+        why = (fresh if isinstance(fresh, str) else "a fresh process was asked for") if fresh else \
+            "no live worker yet" if started else None
         if started:
             self.launched += 1
             self.worker = FakeWorker(f"worker-{self.launched}")
         w = self.worker
         d = Path(job.trial_dir)
-        run = TrialRun(log_path=d / "log.txt", result_path=d / "result.jsonl", worker=w.name, t_launch=time.time())
+        run = TrialRun(log_path=d / "log.txt", result_path=d / "result.jsonl", worker=w.name, t_launch=time.time(),
+                       fresh=why)
         shape = (cfg.training.precision, cfg.training.channels_last, cfg.training.batch_size)
         searched = w.plans.setdefault(shape, cfg.training.cudnn_benchmark) if m.kind(cfg) != "loader" else True
-        self.runs.append({"config": cfg, "worker": w.name, "fresh": fresh, "plans_searched": searched})
+        self.runs.append({"config": cfg, "worker": w.name, "fresh": bool(fresh), "plans_searched": searched})
         stop = False
 
         def emit(rec: dict) -> None:

@@ -17,8 +17,10 @@ from autotune.search import script
 from autotune.search.evaluate import BASELINE_CAP, BASELINE_PRECISION
 from autotune.study import view
 from autotune.study.found import found
+from autotune.study.storage import open_storage, trial_attrs
 from tests.autotune.search import test_script_defects as defects
 from tests.autotune.search.test_script_defects import Sim, cpu_demo_study, cpu_ranks, script_plan, storage_of
+from tests.helpers.cli import REPO, autotune
 from tests.helpers.machine import FakePool
 
 ONE_WINDOW = {"measure.max_s": 0.5}
@@ -128,3 +130,34 @@ def test_a_loss_that_never_moves_is_flagged_in_the_trials_row_and_in_show(tmp_pa
     assert "0->0!" in row, row  # ... flagged in its row ...
     assert re.search(r"! trial 0: its loss never moved", shown), shown  # ... and said in words
     assert re.search(r"how sure: .*WARNING: its loss never moved", shown), shown
+
+
+# ---- trials on the live worker (a real search: 2 gloo ranks) -------------------------------------------------------
+
+USER_FOLDER = REPO / "tests" / "helpers" / "scripts" / "user_folder.py"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_image_folder_scripts_trials_stay_on_the_live_worker(tmp_path):
+    """A user's ImageFolder script on the function path: trial 0 starts the worker, and the trials after it run on it;
+    a trial that needs a fresh process says which setting asks for one."""
+    from tests.jobutil import make_jpeg_folder
+
+    data = make_jpeg_folder(tmp_path / "photos", classes=4, per_class=64)
+    r = autotune("search", "--script", f"{USER_FOLDER}:main", "--trials", "4", "--", "--data", data,
+                 cwd=tmp_path, timeout=800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    shown = autotune("show", "--study", "script-user_folder-main", cwd=tmp_path).stdout
+    count = re.search(r"\((\d+) launched, (\d+) on a live worker\)", shown)
+    assert count, shown
+    study = optuna.load_study(study_name="script-user_folder-main",
+                              storage=open_storage(f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"))
+    ran = [trial_attrs(t) for t in study.get_trials()] + [trial_attrs(t) for t in view.parts_of(study).get_trials()]
+    fresh = [a for a in ran if a.get("fresh_process")]
+    # Trial 0 in a fresh process, as a user's job runs; the worker it started serves the rest, but a re-measure of
+    # trial 0, which is the point of one.
+    assert int(count.group(1)) == len(fresh) and int(count.group(2)) == len(ran) - len(fresh), shown
+    assert all(a.get("stage") == "baseline" for a in fresh), [(a.get("stage"), a.get("fresh_process")) for a in fresh]
+    rows = [ln for ln in shown.splitlines() if re.match(r"\d+\*?\s+baseline", ln)]
+    assert rows and all("fresh process:" in ln for ln in rows), shown
