@@ -121,7 +121,7 @@ def serve(first: TrainConfig, first_result: str | None, requests: str | Path, *,
             writer.close()
         if code:
             return code
-        baseline_threads |= process_threads()  # torch.compile's pools live as long as the process, by design
+        baseline_threads |= lifetime_threads()
         leaks = leftovers(baseline_threads)
         if leaks:
             print(f"[rank {rank}] trial {index} left {leaks} behind: this worker stops, the next trial gets a fresh "
@@ -158,6 +158,18 @@ def read_requests(path: Path, poll_s: float = REQUEST_POLL_S) -> Iterator[dict]:
                 yield json.loads(line)
         if not lines:
             time.sleep(poll_s)
+
+
+def lifetime_threads() -> set[threading.Thread]:
+    """Threads that live as long as the process by design, started by whichever trial came first: torch.compile's
+    pools (``trainer.compiled.process_threads``) and tqdm's monitor (one per process, started by its first progress
+    bar, a disabled one too, which never stops it)."""
+    threads = process_threads()
+    std = sys.modules.get("tqdm.std")
+    monitor = getattr(getattr(std, "tqdm", None), "monitor", None)
+    if isinstance(monitor, threading.Thread):
+        threads.add(monitor)
+    return threads
 
 
 def leftovers(baseline_threads: set[threading.Thread], grace_s: float = LEAK_GRACE_S) -> str | None:

@@ -51,3 +51,18 @@ def test_process_settings_are_what_only_a_new_process_can_change():
     assert process_settings(same) == process_settings(base)
     for change in ({"nccl.algo": "Ring"}, {"ddp.timeout_s": 30.0}, {"ddp.backend": "gloo"}):
         assert process_settings(base.with_overrides(change)) != process_settings(base), change
+
+
+def test_tqdms_monitor_is_the_processs_and_no_trial_left_it():
+    from tqdm import tqdm
+
+    from trainer.worker import lifetime_threads
+
+    if tqdm.monitor is not None:  # one an earlier test started: this test starts its own
+        tqdm.monitor.exit()
+        tqdm.monitor = None
+    baseline = set(threading.enumerate())
+    with tqdm(total=1, disable=True):  # a script's data step: a disabled bar starts the monitor and never stops it
+        pass
+    assert tqdm.monitor is not None and tqdm.monitor.is_alive()
+    assert leftovers(baseline | lifetime_threads(), grace_s=0.2) is None
