@@ -20,7 +20,6 @@ another search worker goes on from the same point.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -140,8 +139,8 @@ class Climb:
     def accepted(v: TrialView, point: TrialView, best: TrialView, knob: str) -> bool:
         """A move is taken when measurably faster than the point, or tied with it (and with the fastest so far) and
         cheaper: a smaller value of the knob it moved."""
-        if not v.feasible or not math.isfinite(v.interval.half_width):
-            return False
+        if not v.feasible or not (v.interval.known and point.interval.known):
+            return False  # a figure without an interval is neither faster nor a tie
         if point.interval.below(v.interval):
             return True
         old, new = point.params.get(knob), v.params.get(knob)

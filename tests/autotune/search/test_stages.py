@@ -788,3 +788,18 @@ def test_where_the_best_steps_wait_for_data_the_climb_moves_its_workers_up_first
     fed = search(Machine(ceilings=GPU, supplies=FEEDS), trials=8)
     first = next(v for v in e2e(fed) if v.stage == "climb")
     assert first.attrs["climb_dir"] == "down"
+
+
+def test_a_move_is_taken_only_where_both_figures_have_intervals():
+    from autotune.search.stages._climb import Climb
+
+    def run(number: int, ips: float, half: float | None, workers: int) -> view.TrialView:
+        return view.TrialView(number=number, state=TrialState.COMPLETE, stage="climb", outcome="measured",
+                              imgs_per_s=ips, half_width=half, params={"loader.num_workers": workers},
+                              attrs={} if half is not None else {"precise": False})
+
+    point, cheaper = run(1, 1000.0, 0.02, 8), run(2, 990.0, 0.02, 6)
+    assert Climb.accepted(cheaper, point, point, "loader.num_workers")  # a tie, and cheaper
+    unknown = run(3, 1000.0, None, 8)  # one window: no interval
+    assert not Climb.accepted(cheaper, unknown, unknown, "loader.num_workers")
+    assert not Climb.accepted(run(4, 5000.0, None, 6), point, point, "loader.num_workers")
