@@ -379,7 +379,7 @@ def _torch():
 def _what(cfg) -> str:
     """What a run's config runs, without where (its folders and its name): the settings where it differs from the
     job's defaults, so that a setting added to the job at its default leaves every run's noise as it was."""
-    where = {"name", "output_dir", "training.compile_cache_dir", "data.path"}
+    where = {"name", "output_dir", "training.compile_cache_dir", "data.path", "script.path"}
     default = _defaults()
     return repr(sorted((k, v) for k, v in flat(cfg.to_dict()).items() if k not in where and default.get(k) != v))
 

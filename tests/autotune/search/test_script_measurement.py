@@ -23,8 +23,9 @@ from tests.autotune.search.test_script_defects import Sim, cpu_demo_study, cpu_r
 from tests.helpers.cli import REPO, autotune
 from tests.helpers.machine import FakePool
 
-ONE_WINDOW = {"measure.max_s": 0.5}
-"""Trial 0's measurement cut to one window (a script whose epochs are slow to turn): a figure without an interval."""
+ONE_WINDOW = {"measure.max_s": 0.5, "measure.warmup_min_steps": 1, "training.batch_size": 512}
+"""Trial 0's measurement cut to one window (a script whose steps are slow): a figure without an interval. Each of its
+steps takes longer than the cap, so the first window ends past it whatever the machine's noise."""
 
 
 # ---- trial 0 without an interval -----------------------------------------------------------------------------------

@@ -167,7 +167,7 @@ def test_the_job_trains_two_epochs_and_validates_through_dali_on_two_ranks(tiny_
     cfg = tiny_config(**{"data.kind": "imagefolder", "data.path": str(tiny_jpegs), "data.decode": "dali",
                          "data.dali_threads": 1, "data.val_fraction": 0.25, "training.mode": "train",
                          "training.epochs": 2, "data.dali_crop": "full", "data.dali_half_out": True,
-                         "training.precision": "bf16"})
+                         "training.precision": "bf16", "output_dir": str(tmp_path / "out")})
     code, records, log = run_job(cfg, tmp_path)
     assert code == 0, log
     (summary,) = kinds(records, "summary")
