@@ -33,7 +33,9 @@
 #                  trial after trial on a live worker, with stages (study lightning-fn; final=lightning-fn re-measures
 #                  and trains its best); against search=N@S in the same call for the ratio. lm=N[@S]:
 #                  examples/tiny_lm.py:main, a small transformer on generated tokens (study lm-fn): whether the stages
-#                  weigh torch.compile where the model alone leaves the GPU idle. SCRIPT_SPEC=FILE: these
+#                  weigh torch.compile where the model alone leaves the GPU idle. hf=N[@S]: examples/hf_trainer_lm.py:main,
+#                  a small causal LM trained by a Hugging Face Trainer through trainer.runtime.transformers (study
+#                  hf-fn; final=hf-fn re-measures its best in a fresh process). SCRIPT_SPEC=FILE: these
 #                  script stages' searches with that spec (`--spec`: its space narrows or widens theirs), each study's
 #                  name followed by -FILE's stem
 #   model=NAME[@S] a fresh search (MODEL_TRIALS trials at most, default 40) of a torchvision classifier by name (--model NAME) on the same JPEGs
@@ -205,7 +207,7 @@ PY
       [ -n "${DRY:-}" ] && [ "${sc[0]}" != --row ] && sc+=(--set measure.window_s=0.5 --set measure.warmup_min_steps=2)
       python3 bench/scale.py --out "$out/scale.json" --trials-dir "$scratch/bench-scale" --timeout 150 "${sc[@]}" \
         2>&1 | quiet ;;
-    search=*|script=*|script-fn=*|folder=*|lightning=*|lm=*|model=*)
+    search=*|script=*|script-fn=*|folder=*|lightning=*|lm=*|hf=*|model=*)
       kind=${stage%%=*}; arg=${stage#*=}; n=${arg%@*}; secs=${arg#*@}; [ "$secs" = "$arg" ] && secs=
       # The trial in flight when it runs out still ends inside the call: a script's own loader measured in windows
       # of four rounds took ~125 s a trial (folder=, 1xH200), the others under 45 s.
@@ -219,13 +221,14 @@ PY
         folder) name=folder-fn; what=(--script examples/folder_ddp.py:main) ;;
         lightning) name=lightning-fn; what=(--script examples/lightning_ddp.py:main) ;;
         lm) name=lm-fn; what=(--script examples/tiny_lm.py:main) ;;
+        hf) name=hf-fn; what=(--script examples/hf_trainer_lm.py:main) ;;
         model) name="held-$n"; what=(--spec resnet50 --model "$n" --data "$data" "${search_set[@]}"); n=${MODEL_TRIALS:-40} ;;
       esac
       extra=(); train=$data/train
       if [ "$kind" = folder ] && [ "${FOLDER_COPIES:-1}" -gt 1 ]; then
         name=folder-fn-x$FOLDER_COPIES; train=$(folder_view)
       fi
-      if [ "$kind" = lm ]; then  # its own generated tokens: no data folder
+      if [ "$kind" = lm ] || [ "$kind" = hf ]; then  # their own generated tokens: no data folder
         what+=(--trial-timeout "${TRIAL_TIMEOUT:-150}"); [ -n "${DRY:-}" ] && what+=(--nproc-per-node 1)
       elif [ "$kind" = script ] || [ "$kind" = script-fn ] || [ "$kind" = folder ] || [ "$kind" = lightning ]; then
         what+=(--trial-timeout "${TRIAL_TIMEOUT:-150}"); [ -n "${DRY:-}" ] && what+=(--nproc-per-node 1)
