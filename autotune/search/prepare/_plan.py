@@ -76,8 +76,8 @@ class Plan:
 
     measures_supply: bool = True
     """The job's input pipeline can run alone (the built-in job's can; a user's script's when it hands its loader
-    to the runtime): the stages measure each pipeline's supply. With neither, the search runs the sampler alone and
-    says so."""
+    to the runtime): the stages measure each pipeline's supply. With neither, the search climbs from trial 0, then
+    the sampler draws, and it says so."""
 
     script: Any = None
     """For a user's script: what its first run found (``autotune.search.script.Probe``); None for the built-in job

@@ -61,7 +61,7 @@ default; either is said (``StagePlanner.outline``, ``take_notes``), never skippe
 
 **What a job can measure.** A job measures its ceiling only if it can make a synthetic batch, its supply only if the
 runtime gets its DataLoader (``Plan.measures_ceiling`` / ``Plan.measures_supply``, both true for the built-in job);
-with neither, the search runs the sampler alone and says so.
+with neither, the search climbs from trial 0 (``_climb``), then the sampler draws, and it says so.
 
 Every measurement of a part is a trial of the parts study (``autotune.study.view``): dashboard, show, report, resume
 and many workers work as for any trial, while Optuna's own view of the main study holds end-to-end trials only.

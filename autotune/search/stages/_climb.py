@@ -110,16 +110,20 @@ class Climb:
         return None
 
     def point(self, vs: list[TrialView]) -> tuple[TrialView | None, set[tuple[str, str]], bool]:
-        """The climb's point (None while no end-to-end configuration but trial 0 is measured), its closed directions
+        """The climb's point (trial 0 until another configuration is measured), its closed directions
         (knob, direction), and whether a move from it still runs: replayed from the trials in the order they ran. A
         trial of another stage (a candidate, a draw of the sampler) that measures faster than the point starts the
         climb afresh from it."""
         point: TrialView | None = None
         best: TrialView | None = None
         closed: set[tuple[str, str]] = set()
-        for v in sorted((v for v in vs if v.end_to_end and not v.part and not v.baseline), key=lambda v: v.number):
+        for v in sorted((v for v in vs if v.end_to_end and not v.part), key=lambda v: v.number):
+            if v.baseline:  # where no other configuration ran (no stages), the climb starts from trial 0
+                if point is None and v.feasible:
+                    point, best = v, v
+                continue
             if v.stage != Stage.CLIMB:
-                if v.feasible and (point is None or point.interval.below(v.interval)):
+                if v.feasible and (point is None or point.baseline or point.interval.below(v.interval)):
                     point, best, closed = v, v, set()
                 continue
             if point is None or v.attrs.get("climb_from") != point.number:

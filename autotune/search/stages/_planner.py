@@ -94,7 +94,7 @@ class StagePlanner:
         if not self.enabled:
             self.notes.said_elsewhere("none")
             return ("stages: not run: this job can measure neither the model alone (a synthetic batch) nor its input "
-                    "pipeline alone (its DataLoader); the sampler alone, from the baseline")
+                    "pipeline alone (its DataLoader); the climb from the baseline, then the sampler")
         snap = self.snapshot(budget)
         share = f"{PARTS_SHARE:.0%} of this search's trials" + (" and time" if budget.seconds else "")
         if snap.started:
@@ -105,8 +105,8 @@ class StagePlanner:
             need = len(spend.core()) + 1
             self.notes.said_elsewhere("small")
             return (f"stages: not run: {budget.left} trial(s) left for them, fewer than the {need} the smallest staged "
-                    f"plan needs ({spend.describe_core()}, one end-to-end trial); the sampler alone, from the baseline "
-                    f"(--trials {budget.trials - budget.left + need} or more runs them)")
+                    f"plan needs ({spend.describe_core()}, one end-to-end trial); the climb from the baseline, then "
+                    f"the sampler (--trials {budget.trials - budget.left + need} or more runs them)")
         first = m.points()[0]
         parts = []
         if m.ceilings:
@@ -130,17 +130,16 @@ class StagePlanner:
     def enqueue_next(self, budget: Budget | None = None) -> Stage | None:
         """Enqueue the next stage trial unless one is already waiting; returns the stage enqueued (None: the sampler
         draws the next trial freely)."""
-        hold = self.steps["hold one-off"]
-        if not self.enabled:
-            if self.plan.spec.stages.enabled:
-                self.notes.note("none", "stages: not run: this job can measure neither the model alone nor its input "
-                                        "pipeline alone; the sampler alone, from the baseline")
-                return self.enqueue(hold.next(None))
+        if not self.plan.spec.stages.enabled:
             return None
         budget = budget or Budget(trials=10 ** 6, left=10 ** 6)
         snap = self.snapshot(budget)
         if snap.waiting:
             return None
+        if not self.enabled:
+            self.notes.note("none", "stages: not run: this job can measure neither the model alone nor its input "
+                                    "pipeline alone; the climb from the baseline, then the sampler")
+            return self.without_stages(snap)
         decided = decide(snap)
         if decided != snap.cudnn:
             self.study.set_user_attr(CUDNN_ATTR, cudnn_record(decided))
@@ -148,8 +147,9 @@ class StagePlanner:
         if not snap.started and not self.spend.core_fits(budget, vs=snap.views):
             left = f"{budget.left} trial(s)" + (f" and {budget.left_s:.0f} s" if budget.left_s is not None else "")
             self.notes.note("small", f"stages: not run: {left} left, too little for the smallest staged plan "
-                                     f"({self.spend.describe_core()}, one end-to-end trial); the sampler alone")
-            return self.enqueue(hold.next(snap))
+                                     f"({self.spend.describe_core()}, one end-to-end trial); the climb from the "
+                                     "baseline, then the sampler")
+            return self.without_stages(snap)
         for step in self.steps.values():
             asked = step.next(snap)
             if asked is WAIT:
@@ -157,6 +157,14 @@ class StagePlanner:
             if asked:
                 return self.enqueue(asked)
         return None
+
+    def without_stages(self, snap: Snapshot) -> Stage | None:
+        """Where no part is measured: the climb from the fastest configuration so far (trial 0 at first), each trial
+        one knob one step from it; once it has no move left, the sampler's draws (a one-off cost held)."""
+        asked = self.steps["climb"].next(snap)
+        if asked is WAIT:
+            return None
+        return self.enqueue(asked or self.steps["hold one-off"].next(snap))
 
     def enqueue(self, request: Request | None) -> Stage | None:
         """Enqueue ``request`` in the study it belongs to; its stage."""

@@ -532,11 +532,15 @@ def test_a_compile_loaded_from_the_caches_that_runs_slower_is_said_and_eager_sta
     assert [round(float(x.replace(",", "")), -2) for x in said.groups()] == [5400.0, 6000.0]
 
 
-def test_draws_the_stages_do_not_make_hold_compile_at_the_baseline():
+def test_a_budget_too_small_for_the_stages_climbs_from_the_baseline_and_holds_compile_there():
     r = search(Machine(ceilings=GPU, supplies=FEEDS, compile_gain=1.2), spec=COMPILING, trials=2)
-    assert [v.stage for v in r.views] == ["baseline", "search"]
+    assert [v.stage for v in r.views] == ["baseline", "climb"]
     assert not any(compiled(v) for v in r.views)
-    assert "stages: draws left to the sampler run eager: what a compile buys is not measured" in r.out
+    base, move = r.views
+    assert move.attrs["climb_from"] == base.number
+    assert {k for k in {*base.params, *move.params} if base.params.get(k) != move.params.get(k)} == \
+        {move.attrs["climb_knob"]}
+    assert "the climb from the baseline, then the sampler" in r.out
 
 
 def planner_dim(path: str):
