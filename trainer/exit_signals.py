@@ -44,12 +44,27 @@ def stacks_on_sigterm() -> None:
     out: where a rank waits is what a hang's report needs, and only the stopped rank knows it.
 
     Into a file of the rank's own when the launcher names a folder (``TRAINER_STACKS_DIR``): ranks stopped at the
-    same moment, writing into one stream, interleave their stacks fragment by fragment. Forked children (DataLoader
-    workers, which get the same signal) print nothing: their stacks would interleave with the rank's."""
-    out = sys.stderr
+    same moment, writing into one stream, interleave their stacks fragment by fragment. A process the rank forks (a
+    DataLoader worker) gets a file of its own there too: a rank waiting for its next batch is only half of a hang's
+    story, the worker that does not deliver it is the other. Without a folder, forked children print nothing: their
+    stacks would interleave with the rank's."""
     folder = os.environ.get("TRAINER_STACKS_DIR")
-    if folder and os.path.isdir(folder):
-        name = f"rank{os.environ.get('RANK', '0')}-pid{os.getpid()}.txt"
-        out = open(os.path.join(folder, name), "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
+    if not (folder and os.path.isdir(folder)):
+        faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
+        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))
+        return
+    rank = os.environ.get("RANK", "0")
+    _stacks_into(os.path.join(folder, f"rank{rank}-pid{os.getpid()}.txt"))
+    # A worker's file is opened in the worker: the fork's own pid names it, and a worker of a worker (rare) nests.
+    os.register_at_fork(after_in_child=lambda: _stacks_into(
+        os.path.join(folder, f"rank{rank}-worker-pid{os.getpid()}.txt")))
+
+
+def _stacks_into(path: str) -> None:
+    """This process's threads' stacks into ``path`` when it gets SIGTERM, which then ends it as it would have."""
+    try:
+        out = open(path, "w")  # noqa: SIM115 - faulthandler writes to it until the process ends
+    except OSError:  # a folder gone with its launcher: no stacks, and the signal ends the process as before
+        faulthandler.unregister(signal.SIGTERM)
+        return
     faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
-    os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))

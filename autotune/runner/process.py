@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,10 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STACKS_ENV = "TRAINER_STACKS_DIR"
 """The folder where each rank of the job writes its threads' stacks when it is stopped (``trainer.__main__``)."""
 
+
+STACKS_FILE = re.compile(r"rank(?P<rank>\d+)(?P<worker>-worker)?-pid(?P<pid>\d+)\.txt")
+"""A stopped process's stacks file in that folder (``trainer.exit_signals.stacks_on_sigterm``): a rank's, or one of
+its loader workers'."""
 
 STACKS_MARK = "was stopped; its threads were here"
 """The heading of a rank's stacks in a log: a report may say the stacks are in the log only where it finds one."""
@@ -89,14 +94,14 @@ class ProcessTree:
         failed), rank by rank, at the end of the log."""
         if not self.stacks.is_dir():
             return
-        files = sorted(self.stacks.glob("rank*.txt"), key=lambda f: (len(f.name), f.name))
+        named = [(m, f) for f in self.stacks.glob("rank*.txt") if (m := STACKS_FILE.fullmatch(f.name))]
+        named.sort(key=lambda mf: (int(mf[0]["rank"]), bool(mf[0]["worker"]), int(mf[0]["pid"])))
         with contextlib.suppress(ValueError, OSError):  # a log closed by its owner gets nothing
-            for f in files:
+            for m, f in named:
                 text = f.read_bytes()
                 if text.strip():
-                    rank, _, pid = f.stem.partition("-pid")
-                    self.log.write(f"---- {rank.replace('rank', 'rank ')} (pid {pid}) {STACKS_MARK} ----\n".encode()
-                                   + text)
+                    who = f"rank {m['rank']}" + ("'s loader worker" if m["worker"] else "")
+                    self.log.write(f"---- {who} (pid {m['pid']}) {STACKS_MARK} ----\n".encode() + text)
             self.log.flush()
         shutil.rmtree(self.stacks, ignore_errors=True)
 

@@ -200,7 +200,8 @@ def test_failures_are_recorded_with_their_class_and_the_search_goes_on(tmp_path)
     assert 20 <= hang.user_attrs["wall_s"] < 45
     assert processes_in(set(trial_attrs(hang)["pgids"])) == [] and "leftover_pids" not in trial_attrs(hang)
     # Where it hung: every rank, stopped, printed its stack (the failure message points there), one rank after the
-    # other (two ranks stopped at once into one log interleave fragment by fragment), and no loader worker's.
+    # other (two ranks stopped at once into one log interleave fragment by fragment); this job has no loader
+    # workers (a worker's stack is a block of its own: tests/autotune/runner/test_process.py).
     assert "stack is in the log" in trial_attrs(hang)["failure_message"]
     log = Path(trial_attrs(hang)["log_path"]).read_text()
     blocks = re.split(r"^---- (rank \d+) \(pid \d+\) was stopped; its threads were here ----$", log, flags=re.M)
