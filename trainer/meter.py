@@ -102,6 +102,10 @@ class ThroughputMeter:
     waits_timed: bool = False
     """The loop's waits for its batches are told (``waited``): the summary holds the step's split."""
 
+    step_split: dict[str, Any] | None = None
+    """The profile of a few steps after the windows (``measure.profile_steps``, ``trainer.profile``); None where
+    none ran."""
+
     cancelled: bool = False
     ended: str | None = None
     """Why the measurement ended: ``precise``, ``capped`` (``trainer.estimate.stop``) or ``cancelled``."""
@@ -351,6 +355,7 @@ class ThroughputMeter:
             "loss_end": _round(used[-1].loss_end) if used else None,
             "loss_nonfinite_in_windows": sum(w.loss_nonfinite for w in used),
             "data_wait_share": data_wait_share(used) if self.waits_timed else None,
+            "step_split": self.step_split,
         }
 
 
