@@ -178,7 +178,8 @@ class Job:
         """A measure run asked for a profile (``measure.profile_steps``): that many more steps under torch.profiler,
         after the windows, split into their parts (``trainer.profile``) for the summary."""
         t, steps = self.cfg.training, self.cfg.measure.profile_steps
-        if not steps or t.mode != "measure" or not self.meter.done or self.meter.step_split is not None:
+        if (not steps or t.mode != "measure" or not self.meter.done or self.meter.cancelled
+                or self.meter.step_split is not None):
             return
         marked = profiled(batches)
         self.meter.step_split = profile_steps(

@@ -120,12 +120,17 @@ def device_split(events: list) -> dict[str, float | None]:
     if not steps:
         return dict.fromkeys(PARTS)
     span = _union(_range(e) for e in steps)
-    by_id = {e.id: e for e in events if e.device_type == _CPU}
-    kernels = [e for e in events if e.device_type != _CPU]
+    by_id = {e.id: e for e in events if e.device_type == _CPU and e.id}
+    # A range marked on the host (the step, an optimizer's step) is mirrored on the device's timeline as a span over
+    # its kernels (a user annotation, under the host range's name): it is no work of its own.
+    marked = {e.name for e in events if e.device_type == _CPU}
+    kernels = [e for e in events if e.device_type != _CPU and e.name not in marked
+               and getattr(e, "activity_type", None) not in ("gpu_user_annotation", "overhead")]
     comm_k = [e for e in kernels if _collective(e.name.lower())]
     copy_k = [e for e in kernels if e.name.startswith(COPY)]
     work_k = [e for e in kernels if e not in comm_k and e not in copy_k]
-    launched = {id(e): _launched_in(by_id.get(getattr(e, "linked_correlation_id", 0))) for e in work_k}
+    # A kernel's launch (a runtime call inside the op that made it) is linked by its correlation id; 0 links none.
+    launched = {id(e): _launched_in(by_id.get(getattr(e, "linked_correlation_id", 0) or None)) for e in work_k}
     work = _clip(_union(_range(e) for e in work_k), span)
     optimizer = _clip(_union(_range(e) for e in work_k if launched[id(e)] == OPTIMIZER), span)
     data_work = _minus(_clip(_union(_range(e) for e in work_k if launched[id(e)] == DATA), span), optimizer)
