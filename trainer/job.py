@@ -32,7 +32,7 @@ from trainer.loop import evaluate, train_step
 from trainer.meter import ThroughputMeter, sync, timed_batches
 from trainer.model import build_model
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.profile import profile_steps, profiled
+from trainer.profile import profile_steps
 from trainer.protocol import Kind, ResultWriter
 from trainer.records import Dist, count_nonfinite, summary_record
 
@@ -181,9 +181,8 @@ class Job:
         if (not steps or t.mode != "measure" or not self.meter.done or self.meter.cancelled
                 or self.meter.step_split is not None):
             return
-        marked = profiled(batches)
         self.meter.step_split = profile_steps(
-            lambda: train_step(self.model, marked, self.optimizer, self.scaler, accum_steps=t.accum_steps,
+            lambda: train_step(self.model, batches, self.optimizer, self.scaler, accum_steps=t.accum_steps,
                                autocast_ctx=self.amp, cuda_graphs=self.cuda_graphs), steps, self.env.device)
 
     def finished(self) -> bool:

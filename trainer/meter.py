@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from trainer.config import MeasureConfig
 from trainer.estimate import Estimate, estimate, stop
+from trainer.profile import waiting
 from trainer.protocol import STEPS_EVERY_S, Kind
 
 PACE_STEPS = 5
@@ -381,10 +382,11 @@ def timed_batches(batches: Iterator, waited: Callable[[float], None],
     side's share of the step, counted here too."""
     while True:
         t0 = clock()
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
+        with waiting():  # marked for a profile of the step, where one runs
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
         waited(clock() - t0)
         yield batch
 

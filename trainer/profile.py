@@ -22,8 +22,9 @@ The profile runs after the measurement, so its overhead touches no measured wind
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,37 +48,86 @@ COPY = "Memcpy HtoD"
 Span = list[tuple[float, float]]
 
 
-def profiled(batches: Iterator) -> Iterator:
-    """``batches``, each ``next`` marked as a wait for data (``DATA``)."""
-    while True:
-        with record_function(DATA):
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-        yield batch
+class StepProfile:
+    """A profile of ``steps`` steps: ``start`` before the first, ``step`` after each (True once the last has run),
+    then ``stop`` for the split. The loop's waits for data are marked while it runs (``waiting``). For a loop that
+    is the profile's to run (the built-in job: ``profile_steps``) and one that only reports its steps (a user's
+    script, ``trainer.runtime``) alike."""
+
+    def __init__(self, device: torch.device, steps: int):
+        self.device, self.steps, self.ran = device, steps, 0
+        self._prof: profile | None = None
+        self._range: record_function | None = None
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        _sync(self.device)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self._prof = profile(activities=activities)
+        self._prof.__enter__()
+        _MARKING.on = True
+        self._t0 = time.perf_counter()
+        self._open()
+
+    def step(self) -> bool:
+        """A step ended; whether it was the last."""
+        self._close()
+        self.ran += 1
+        if self.ran >= self.steps:
+            return True
+        self._open()
+        return False
+
+    def stop(self) -> dict[str, Any]:
+        """The split of the steps that ran (a step begun and not ended is left out): the rank the others wait for
+        (``choose``). Collective: every rank calls it."""
+        self._close()
+        _sync(self.device)
+        seconds = time.perf_counter() - self._t0
+        _MARKING.on = False
+        self._prof.__exit__(None, None, None)
+        events = list(self._prof.events())
+        self._prof = None
+        parts = device_split(events) if self.device.type == "cuda" else host_split(events)
+        return choose({**parts, "steps": self.ran, "seconds": round(seconds, 4)})
+
+    def _open(self) -> None:
+        self._range = record_function(STEP)
+        self._range.__enter__()
+
+    def _close(self) -> None:
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+
+
+class _Marking:
+    on = False
+    """A profile runs in this process: the loop's waits for data are marked (``waiting``)."""
+
+
+_MARKING = _Marking()
+
+
+def waiting() -> contextlib.AbstractContextManager:
+    """What a wait for the loop's next batch runs inside (``trainer.meter.timed_batches``): the ``DATA`` range while
+    a profile runs, nothing otherwise, so a measured step pays nothing for it."""
+    return record_function(DATA) if _MARKING.on else contextlib.nullcontext()
 
 
 def profile_steps(step: Callable[[], Any], steps: int, device: torch.device) -> dict[str, Any]:
-    """Run ``step`` ``steps`` times under ``torch.profiler`` (the loop's batches marked with ``profiled``) and return
-    the split of the rank the others wait for (``choose``). Collective: every rank calls it."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    _sync(device)
-    t0 = time.perf_counter()
-    ran = 0
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            with record_function(STEP):
-                try:
-                    step()
-                except StopIteration:
-                    break
-            ran += 1
-        _sync(device)
-    seconds = time.perf_counter() - t0
-    events = list(prof.events())
-    parts = device_split(events) if device.type == "cuda" else host_split(events)
-    return choose({**parts, "steps": ran, "seconds": round(seconds, 4)})
+    """Run ``step`` ``steps`` times under ``torch.profiler`` and return the split (``StepProfile``); a ``step`` that
+    raises StopIteration (its batches ran out) ends it early. Collective: every rank calls it."""
+    p = StepProfile(device, steps)
+    p.start()
+    try:
+        while True:
+            step()
+            if p.step():
+                break
+    except StopIteration:
+        pass
+    return p.stop()
 
 
 def choose(mine: dict[str, Any]) -> dict[str, Any]:

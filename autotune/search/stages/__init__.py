@@ -48,7 +48,7 @@ and ``_ranking``, which are no stages.
 11. **profile** (``_profile``) — where the best end-to-end configuration reaches well below what its parts allow
     together (they do not explain it), it runs once more with a few steps profiled after its windows: its step split
     into waiting for data, the host-to-device copy, forward and backward, the optimizer, DDP's communication and the
-    host's launch gaps; once, for the built-in job.
+    host's launch gaps; once.
 12. **climb** (``_climb``) — from the fastest end-to-end configuration, one searched knob one step along its order
     at a time, the knobs what limits the job points to first (the profiled step's largest part, where there is a
     profile); a faster move (or a tied, cheaper one) becomes the point, any other closes its direction, until no move

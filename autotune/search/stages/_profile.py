@@ -3,8 +3,8 @@ not explain it: ``Snapshot.unexplained``), it runs once more with a few steps pr
 (``measure.profile_steps``, ``trainer.profile``): its step split into waiting for data, the host-to-device copy,
 forward and backward, the optimizer, DDP's communication and the host's launch gaps. The largest part names the knobs
 the climb takes first (``autotune.study.measured.STEP_PARTS``); ``show`` and the report say the split. Once per
-search, for the built-in job (a user's script runs its own loop). The run is one more run of the best configuration:
-its windows are measured before the profile and combine with the best's."""
+search. The run is one more run of the best configuration: its windows are measured before the profile and combine
+with the best's."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Profile:
     ask: Ask
 
     def next(self, snap: Snapshot) -> Request | None:
-        if self.ask.scope.plan.is_script or snap.budget is None or snap.budget.left < 2:
+        if snap.budget is None or snap.budget.left < 2:
             return None
         if any(v.stage == Stage.PROFILE for v in snap.views if not v.part):
             return None  # once: its split stands for the search
