@@ -128,8 +128,9 @@ def image_loader_line(trials: list[TrialView], per: str = "imgs/s") -> str | Non
 
 
 def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | None = None) -> list[tuple[str, str]]:
-    """What a reader should learn first, as (topic, sentence): what limits the job, the tuned configuration's
-    settings, the commands that export and run it, how sure its figure is. ``storage``: the ``--storage`` the
+    """What a reader should learn first, as (topic, sentence): what limits the job, where its step goes (where a
+    profile split it and what limits it does not say it), the tuned configuration's settings, the commands that
+    export and run it, how sure its figure is. ``storage``: the ``--storage`` the
     commands need (None: the default one finds the study)."""
     from autotune.export import remeasures
 
@@ -144,8 +145,7 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
         out.append(("what limits it", f"the model's compute on the {devices}: the data is synthetic (made on the "
                                       "device), so no input pipeline takes part"))
     elif top is not None and feed is not None:
-        out.append(("what limits it", describe_limit(best, top, feed, decode, devices, per,
-                                                     profile=profiled(trials))))
+        out.append(("what limits it", describe_limit(best, top, feed, decode, devices, per, profile=profiled(trials))))
     elif top is not None:
         share = ceiling_share(best.interval, top.interval) if best is not None else None
         reach = ("" if best is None else f"; the tuned configuration reaches {share:.0%} of it" if share is not None
@@ -157,6 +157,10 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     else:
         out.append(("what limits it", "not measured: this study has no stage measurements (the model alone, each "
                                       "pipeline alone), so it says how fast, not what limits"))
+    profile = profiled(trials)
+    split = split_line(profile) if profile is not None else None
+    if split and not any(split in text for _, text in out):  # what limits it did not say it
+        out.append(("where its step goes", split))
     change = image_loader_line(trials, per)
     if change:
         out.append(("the change to make", change))

@@ -177,8 +177,8 @@ def device_split(events: list) -> dict[str, float | None]:
     kernels = [e for e in events if e.device_type != _CPU and e.name not in marked
                and getattr(e, "activity_type", None) not in ("gpu_user_annotation", "overhead")]
     comm_k = [e for e in kernels if _collective(e.name.lower())]
-    copy_k = [e for e in kernels if e.name.startswith(COPY)]
-    work_k = [e for e in kernels if e not in comm_k and e not in copy_k]
+    copy_k = [e for e in kernels if e.name.startswith(COPY) and not _collective(e.name.lower())]
+    work_k = [e for e in kernels if not _collective(e.name.lower()) and not e.name.startswith(COPY)]
     # A kernel's launch (a runtime call inside the op that made it) is linked by its correlation id; 0 links none.
     launched = {id(e): _launched_in(by_id.get(getattr(e, "linked_correlation_id", 0) or None)) for e in work_k}
     work = _clip(_union(_range(e) for e in work_k), span)
@@ -251,17 +251,21 @@ def _clip(ranges: Span, within: Span) -> Span:
 
 
 def _minus(ranges: Span, taken: Span) -> Span:
-    """``ranges`` outside ``taken`` (both merged)."""
+    """``ranges`` outside ``taken`` (both merged, so one pass over each: a trace holds thousands of kernels)."""
     out: Span = []
+    j = 0
     for a, b in ranges:
-        for c, d in taken:
-            if d <= a or c >= b:
-                continue
+        while j < len(taken) and taken[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(taken) and taken[k][0] < b:
+            c, d = taken[k]
             if c > a:
                 out.append((a, c))
             a = max(a, d)
-            if a >= b:
+            if d >= b:
                 break
+            k += 1
         if b > a:
             out.append((a, b))
     return out

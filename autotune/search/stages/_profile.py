@@ -15,7 +15,8 @@ from autotune.search.stages._ask import Ask, Request
 from autotune.study.view import Stage, configurations
 
 PROFILE_STEPS = 10
-"""Steps profiled: a few, so the profile costs about a second of a GPU's steps and its trace stays small."""
+"""Steps profiled: enough for every part of a step to show (a loader's workers hand over their batches in rounds),
+few enough that the trace stays small and the run ends soon after its windows."""
 
 
 @dataclass
