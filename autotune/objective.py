@@ -80,7 +80,7 @@ class Objective:
 MEASURED = ("imgs_per_s", "imgs_per_s_windows", "ci_low", "ci_high", "ci_half_width", "ci_batches",
             "ci_batch_windows", "steady_start", "imgs_per_s_steady", "epoch_turns", "epoch_turn_s", "precise",
             "ended", "measured_s", "peak_mem_bytes", "loss_finite", "loss_start", "loss_end", "data_wait_share",
-            "versions")
+            "step_split", "versions")
 """What a trial keeps of its run's summary (``trainer.protocol.SummaryRecord``)."""
 
 

@@ -25,11 +25,15 @@ from autotune.study import view
 from autotune.study.found import found
 from autotune.study.measured import (
     DATA_WAIT_SAID,
+    STEP_PARTS,
+    UNEXPLAINED,
     Pipe,
     Point,
     ceiling_share,
     cudnn_decided,
+    largest_cost,
     pipe_for,
+    profiled,
     trainable_ceiling,
 )
 from autotune.study.view import Outcome, Stage, TrialView
@@ -124,8 +128,9 @@ def image_loader_line(trials: list[TrialView], per: str = "imgs/s") -> str | Non
 
 
 def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | None = None) -> list[tuple[str, str]]:
-    """What a reader should learn first, as (topic, sentence): what limits the job, the tuned configuration's
-    settings, the commands that export and run it, how sure its figure is. ``storage``: the ``--storage`` the
+    """What a reader should learn first, as (topic, sentence): what limits the job, where its step goes (where a
+    profile split it and what limits it does not say it), the tuned configuration's settings, the commands that
+    export and run it, how sure its figure is. ``storage``: the ``--storage`` the
     commands need (None: the default one finds the study)."""
     from autotune.export import remeasures
 
@@ -140,7 +145,7 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
         out.append(("what limits it", f"the model's compute on the {devices}: the data is synthetic (made on the "
                                       "device), so no input pipeline takes part"))
     elif top is not None and feed is not None:
-        out.append(("what limits it", describe_limit(best, top, feed, decode, devices, per)))
+        out.append(("what limits it", describe_limit(best, top, feed, decode, devices, per, profile=profiled(trials))))
     elif top is not None:
         share = ceiling_share(best.interval, top.interval) if best is not None else None
         reach = ("" if best is None else f"; the tuned configuration reaches {share:.0%} of it" if share is not None
@@ -152,6 +157,10 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
     else:
         out.append(("what limits it", "not measured: this study has no stage measurements (the model alone, each "
                                       "pipeline alone), so it says how fast, not what limits"))
+    profile = profiled(trials)
+    split = split_line(profile) if profile is not None else None
+    if split and not any(split in text for _, text in out):  # what limits it did not say it
+        out.append(("where its step goes", split))
     change = image_loader_line(trials, per)
     if change:
         out.append(("the change to make", change))
@@ -188,10 +197,6 @@ def conclusions(study, trials: list[TrialView] | None = None, *, storage: str | 
 DECODE_SHARE_SAID = 0.05
 """A decode on the GPUs taking at least this share of each sample's time beside the model is named as the limit."""
 
-UNEXPLAINED = 0.8
-"""A tuned configuration below this share of the bound its parts put on it is not explained by them: said so, and
-no limit named."""
-
 
 def feed_of(trials: list[TrialView], best: TrialView) -> Pipe | None:
     """What ``best``'s input pipeline feeds alone, as the supplies measured it (a hybrid: derived from its ends where
@@ -204,12 +209,14 @@ def feed_of(trials: list[TrialView], best: TrialView) -> Pipe | None:
     return pipe_for(trials, decode, best.setting("data.hybrid_cpu_fraction") if decode == "hybrid" else None)
 
 
-def describe_limit(best: TrialView, top: TrialView, pipe: Pipe, decode: str, devices: str, per: str) -> str:
+def describe_limit(best: TrialView, top: TrialView, pipe: Pipe, decode: str, devices: str, per: str, *,
+                   profile: TrialView | None = None) -> str:
     """What limits a job whose model alone (``top``, the ceiling) and input pipeline alone (``feed``, its supply)
     were measured, with the fix where there is one: the pipeline, when it feeds less than the model takes; the GPUs'
     time, when the pipeline decodes on them and its decode beside the model's steps takes a share of each sample
     (``Pipe.with_model``); the model's compute otherwise. Where the tuned configuration reaches well below what the
-    parts allow, the parts do not explain it, and that is said instead of a limit."""
+    parts allow, the parts do not explain it, and that is said instead of a limit, with where its step's time goes
+    (``profile``: the trial whose step was profiled, if one was)."""
     ceiling, supply = top.imgs_per_s, pipe.point
     bound = pipe.with_model(ceiling)
     share = pipe.decode_share(ceiling)
@@ -221,7 +228,8 @@ def describe_limit(best: TrialView, top: TrialView, pipe: Pipe, decode: str, dev
     if reach < UNEXPLAINED:
         return (f"not explained by the parts: {decode} alone feeds {fmt_ips(supply)} {per} and the model alone runs "
                 f"{fmt_ips(ceiling)} on the {devices}, together allowing {fmt_ips(bound)}, and the tuned "
-                f"configuration reaches {fmt_ips(best.imgs_per_s)}, {reach:.0%} of that{where_the_step_goes(best)}")
+                f"configuration reaches {fmt_ips(best.imgs_per_s)}, {reach:.0%} of that"
+                f"{where_the_step_goes(best, profile)}")
     if share >= DECODE_SHARE_SAID and bound < min(supply, ceiling):
         fix = ("a larger share on DALI's hardware decoder (data.dali_hw_decoder_load) would free it"
                if decode == "dali" else f"NVIDIA DALI's hardware decoder ({DALI_INSTALL}) or a larger CPU share of "
@@ -251,10 +259,38 @@ def waits_for_data(v: TrialView) -> str | None:
     return f"its step waits {said} of its measured time for data"
 
 
-def where_the_step_goes(best: TrialView) -> str:
-    """What holds back a configuration the parts do not explain, as its run split its step: waiting for data (the
-    input side), or the step itself (forward, backward, optimizer, communication and the host's launch gaps,
-    measured as one share), with what addresses each; said after "... of that"."""
+def split_line(v: TrialView) -> str | None:
+    """``v``'s profiled step (``step_split``) in words: its largest cost and what addresses it, then the others; None
+    where it has no profile."""
+    split, top = v.attrs.get("step_split"), largest_cost(v)
+    if top is None:
+        return None
+    name, share = top
+    part = STEP_PARTS[name]
+    rest = [f"{STEP_PARTS[p].name} {_pct(split[p])}" for p in STEP_PARTS if p != name and split.get(p) is not None]
+    unmeasured = [STEP_PARTS[p].name for p in STEP_PARTS if split.get(p) is None]
+    steps = f" over {split['steps']} steps" if split.get("steps") else ""
+    text = (f"a profile of trial {v.number}'s step{steps}: it {part.said.format(share=_pct(share))}, the largest "
+            f"cost: {part.fix}")
+    if rest:
+        text += f"; then {', '.join(rest)}"
+    if unmeasured:
+        text += f"; {' and '.join(unmeasured)} not measured (no device timeline)"
+    return text
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.0f} %" if share >= 0.005 else "less than 1 %"
+
+
+def where_the_step_goes(best: TrialView, profile: TrialView | None = None) -> str:
+    """What holds back a configuration the parts do not explain: its step as a profile split it (``profile``, the
+    trial whose step was profiled), else as its run split it in two: waiting for data (the input side), or the step
+    itself (forward, backward, optimizer, communication and the host's launch gaps, measured as one share), with what
+    addresses each; said after "... of that"."""
+    profiled_step = split_line(profile) if profile is not None else None
+    if profiled_step:
+        return f"; {profiled_step}"
     waits = waits_for_data(best)
     if waits is None:
         return (": something else holds it back (the loader and the job contending for the CPU, a slow step the parts "

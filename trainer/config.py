@@ -360,6 +360,12 @@ class MeasureConfig:
     """Seconds of windows at most: a measurement that reaches them ends with its interval as it is (wider than
     ``precision``). A train run measures to its end."""
 
+    profile_steps: int = 0
+    """After the measured windows, this many more steps run under ``torch.profiler`` and the summary splits the step
+    into its parts (``step_split``: waiting for data, host-to-device copy, forward and backward, optimizer,
+    communication, the host's launch gaps; ``trainer.profile``). The windows are measured before it, so its overhead
+    touches no figure. 0: no profile. A measure run only."""
+
     def problems(self) -> list[str]:
         p = []
         if self.warmup_min_steps < 0:
@@ -368,6 +374,8 @@ class MeasureConfig:
             p.append(f"measure.window_s={self.window_s}: must be > 0")
         if not 0 < self.precision < 1:
             p.append(f"measure.precision={self.precision}: must be between 0 and 1 (0.02: ±2 %)")
+        if self.profile_steps < 0:
+            p.append(f"measure.profile_steps={self.profile_steps}: must be >= 0")
         if self.max_s < self.window_s:
             p.append(f"measure.max_s={self.max_s}: must be at least measure.window_s ({self.window_s})")
         return p

@@ -32,6 +32,7 @@ from trainer.loop import evaluate, train_step
 from trainer.meter import ThroughputMeter, sync, timed_batches
 from trainer.model import build_model
 from trainer.optim import build_optimizer, build_scheduler
+from trainer.profile import profile_steps
 from trainer.protocol import Kind, ResultWriter
 from trainer.records import Dist, count_nonfinite, summary_record
 
@@ -125,6 +126,7 @@ class Job:
             else:
                 self.train_one_step(batches)
             if self.finished():
+                self.profile(batches)
                 break
         if self.step == (self.epoch + 1) * self.steps_per_epoch:
             self.epoch += 1
@@ -171,6 +173,17 @@ class Job:
             if every and self.step % every == 0:
                 with self.meter.paused():
                     self.save()
+
+    def profile(self, batches: Iterator) -> None:
+        """A measure run asked for a profile (``measure.profile_steps``): that many more steps under torch.profiler,
+        after the windows, split into their parts (``trainer.profile``) for the summary."""
+        t, steps = self.cfg.training, self.cfg.measure.profile_steps
+        if (not steps or t.mode != "measure" or not self.meter.done or self.meter.cancelled
+                or self.meter.step_split is not None):
+            return
+        self.meter.step_split = profile_steps(
+            lambda: train_step(self.model, batches, self.optimizer, self.scaler, accum_steps=t.accum_steps,
+                               autocast_ctx=self.amp, cuda_graphs=self.cuda_graphs), steps, self.env.device)
 
     def finished(self) -> bool:
         t = self.cfg.training

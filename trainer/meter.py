@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from trainer.config import MeasureConfig
 from trainer.estimate import Estimate, estimate, stop
+from trainer.profile import waiting
 from trainer.protocol import STEPS_EVERY_S, Kind
 
 PACE_STEPS = 5
@@ -101,6 +102,10 @@ class ThroughputMeter:
 
     waits_timed: bool = False
     """The loop's waits for its batches are told (``waited``): the summary holds the step's split."""
+
+    step_split: dict[str, Any] | None = None
+    """The profile of a few steps after the windows (``measure.profile_steps``, ``trainer.profile``); None where
+    none ran."""
 
     cancelled: bool = False
     ended: str | None = None
@@ -351,6 +356,7 @@ class ThroughputMeter:
             "loss_end": _round(used[-1].loss_end) if used else None,
             "loss_nonfinite_in_windows": sum(w.loss_nonfinite for w in used),
             "data_wait_share": data_wait_share(used) if self.waits_timed else None,
+            "step_split": self.step_split,
         }
 
 
@@ -376,10 +382,11 @@ def timed_batches(batches: Iterator, waited: Callable[[float], None],
     side's share of the step, counted here too."""
     while True:
         t0 = clock()
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
+        with waiting():  # marked for a profile of the step, where one runs
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
         waited(clock() - t0)
         yield batch
 

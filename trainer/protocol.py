@@ -263,6 +263,12 @@ class SummaryRecord(TypedDict, total=False):
     communication and the host's launch gaps, as one share. None where the waits are not timed (the loader alone, a
     script whose loop reads data of its own)."""
 
+    step_split: dict[str, Any] | None
+    """The profile of ``measure.profile_steps`` steps after the windows (``trainer.profile``): each part's share of
+    the profiled steps' time (``data``, ``copy``, ``compute``, ``optimizer``, ``communication``, ``launch``; a part
+    None where it is not measured: ``copy`` and ``launch`` on CPU ranks), the profiled ``steps`` and their
+    ``seconds``, and the ``rank`` whose split it is. None where no profile ran."""
+
     steps: int
     epochs: int
     loss: float

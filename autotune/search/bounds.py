@@ -22,6 +22,7 @@ from autotune.policy import Searched
 from autotune.search.compile_cache import paid_here
 from autotune.space import get_path
 from autotune.study.measured import (
+    UNEXPLAINED,
     Pipe,
     Point,
     derived,
@@ -333,6 +334,17 @@ class Snapshot:
         fraction = get_path(config, "data.hybrid_cpu_fraction") if decode == "hybrid" else None
         return next((p for p in self.pipes if p.family == decode
                      and p.settings.get("data.hybrid_cpu_fraction") == fraction), None)
+
+    def unexplained(self, v: TrialView) -> bool:
+        """Whether the end-to-end ``v`` reaches below ``UNEXPLAINED`` of what its measured parts allow together (its
+        point's ceiling, beside its pipeline's supply where that was measured): the parts do not explain it. False
+        where no ceiling was measured at its point."""
+        ceiling = self.interval(Point.of(v)) if self.scope.ceilings else None
+        if ceiling is None or v.imgs_per_s is None:
+            return False
+        pipe = self.pipe_of(v.config) if self.scope.supplies else None
+        bound = pipe.with_model(ceiling.value) if pipe is not None else ceiling.value
+        return v.imgs_per_s < UNEXPLAINED * bound
 
     def bound_of(self, config: dict[str, Any]) -> tuple[float, str] | None:
         """The most an end-to-end run of ``config`` can reach by what the stages measured (the top of the bounding

@@ -198,6 +198,8 @@ class Evaluator:
             cudnn = self.stages.cudnn_for(ev.config.to_dict()) if self.stages is not None else None
             if cudnn is not None and "training.cudnn_benchmark" not in overrides:
                 ev.config = ev.config.with_overrides({"training.cudnn_benchmark": cudnn})
+            if trial.user_attrs.get("profile_steps"):  # the profile stage's run: its step profiled after its windows
+                ev.config = ev.config.with_overrides({"measure.profile_steps": int(trial.user_attrs["profile_steps"])})
         except ConfigError as e:
             ev.judged(verdict.invalid(e.problems))
             return ev

@@ -23,6 +23,7 @@ from autotune.policy import Searched
 from autotune.space import get_path
 from autotune.study.view import Outcome, Stage, TrialView, measurements
 from trainer.estimate import Interval
+from trainer.profile import largest
 from trainer.protocol import Failure
 
 CUDNN_ATTR = "cudnn"
@@ -52,6 +53,83 @@ def waits(v: TrialView) -> bool | None:
     """Whether the trial's step waited for data (``DATA_WAIT_SAID``); None where its run did not time the waits."""
     share = v.attrs.get("data_wait_share")
     return None if share is None else share >= DATA_WAIT_SAID
+
+
+UNEXPLAINED = 0.8
+"""A tuned configuration below this share of the bound its parts put on it is not explained by them: said so, no
+limit named from the parts, and its step profiled once (``autotune.search.stages._profile``)."""
+
+
+@dataclass(frozen=True)
+class StepPart:
+    """A part of the step, as a profile splits it (``trainer.profile.PARTS``): how it is said, what addresses it, and
+    where the climb starts when it is the largest."""
+
+    name: str
+    """The part in a few words."""
+
+    said: str
+    """What the step does that long, after "its step ..." ("waits {share} of its time for data")."""
+
+    fix: str
+    """The knobs that address it, in words."""
+
+    limit: str
+    """The knobs' scopes the climb takes first (``autotune.search.stages._climb.Limit``)."""
+
+    knobs: tuple[str, ...]
+    """The knobs the climb moves before any other, in this order (a section, ``ddp.``, names each knob of it, in the
+    knob table's order)."""
+
+    def rank(self, path: str) -> int:
+        """Where the knob ``path`` comes among ``knobs`` (their number where it is none of them)."""
+        return next((i for i, k in enumerate(self.knobs) if path == k or (k.endswith(".") and path.startswith(k))),
+                    len(self.knobs))
+
+
+STEP_PARTS: dict[str, StepPart] = {
+    "data": StepPart("waiting for data", "waits {share} of its time for data",
+                     "more loader workers where the CPU has cores to spare, fewer where they crowd the rank's own "
+                     "process, more batches in flight, or a pipeline that decodes less on the CPU",
+                     "input", ("loader.num_workers", "loader.prefetch_factor", "data.hybrid_cpu_fraction")),
+    "copy": StepPart("the host-to-device copy", "copies its batches to the GPUs {share} of its time",
+                     "pinned host memory (loader.pin_memory) and more batches in flight",
+                     "input", ("loader.pin_memory", "loader.prefetch_factor")),
+    "compute": StepPart("forward and backward", "spends {share} of its time in forward and backward",
+                        "the batch, the memory layout (channels_last) and the precision",
+                        "compute", ("training.batch_size", "training.channels_last")),
+    "optimizer": StepPart("the optimizer", "spends {share} of its time in the optimizer's step",
+                          "a larger batch or more accumulation (fewer optimizer steps per sample)",
+                          "compute", ("training.batch_size", "training.accum_steps")),
+    "communication": StepPart("DDP's communication", "waits {share} of its time for DDP's communication",
+                              "DDP's gradient buckets and flags (ddp.*), or more accumulation (fewer all-reduces per "
+                              "sample)", "compute", ("ddp.", "training.accum_steps")),
+    "launch": StepPart("the host's launch gaps",
+                       "leaves the GPUs idle {share} of its time between the host's kernel launches",
+                       "a larger batch or more accumulation (fewer launches per sample), or torch.compile",
+                       "launch", ("training.batch_size", "training.accum_steps")),
+}
+"""Each part of a profiled step (``trainer.profile.PARTS``, in its order): the one table ``show``, the report and the
+climb read what a part means and what addresses it from."""
+
+
+def profiled(vs: list[TrialView]) -> TrialView | None:
+    """The latest end-to-end trial whose run profiled its step (``step_split``)."""
+    return max((v for v in vs if not v.part and v.attrs.get("step_split")), key=lambda v: v.number, default=None)
+
+
+def largest_cost(v: TrialView | None) -> tuple[str, float] | None:
+    """What ``v``'s profiled step spends most on beyond the model's own forward and backward, and its share: the
+    cost a knob can take away. Forward and backward are the cost only where every other part is below
+    ``DATA_WAIT_SAID`` (the step is its own work): the model's compute was measured alone already (the ceiling), and
+    a step that reaches well below it is held back by what lies around it, however large its compute's share. None
+    where ``v`` has no profile."""
+    split = v.attrs.get("step_split") if v is not None else None
+    top = largest(split)
+    if top is None:
+        return None
+    around = largest({p: x for p, x in split.items() if p != "compute"})
+    return around if around is not None and around[1] >= DATA_WAIT_SAID else top
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from trainer.estimate import Interval
 LIVE_INTERVAL = "autotune:live_interval"
 """The system attr of a running end-to-end trial: its running estimate and interval, [imgs/s, half-width]."""
 
-NEVER_PRUNED = MEASUREMENT_STAGES | {Stage.BASELINE, Stage.CONFIRM}
+NEVER_PRUNED = MEASUREMENT_STAGES | {Stage.BASELINE, Stage.CONFIRM, Stage.PROFILE}
 """Stages whose trials always measure to the end."""
 
 

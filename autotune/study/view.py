@@ -64,6 +64,10 @@ class Stage(StrEnum):
     CONFIRM = "confirm"
     """A leader run once more, where the best's interval overlaps other configurations'."""
 
+    PROFILE = "profile"
+    """The best run once more with its step profiled after its windows, where its parts do not explain it
+    (``autotune.search.stages._profile``)."""
+
     CEILING = "ceiling"
     """The model alone on synthetic data."""
 
@@ -132,7 +136,7 @@ _STATES = {Outcome.MEASURED: TrialState.COMPLETE, Outcome.PART: TrialState.COMPL
 
 
 REQUEST_ATTRS = ("stage", "overrides", "start", "baseline", "remeasure_of", "cudnn_evidence", "stop_when",
-                 "uncertain", "confirm_of", "climb_from", "climb_knob", "climb_dir")
+                 "uncertain", "confirm_of", "climb_from", "climb_knob", "climb_dir", "profile_of", "profile_steps")
 """The user attrs that say what a trial was asked to be (a stage, a measurement's settings, how it may stop): a
 trial run again (repaired, or after its search vanished) carries them over."""
 
@@ -405,14 +409,21 @@ def _as_one(runs: list[TrialView]) -> TrialView:
 SAME_CONFIG_IGNORES = ("name", "output_dir")
 """What differs between two runs of one configuration: where each ran (its trial's name and folder)."""
 
+PROFILE_SETTING = ("measure", "profile_steps")
+"""A profile after the windows (``measure.profile_steps``) changes nothing they measure: a run with it is one more run
+of the same configuration."""
+
 
 def _same_config(v: TrialView) -> str:
     """What makes two end-to-end trials the same configuration: their whole config but where each ran (the params
     where no config was recorded)."""
     if not v.config:
         return json.dumps({"params": v.params}, sort_keys=True, default=repr)
-    return json.dumps({k: x for k, x in v.config.items() if k not in SAME_CONFIG_IGNORES}, sort_keys=True,
-                      default=repr)
+    config = {k: x for k, x in v.config.items() if k not in SAME_CONFIG_IGNORES}
+    section, key = PROFILE_SETTING
+    if isinstance(config.get(section), dict):
+        config[section] = {k: x for k, x in config[section].items() if k != key}
+    return json.dumps(config, sort_keys=True, default=repr)
 
 
 def searched(trials: list[TrialView]) -> list[str]:

@@ -238,6 +238,39 @@ def test_a_gap_the_parts_do_not_explain_is_split_by_the_best_steps_wait_for_data
                             "step the parts do not run); bench/profile_step.py shows where a step's time goes")
 
 
+def test_a_gap_whose_step_was_profiled_is_said_by_its_largest_cost_and_what_addresses_it(tmp_path):
+    """Trial 3, not explained by its parts, had its step profiled (``step_split``): ``show`` and the report say its
+    largest cost beyond the model's own forward and backward, with what addresses it, then the other parts; a part
+    the profile could not measure (CPU ranks: the copy, the launch gaps) is said to be not measured, never 0."""
+    from autotune.overview import conclusions, table
+    from autotune.report import render_html
+    from autotune.study.measured import STEP_PARTS
+    from trainer.profile import PARTS
+
+    split = {"data": 0.31, "copy": None, "compute": 0.52, "optimizer": 0.04, "communication": 0.08, "launch": None,
+             "steps": 10, "seconds": 1.2, "rank": 1}
+    study = make_study(f"sqlite:///{tmp_path / 'gap.db'}", extra={3: {"data_wait_share": 0.3, "step_split": split}})
+    said = dict(conclusions(study))["what limits it"]
+    assert said.startswith("not explained by the parts"), said
+    assert ("a profile of trial 3's step over 10 steps: it waits 31 % of its time for data, the largest cost: more "
+            "loader workers where the CPU has cores to spare, fewer where they crowd the rank's own process") in said
+    assert ("then forward and backward 52 %, the optimizer 4 %, DDP's communication 8 %; the host-to-device copy and "
+            "the host's launch gaps not measured") in said
+    assert f"what limits it: {said}" in table(study).splitlines()
+    assert "a profile of trial 3&#x27;s step over 10 steps: it waits 31 % of its time for data" in render_html(study)
+    assert "where its step goes" not in dict(conclusions(study))  # said once
+    # Where the parts explain the job, the profile is a line of its own; a step that is its own work (every other
+    # part below the data-wait threshold) names forward and backward.
+    own = {**split, "data": 0.02, "communication": 0.05, "optimizer": 0.03, "compute": 0.85}
+    slow_feed = [STAGE_TRIALS[0], ("supply", {"training.mode": "loader", "data.decode": "nvjpeg-gpu"}, 9000.0)]
+    fed = make_study(f"sqlite:///{tmp_path / 'feed.db'}", "fed", stage_trials=slow_feed, extra={3: {"step_split": own}})
+    lines = dict(conclusions(fed))
+    assert lines["what limits it"].startswith("the input pipeline")
+    assert lines["where its step goes"].startswith("a profile of trial 3's step over 10 steps: it spends 85 % of its "
+                                                   "time in forward and backward, the largest cost: the batch")
+    assert list(STEP_PARTS) == list(PARTS)  # one entry per part the profile measures
+
+
 def test_the_best_steps_wait_for_data_is_on_its_settings_line_where_what_limits_it_does_not_say_it(tmp_path):
     from autotune.overview import conclusions
 

@@ -123,6 +123,21 @@ class Machine:
     """The share of the time the GPUs are busy while the model alone runs (below 0.6: the host's kernel launches
     bound it)."""
 
+    profile: dict[str, float] | None = None
+    """What a profiled run (``measure.profile_steps``) splits its step into (``trainer.profile.PARTS``); None: its
+    wait for data (``data_wait``), the GPUs busy with the model at its pace's share of the model alone's, and the rest
+    the host's launch gaps (a rank's own process slowed by the loader's workers crowding its cores)."""
+
+    def step_split(self, cfg, searched: bool) -> dict[str, float] | None:
+        """A run's profile of its step, where its config asks for one."""
+        if not cfg.measure.profile_steps or self.kind(cfg) == "loader":
+            return None
+        busy = min(1.0, self.pace(cfg, searched) / self.compute(cfg, searched))
+        wait = min(self.data_wait(cfg, searched) or 0.0, 1.0 - busy)
+        split = self.profile or {"data": wait, "copy": 0.0, "compute": busy, "optimizer": 0.0, "communication": 0.0,
+                                 "launch": 1.0 - busy - wait}
+        return {**split, "steps": cfg.measure.profile_steps, "seconds": 1.0, "rank": 0}
+
     def compute(self, cfg, searched: bool) -> float:
         t = cfg.training
         ips = self.ceilings[(t.precision, t.channels_last)] * (self.compile_gain if t.compile else 1.0)
@@ -322,6 +337,7 @@ class FakePool:
                                    "start": meter.latest.start} if meter.latest else None})
                 if stopped() and not self.cancels:
                     return meter
+        meter.step_split = self.machine.step_split(cfg, self.runs[-1]["plans_searched"])
         return meter
 
     def compile(self, cfg, world: int) -> tuple[float, bool]:

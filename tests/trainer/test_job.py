@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.jobutil import kinds, make_jpeg_folder, run_job, tiny_config
+from trainer.profile import PARTS, largest
 from trainer.protocol import COMPILED_ONLY, ErrorRecord, SummaryRecord, WindowRecord
 
 pytestmark = pytest.mark.slow
@@ -58,13 +59,15 @@ def test_measure_run_streams_windows_and_counts_every_image(jpegs, tmp_path, dec
 def test_the_summary_splits_the_step_into_its_wait_for_data_and_the_rest(tmp_path, fed):
     """Fed slowly: a tiny model, its large JPEGs decoded in the rank's own process (no loader workers), inside the
     loop's ``next``: the step mostly waits for data. Fed at once: resnet18 on a batch made on the device: it waits
-    for none."""
+    for none. The profile after the windows (``measure.profile_steps``) splits the step further and names the same
+    largest part: waiting for data, or forward and backward."""
     if fed == "slowly":
         big = make_jpeg_folder(tmp_path / "big", classes=2, per_class=4, size=(960, 1280))
         cfg = tiny_config(**{"model.name": "tests.helpers.models:tiny", "data.kind": "imagefolder",
-                             "data.path": str(big), "data.decode": "pil", "loader.num_workers": 0})
+                             "data.path": str(big), "data.decode": "pil", "loader.num_workers": 0,
+                             "measure.profile_steps": 3})
     else:
-        cfg = tiny_config(**{"data.kind": "synthetic", "loader.num_workers": 0})
+        cfg = tiny_config(**{"data.kind": "synthetic", "loader.num_workers": 0, "measure.profile_steps": 3})
     code, records, log = run_job(cfg, tmp_path)
     assert code == 0, log
     (summary,) = kinds(records, "summary")
@@ -76,6 +79,12 @@ def test_the_summary_splits_the_step_into_its_wait_for_data_and_the_rest(tmp_pat
         assert summary["data_wait_share"] > 0.5, summary
     else:
         assert summary["data_wait_share"] < 0.1, summary
+    split = summary["step_split"]
+    assert split["steps"] == 3 and split["rank"] in (0, 1)
+    assert split["copy"] is None and split["launch"] is None  # CPU ranks: no device timeline
+    shares = [split[p] for p in PARTS if split[p] is not None]
+    assert all(s >= 0.0 for s in shares) and sum(shares) <= 1.0 + 1e-3, split
+    assert largest(split)[0] == ("data" if fed == "slowly" else "compute"), split
 
 
 def test_loader_mode_measures_the_pipeline_alone(jpegs, tmp_path):

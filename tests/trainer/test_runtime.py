@@ -84,6 +84,25 @@ def test_each_setting_of_a_trial_reaches_the_script_and_its_steps_are_measured(t
     assert 2 * measured <= seen["steps"] <= 2 * (measured + 1)
 
 
+def test_a_trial_asked_for_a_profile_runs_that_many_steps_more_after_its_windows_and_splits_them(tmp_path):
+    """``measure.profile_steps``: the script's reports go on past the windows, unmeasured, until that many optimizer
+    steps were profiled; the summary holds their split (``trainer.profile``), the waits for ``run.loader``'s batches
+    marked as the built-in job's are."""
+    from trainer.profile import PARTS
+
+    request = Request(mode="measure", measure=MeasureConfig(**{**MEASURE.__dict__, "profile_steps": 3}),
+                      settings={"batch_size": 4, "num_workers": 1, "accum_steps": 2})
+    code, records, log, seen = torchrun(SEEN, tmp_path, request=request)
+    assert code == 0, log[-3000:]
+    (summary,) = of(records, "summary")
+    split = summary["step_split"]
+    assert split["steps"] == 3 and split["copy"] is None and split["launch"] is None, split
+    shares = [split[p] for p in PARTS if split[p] is not None]
+    assert all(s >= 0.0 for s in shares) and 0.0 < sum(shares) <= 1.0 + 1e-3, split
+    measured = of(records, "warmup_done")[0]["steps"] + sum(w["steps"] for w in of(records, "window"))
+    assert 2 * (measured + 3) <= seen["steps"] <= 2 * (measured + 4)
+
+
 def test_the_supply_mode_measures_the_loader_alone_and_the_ceiling_mode_replays_one_batch(tmp_path):
     code, records, log, seen = torchrun(SEEN, tmp_path / "supply", request=Request(
         mode="supply", measure=MEASURE, settings={"batch_size": 8, "num_workers": 1}))

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import torch
 
 from trainer.meter import sync
+from trainer.profile import StepProfile
 from trainer.protocol import Kind, ResultWriter
 from trainer.records import count_nonfinite
 from trainer.runtime._base import ScriptError, TrialDone
@@ -34,6 +35,8 @@ class Reports:
                            torch.zeros((), dtype=torch.int64, device=device))
         self._pending = 0
         self._last_log = 0.0
+        self._profile: StepProfile | None = None
+        """The steps after the windows, profiled (``measure.profile_steps``), while they run."""
 
     def epochs(self, n: int) -> Iterator[int]:
         """``range(n)``, but while a search measures the trial the epochs go on until it is measured (a short
@@ -77,15 +80,34 @@ class Reports:
         if self._steps.accumulating:
             return False  # mid-accumulation: the meter counts optimizer steps
         images, self._pending = self._pending, 0
+        if self._profile is not None:  # the steps after the windows: not measured, profiled
+            if self._profile.step():
+                self.end_profile()
+                return True
+            return False
         self._nonfinite = count_nonfinite(self.loss.to(self._device), *self._nonfinite)
         measure.step(images, self.loss if loss is not None else None)
         if request.mode == "train" and time.monotonic() - self._last_log >= request.log_every_s:
             self._last_log = time.monotonic()
             self._progress()
         if measure.meter.done:
+            steps = request.measure.profile_steps
+            if steps and request.mode == "measure" and not measure.meter.cancelled:
+                self._profile = StepProfile(self._device, steps)
+                self._profile.start()
+                return False
             self.finish()
             return True
         return False
+
+    def end_profile(self) -> None:
+        """The profile's split into the meter, and the summary (where the script ends before its profiled steps do:
+        the steps it ran)."""
+        if self._profile is None:
+            return
+        self._measure.meter.step_split = self._profile.stop()
+        self._profile = None
+        self.finish()
 
     def _first_report(self, samples: int) -> None:
         unread = self._settings.unread()

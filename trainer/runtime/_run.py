@@ -251,6 +251,7 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        self._reports.end_profile()
         if self.request.mode == "train" and self.meter is not None and self.reports and not self.done:
             self._reports.finish()
         problem = self.ended()

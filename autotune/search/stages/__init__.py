@@ -45,14 +45,19 @@ and ``_ranking``, which are no stages.
    is measurably the fastest.
 10. **uncertain** (``_uncertain``) — a pipeline dropped on a supply whose interval stayed wide, but whose top reaches
     the band, gets an end-to-end trial.
-11. **climb** (``_climb``) — from the fastest end-to-end configuration, one searched knob one step along its order
-    at a time, the knobs what limits the job points to first; a faster move (or a tied, cheaper one) becomes the
-    point, any other closes its direction, until no move is left.
-12. **refine** (``_refine``) — the sampler draws the other knobs with the pipeline, precision, layout and compile of
+11. **profile** (``_profile``) — where the best end-to-end configuration reaches well below what its parts allow
+    together (they do not explain it), it runs once more with a few steps profiled after its windows: its step split
+    into waiting for data, the host-to-device copy, forward and backward, the optimizer, DDP's communication and the
+    host's launch gaps; once.
+12. **climb** (``_climb``) — from the fastest end-to-end configuration, one searched knob one step along its order
+    at a time, the knobs what limits the job points to first (the profiled step's largest part, where there is a
+    profile); a faster move (or a tied, cheaper one) becomes the point, any other closes its direction, until no move
+    is left.
+13. **refine** (``_refine``) — the sampler draws the other knobs with the pipeline, precision, layout and compile of
     the best end-to-end trials held, round-robin over those within ``REACH`` of the best; a compiled one also holds
     what its graph is keyed by (``Table.graph_settings``). A draw whose measured bound reaches no higher than the
     bottom of the best's interval is not launched (``StagePlanner.bound``).
-13. **hold one-off** (``_hold``) — a draw the stages leave to the sampler holds compile at the baseline's value.
+14. **hold one-off** (``_hold``) — a draw the stages leave to the sampler holds compile at the baseline's value.
 
 **The budget.** Measurements of parts spend at most ``PARTS_SHARE`` of this search's trials and of its time (the
 first ceiling and supply excepted): the rest is end to end. A budget too small for the first ceiling, the first

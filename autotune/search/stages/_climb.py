@@ -10,7 +10,8 @@ or at the end of its range; the sampler draws only then (``_refine``).
 What limits the job orders the knobs (``limit``): where the input pipeline bounds it (its supply, or its decode's
 share of the GPUs beside the model, below the ceiling), or the point runs well below the ceiling with nothing
 measured to explain it, the pipeline's knobs come first, loader workers first of all (they compete with the rank's
-own processes for cores); where the model's compute bounds it, the model's (batch, accumulation, layout, DDP). The
+own processes for cores); where the model's compute bounds it, the model's (batch, accumulation, layout, DDP); where
+a profile split the best's step (``_profile``), the knobs that address its largest cost before all others. The
 pipeline family, the precision and torch.compile are the stages' to decide (candidates, ties, the one-off cost) and
 are held; a compiled point also holds what its graph is keyed by, since each change of it is a new compile.
 
@@ -28,7 +29,7 @@ from autotune.search.bounds import Snapshot
 from autotune.search.stages._ask import WAIT, Ask, Request, Wait
 from autotune.search.stages._ranking import complete
 from autotune.space import Param
-from autotune.study.measured import Point, waits
+from autotune.study.measured import STEP_PARTS, Point, StepPart, largest_cost, profiled, waits
 from autotune.study.view import Outcome, Stage, TrialView
 from trainer.knobs import table
 
@@ -94,15 +95,19 @@ class Climb:
         if point is None:
             return None
         limit = self.limit(snap, point)
+        part = largest_cost(profiled(snap.views))
+        first = STEP_PARTS[part[0]] if part else None
+        why = (f"its profiled step's largest cost is {first.name}; what addresses it first: {first.fix}" if first
+               else WORDS[limit])
         tried = {_key(v.params) for v in snap.views if v.end_to_end and not v.part}
-        for move in self.moves(point, limit):
+        for move in self.moves(point, limit, first):
             if (move.knob, move.direction) in closed:
                 continue
             params = complete(self.ask.scope, {**point.params, move.knob: move.value})
             if params.get(move.knob) != move.value or _key(params) in tried:
                 continue
-            self.ask.notes.note(f"climb-{point.label}", f"stages: climbing from trial {point.label} "
-                                                        f"({WORDS[limit]}): one knob one step at a time")
+            self.ask.notes.note(f"climb-{point.label}", f"stages: climbing from trial {point.label} ({why}): one "
+                                                        "knob one step at a time")
             return self.ask.trial(params, {"stage": Stage.CLIMB, "climb_from": point.number,
                                            "climb_knob": move.knob, "climb_dir": move.direction})
         self.ask.notes.note("climb-done", f"stages: the climb ends at trial {point.label}: no knob moves it further "
@@ -155,7 +160,12 @@ class Climb:
         """What bounds ``point`` by the measured parts: its pipeline (the supply, or its decode beside the model,
         below the ceiling's interval), the host's launches (the model alone leaves the GPUs idle), the model's
         compute; a point well below its ceiling that the parts do not explain is taken as input-bound: its step
-        waits for data (more workers), or its loader's workers take the cores its own processes need (fewer)."""
+        waits for data (more workers), or its loader's workers take the cores its own processes need (fewer). Where a
+        profile split the step (``_profile``), its largest cost says it instead: it measured what the parts only
+        bound."""
+        part = largest_cost(profiled(snap.views))
+        if part is not None:
+            return Limit(STEP_PARTS[part[0]].limit)
         m = self.ask.scope
         at = Point.of(point)
         ceiling = snap.interval(at) if m.ceilings else None
@@ -171,8 +181,9 @@ class Climb:
             return Limit.INPUT
         return Limit.COMPUTE
 
-    def moves(self, point: TrialView, limit: Limit) -> list[Move]:
-        """Every move one step from ``point``, in the order ``limit`` takes the knobs (within a scope, the knob
+    def moves(self, point: TrialView, limit: Limit, first: StepPart | None = None) -> list[Move]:
+        """Every move one step from ``point``: the knobs of ``first`` (the largest cost of a profiled step) before any
+        other, in its order, then in the order ``limit`` takes the knobs (within a scope, the knob
         table's order), the cheaper direction first; where the point's step waits for data (its measured split), the
         pipeline's counts (workers, batches in flight) up first."""
         held = {*table().defining_settings} - {"training.channels_last"}
@@ -182,7 +193,7 @@ class Climb:
                   if p.path in point.params and p.path not in held and p.policy.one_off_s is None
                   and p.path != "training.cudnn_benchmark"]
         order, entries = FIRST[limit], [k.path for k in table().entries]
-        params.sort(key=lambda p: (order.index(p.knob.scope),
+        params.sort(key=lambda p: (first.rank(p.path) if first else 0, order.index(p.knob.scope),
                                    entries.index(p.path) if p.path in entries else len(entries)))
         out = []
         more = waits(point) and limit == Limit.INPUT

@@ -24,6 +24,7 @@ from autotune.search.stages._folder import ImageFolder
 from autotune.search.stages._hold import HoldOneOff
 from autotune.search.stages._limiting import Limiting
 from autotune.search.stages._notes import Notes
+from autotune.search.stages._profile import Profile
 from autotune.search.stages._refine import Refine
 from autotune.search.stages._supply import FirstSupply
 from autotune.search.stages._uncertain import Uncertain
@@ -41,6 +42,7 @@ STAGES: tuple[tuple[str, type[Step]], ...] = (
     ("limiting", Limiting),
     ("batches", Batches),
     ("uncertain", Uncertain),
+    ("profile", Profile),
     ("climb", Climb),
     ("refine", Refine),
     ("hold one-off", HoldOneOff),

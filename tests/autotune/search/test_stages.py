@@ -732,7 +732,10 @@ def test_where_workers_past_a_count_slow_the_job_the_climb_finds_the_machines_op
     assert first.params["loader.num_workers"] < SPEC["space"]["loader.num_workers"]["high"]
     assert best.stage == "climb" and first.interval.below(best.interval)
     assert best.params["loader.num_workers"] < first.params["loader.num_workers"]
-    assert "the input pipeline limits it: the loader's and the pipeline's knobs first, workers first" in r.out
+    # The best reaches well below what its parts allow: its profiled step names its wait for data, and the climb
+    # takes the loader's knobs first.
+    assert "its profiled step's largest cost is waiting for data; what addresses it first: more loader workers" \
+        in r.out
 
 
 def test_each_climb_trial_is_one_knob_one_step_from_its_point_and_no_draw_comes_before_the_climb_ends():
@@ -807,3 +810,33 @@ def test_a_move_is_taken_only_where_both_figures_have_intervals():
     unknown = run(3, 1000.0, None, 8)  # one window: no interval
     assert not Climb.accepted(cheaper, unknown, unknown, "loader.num_workers")
     assert not Climb.accepted(run(4, 5000.0, None, 6), point, point, "loader.num_workers")
+
+
+EXPOSED = {"data": 0.05, "copy": 0.0, "compute": 0.3, "optimizer": 0.05, "communication": 0.5, "launch": 0.1}
+"""A step held back by DDP's communication (an input to the simulation): what neither part measures."""
+
+
+@pytest.mark.parametrize("share", [0.6, 0.95])
+def test_a_best_its_parts_do_not_explain_has_its_step_profiled_once_and_the_climb_starts_at_its_largest_part(share):
+    """End to end at ``share`` of what the model alone and its pipeline allow together: at 0.6 the parts do not
+    explain it, and the best runs once more with its step profiled; its largest part (DDP's communication) is what
+    the climb moves first, and ``show`` says the split. At 0.95 they do, and nothing is profiled."""
+    r = search(Machine(ceilings=GPU, supplies=FEEDS, e2e_share=share, profile=EXPOSED), trials=14)
+    profiles = [v for v in e2e(r) if v.stage == "profile"]
+    if share > 0.8:
+        assert profiles == [] and all(v.config["measure"]["profile_steps"] == 0 for v in e2e(r))
+        return
+    (profile,) = profiles
+    of = next(v for v in e2e(r) if v.number == profile.attrs["profile_of"])
+    assert profile.params == of.params and profile.config["measure"]["profile_steps"] > 0
+    assert profile.attrs["step_split"]["communication"] == EXPOSED["communication"]
+    # One more run of the same configuration: its runs stand combined, and the profile is no configuration of its own.
+    assert [n for n, *_ in next(c for c in view.configurations(r.views) if c.number == of.number).attrs["runs"]] \
+        == [of.number, profile.number]
+    climbs = [v for v in e2e(r) if v.stage == "climb" and v.number > profile.number]
+    assert climbs and climbs[0].attrs["climb_knob"] == "ddp.bucket_cap_mb", [v.attrs for v in climbs]
+    assert "its profiled step's largest cost is DDP's communication" in r.out
+    said = dict(conclusions(r.study))["what limits it"]
+    assert said.startswith("not explained by the parts") and \
+        f"a profile of trial {profile.number}'s step over" in said and \
+        "waits 50 % of its time for DDP's communication, the largest cost: DDP's gradient buckets" in said, said
