@@ -264,7 +264,7 @@ def split_line(v: TrialView) -> str | None:
     where it has no profile."""
     split, top = v.attrs.get("step_split"), largest_cost(v)
     if top is None:
-        return None
+        return f"trial {v.number}'s step could not be profiled ({split['error']})" if split.get("error") else None
     name, share = top
     part = STEP_PARTS[name]
     rest = [f"{STEP_PARTS[p].name} {_pct(split[p])}" for p in STEP_PARTS if p != name and split.get(p) is not None]
@@ -288,7 +288,7 @@ def where_the_step_goes(best: TrialView, profile: TrialView | None = None) -> st
     trial whose step was profiled), else as its run split it in two: waiting for data (the input side), or the step
     itself (forward, backward, optimizer, communication and the host's launch gaps, measured as one share), with what
     addresses each; said after "... of that"."""
-    profiled_step = split_line(profile) if profile is not None else None
+    profiled_step = split_line(profile) if profile is not None and largest_cost(profile) else None
     if profiled_step:
         return f"; {profiled_step}"
     waits = waits_for_data(best)

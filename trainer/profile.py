@@ -59,12 +59,20 @@ class StepProfile:
         self._prof: profile | None = None
         self._range: record_function | None = None
         self._t0 = 0.0
+        self._error: str | None = None
+        """Why the profile has no split (its profiler failed), said in the split instead."""
 
     def start(self) -> None:
         _sync(self.device)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        self._prof = profile(activities=activities)
-        self._prof.__enter__()
+        # The trial is measured already: a profiler that cannot start (another one running, no CUPTI) costs its
+        # split, never the trial, and the ranks still meet in ``stop``.
+        try:
+            prof = profile(activities=activities)
+            prof.__enter__()
+            self._prof = prof
+        except Exception as e:  # any profiler failure is the split's, said in it
+            self._error = _said(e)
         _MARKING.on = True
         self._t0 = time.perf_counter()
         self._open()
@@ -85,11 +93,17 @@ class StepProfile:
         _sync(self.device)
         seconds = time.perf_counter() - self._t0
         _MARKING.on = False
-        self._prof.__exit__(None, None, None)
-        events = list(self._prof.events())
-        self._prof = None
-        parts = device_split(events) if self.device.type == "cuda" else host_split(events)
-        return choose({**parts, "steps": self.ran, "seconds": round(seconds, 4)})
+        parts: dict[str, Any] = dict.fromkeys(PARTS)
+        if self._prof is not None:
+            try:
+                self._prof.__exit__(None, None, None)
+                events = list(self._prof.events())
+                parts = device_split(events) if self.device.type == "cuda" else host_split(events)
+            except Exception as e:  # as in ``start``: the split's failure, not the trial's
+                self._error = _said(e)
+            self._prof = None
+        failed = {"error": self._error} if self._error else {}
+        return choose({**parts, **failed, "steps": self.ran, "seconds": round(seconds, 4)})
 
     def _open(self) -> None:
         self._range = record_function(STEP)
@@ -138,7 +152,9 @@ def choose(mine: dict[str, Any]) -> dict[str, Any]:
         return {**mine, "rank": 0}
     every: list[dict[str, Any] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    rank = min(range(len(every)), key=lambda r: (every[r].get("communication") or 0.0, r))
+    # A rank whose profiler failed has no split to give: another's stands for the job.
+    usable = [r for r in range(len(every)) if not every[r].get("error")] or list(range(len(every)))
+    rank = min(usable, key=lambda r: (every[r].get("communication") or 0.0, r))
     return {**every[rank], "rank": rank}
 
 
@@ -279,6 +295,10 @@ def _shares(total: float, **parts: float | None) -> dict[str, float | None]:
     if total <= 0:
         return dict.fromkeys(PARTS)
     return {p: None if parts[p] is None else round(min(1.0, max(parts[p], 0.0) / total), 4) for p in PARTS}
+
+
+def _said(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".splitlines()[0][:300]
 
 
 def _sync(device: torch.device) -> None:

@@ -269,6 +269,13 @@ def test_a_gap_whose_step_was_profiled_is_said_by_its_largest_cost_and_what_addr
     assert lines["where its step goes"].startswith("a profile of trial 3's step over 10 steps: it spends 85 % of its "
                                                    "time in forward and backward, the largest cost: the batch")
     assert list(STEP_PARTS) == list(PARTS)  # one entry per part the profile measures
+    # A profile that failed says why, and what limits it falls back on the run's own split.
+    failed = {**dict.fromkeys(PARTS), "error": "RuntimeError: no CUPTI", "steps": 10, "seconds": 1.0, "rank": 0}
+    broken = make_study(f"sqlite:///{tmp_path / 'broken.db'}", "broken",
+                        extra={3: {"data_wait_share": 0.3, "step_split": failed}})
+    lines = dict(conclusions(broken))
+    assert lines["where its step goes"] == "trial 3's step could not be profiled (RuntimeError: no CUPTI)"
+    assert "its step waits 30 % of its measured time for data" in lines["what limits it"]
 
 
 def test_the_best_steps_wait_for_data_is_on_its_settings_line_where_what_limits_it_does_not_say_it(tmp_path):

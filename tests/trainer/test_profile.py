@@ -46,3 +46,19 @@ def test_a_cpu_step_is_split_on_the_ranks_main_thread_and_what_it_cannot_see_is_
                      "launch": None}
     assert set(split) == set(PARTS)
     assert host_split([]) == dict.fromkeys(PARTS) and largest(dict.fromkeys(PARTS)) is None
+
+
+def test_a_profiler_that_cannot_start_costs_the_split_not_the_trial(monkeypatch):
+    """The trial is measured before its profile runs: a profiler that fails (another one already running, no CUPTI
+    on a GPU) leaves a split that says why, and the steps run on."""
+    import trainer.profile as profile_module
+
+    def refuses(**kwargs):
+        raise RuntimeError("Can't disable Kineto profiler when it's not running\nsecond line")
+
+    monkeypatch.setattr(profile_module, "profile", refuses)
+    ran = []
+    split = profile_module.profile_steps(lambda: ran.append(torch.ones(2).sum()), 3, torch.device("cpu"))
+    assert len(ran) == 3 and split["steps"] == 3
+    assert split["error"] == "RuntimeError: Can't disable Kineto profiler when it's not running"
+    assert {p: split[p] for p in PARTS} == dict.fromkeys(PARTS) and largest(split) is None
