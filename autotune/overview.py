@@ -31,6 +31,7 @@ from autotune.study.measured import (
     Point,
     ceiling_share,
     cudnn_decided,
+    data_fix,
     largest_cost,
     pipe_for,
     profiled,
@@ -270,8 +271,9 @@ def split_line(v: TrialView) -> str | None:
     rest = [f"{STEP_PARTS[p].name} {_pct(split[p])}" for p in STEP_PARTS if p != name and split.get(p) is not None]
     unmeasured = [STEP_PARTS[p].name for p in STEP_PARTS if split.get(p) is None]
     steps = f" over {split['steps']} steps" if split.get("steps") else ""
+    fix = data_fix(v) if name == "data" else part.fix  # its cores, where they were read, say which way
     text = (f"a profile of trial {v.number}'s step{steps}: it {part.said.format(share=_pct(share))}, the largest "
-            f"cost: {part.fix}")
+            f"cost: {fix}")
     if rest:
         text += f"; then {', '.join(rest)}"
     if unmeasured:
@@ -296,8 +298,7 @@ def where_the_step_goes(best: TrialView, profile: TrialView | None = None) -> st
         return (": something else holds it back (the loader and the job contending for the CPU, a slow step the parts "
                 "do not run); bench/profile_step.py shows where a step's time goes")
     if best.attrs["data_wait_share"] >= DATA_WAIT_SAID:
-        return (f"; {waits}: the input side holds it back — more loader workers where the CPU has cores to spare, "
-                "fewer where they crowd the rank's own process, or a pipeline that decodes less on the CPU")
+        return f"; {waits}: the input side holds it back — {data_fix(best)}"
     return (f"; {waits}: the step itself runs slower than the model alone (its compute, communication and the host's "
             "launch gaps, measured as one share) — the loader's workers contending with the rank's own process for "
             "the CPU (fewer free it), or work the model alone does not do")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import verdict
+from autotune.hw.cpu import CpuSampler, busy_share
 from autotune.hw.nvml import Sampler, summarize
 from autotune.objective import measured_attrs
 from autotune.runner.pool import WorkerPool
@@ -272,14 +273,15 @@ class Evaluator:
         ev.launched = True
         if ev.stage in self.preloaded:  # already run before the study existed (a user's script's first run)
             run, samples = self.preloaded.pop(ev.stage)
+            readings = []
         else:
             fresh = self.fresh(ev, trial)
-            sampler = Sampler(plan.nvml, plan.gpus).start()
+            sampler, cpu = Sampler(plan.nvml, plan.gpus).start(), CpuSampler().start()
             try:
                 run = self.pool.run(job, fresh=fresh, on_record=watch.on_record,
                                     on_poll=lambda: (heartbeat.beat(), watch.tick()))
             finally:
-                samples = sampler.stop()
+                samples, readings = sampler.stop(), cpu.stop()
         shape = conv_shape(ev.config)
         if run.worker is not None and shape is not None:
             ran = self.seen.setdefault(run.worker, {})
@@ -301,6 +303,9 @@ class Evaluator:
                 ev.precise = False
         if plan.util_available:
             ev.take(summarize(samples, run.steady_windows, len(plan.gpus)))
+        busy = busy_share(readings, run.steady_windows)
+        if busy is not None:
+            ev.take({"cpu_busy": busy})
 
 
 def conv_shape(config: TrainConfig) -> tuple | None:

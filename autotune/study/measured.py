@@ -55,6 +55,31 @@ def waits(v: TrialView) -> bool | None:
     return None if share is None else share >= DATA_WAIT_SAID
 
 
+CPU_FULL = 0.9
+"""The trial's cores busy at least this share of its measured time (``autotune.hw.cpu``) are full: a step that waits
+for data there gets no faster from more loader workers, which would take cores from the rank's own process."""
+
+
+def cores_full(v: TrialView) -> bool | None:
+    """Whether the trial's cores were full while it was measured (``CPU_FULL``); None where nobody read them."""
+    busy = v.attrs.get("cpu_busy")
+    return None if busy is None else busy >= CPU_FULL
+
+
+def data_fix(v: TrialView) -> str:
+    """What addresses a step that waits for data, as far as its run's cores say: fewer loader workers where they
+    were full, more where they had room, either where nobody read them; or a pipeline that decodes less on the CPU."""
+    busy, full = v.attrs.get("cpu_busy"), cores_full(v)
+    if full is None:
+        return ("more loader workers where the CPU has cores to spare, fewer where they crowd the rank's own "
+                "process, or a pipeline that decodes less on the CPU")
+    if full:
+        return (f"fewer loader workers (its cores were {100 * busy:.0f} % busy: more workers would crowd the rank's "
+                "own process), or a pipeline that decodes less on the CPU")
+    return (f"more loader workers or batches in flight (its cores were {100 * busy:.0f} % busy: they have room), or "
+            "a pipeline that decodes less on the CPU")
+
+
 UNEXPLAINED = 0.8
 """A tuned configuration below this share of the bound its parts put on it is not explained by them: said so, no
 limit named from the parts, and its step profiled once (``autotune.search.stages._profile``)."""

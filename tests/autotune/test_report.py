@@ -269,6 +269,15 @@ def test_a_gap_whose_step_was_profiled_is_said_by_its_largest_cost_and_what_addr
     assert lines["where its step goes"].startswith("a profile of trial 3's step over 10 steps: it spends 85 % of its "
                                                    "time in forward and backward, the largest cost: the batch")
     assert list(STEP_PARTS) == list(PARTS)  # one entry per part the profile measures
+    # Where the run's cores were read, they say which way the workers go.
+    full = make_study(f"sqlite:///{tmp_path / 'full.db'}", "full",
+                      extra={3: {"data_wait_share": 0.3, "step_split": split, "cpu_busy": 0.98}})
+    assert ("it waits 31 % of its time for data, the largest cost: fewer loader workers (its cores were 98 % busy: "
+            "more workers would crowd the rank's own process)") in dict(conclusions(full))["what limits it"]
+    room = make_study(f"sqlite:///{tmp_path / 'room.db'}", "room", extra={3: {"data_wait_share": 0.3,
+                                                                               "cpu_busy": 0.41}})
+    assert ("its step waits 30 % of its measured time for data: the input side holds it back — more loader workers "
+            "or batches in flight (its cores were 41 % busy: they have room)") in dict(conclusions(room))["what limits it"]
     # A profile that failed says why, and what limits it falls back on the run's own split.
     failed = {**dict.fromkeys(PARTS), "error": "RuntimeError: no CUPTI", "steps": 10, "seconds": 1.0, "rank": 0}
     broken = make_study(f"sqlite:///{tmp_path / 'broken.db'}", "broken",

@@ -29,7 +29,7 @@ from autotune.search.bounds import Snapshot
 from autotune.search.stages._ask import WAIT, Ask, Request, Wait
 from autotune.search.stages._ranking import complete
 from autotune.space import Param
-from autotune.study.measured import STEP_PARTS, Point, StepPart, largest_cost, profiled, waits
+from autotune.study.measured import STEP_PARTS, Point, StepPart, cores_full, largest_cost, profiled, waits
 from autotune.study.view import Outcome, Stage, TrialView
 from trainer.knobs import table
 
@@ -184,8 +184,8 @@ class Climb:
     def moves(self, point: TrialView, limit: Limit, first: StepPart | None = None) -> list[Move]:
         """Every move one step from ``point``: the knobs of ``first`` (the largest cost of a profiled step) before any
         other, in its order, then in the order ``limit`` takes the knobs (within a scope, the knob
-        table's order), the cheaper direction first; where the point's step waits for data (its measured split), the
-        pipeline's counts (workers, batches in flight) up first."""
+        table's order), the cheaper direction first; where the point's step waits for data (its measured split) and
+        its cores had room (``cores_full``), the pipeline's counts (workers, batches in flight) up first."""
         held = {*table().defining_settings} - {"training.channels_last"}
         if point.params.get("training.compile"):
             held |= set(table().graph_settings)
@@ -196,7 +196,8 @@ class Climb:
         params.sort(key=lambda p: (first.rank(p.path) if first else 0, order.index(p.knob.scope),
                                    entries.index(p.path) if p.path in entries else len(entries)))
         out = []
-        more = waits(point) and limit == Limit.INPUT
+        # A point whose cores were full gets nothing from more workers: the cheaper direction first, as elsewhere.
+        more = waits(point) and limit == Limit.INPUT and not cores_full(point)
         for p in params:
             first_up = more and p.knob.scope == "pipeline" and p.path in _cheaper_down()
             for direction in ("up", "down") if first_up else ("down", "up"):

@@ -795,6 +795,14 @@ def test_where_the_best_steps_wait_for_data_the_climb_moves_its_workers_up_first
     fed = search(Machine(ceilings=GPU, supplies=FEEDS), trials=8)
     first = next(v for v in e2e(fed) if v.stage == "climb")
     assert first.attrs["climb_dir"] == "down"
+    # The same starved step on cores that were full while it ran (``autotune.hw.cpu``): more workers would take
+    # cores from the rank's own process, so fewer come first.
+    with mock.patch("autotune.search.evaluate.busy_share", lambda readings, windows: 0.97):
+        full = search(Machine(ceilings=GPU, supplies=CROWDED), trials=8)
+    first = next(v for v in e2e(full) if v.stage == "climb")
+    point = next(v for v in e2e(full) if v.number == first.attrs["climb_from"])
+    assert point.attrs["data_wait_share"] >= DATA_WAIT_SAID and point.attrs["cpu_busy"] == 0.97
+    assert (first.attrs["climb_knob"], first.attrs["climb_dir"]) == ("loader.num_workers", "down")
 
 
 def test_a_move_is_taken_only_where_both_figures_have_intervals():
