@@ -1,5 +1,6 @@
 """The host's CPU over a trial's measured windows (``autotune.hw.cpu``)."""
 
+import itertools
 import time
 
 from autotune.hw.cpu import CpuSampler, Reading, busy_share, read
@@ -37,6 +38,6 @@ def test_the_sampler_reads_this_machines_cores_while_it_runs():
     while time.time() - t0 < 0.2:
         sum(i * i for i in range(1000))  # keep one core busy
     readings = sampler.stop()
-    assert len(readings) >= 3 and all(b.total >= a.total for a, b in zip(readings, readings[1:], strict=False))
+    assert len(readings) >= 3 and all(b.total >= a.total for a, b in itertools.pairwise(readings))
     share = busy_share(readings, [{"t0": readings[0].t, "t1": readings[-1].t}])
     assert share is not None and 0.0 < share <= 1.0
