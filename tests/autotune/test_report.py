@@ -276,8 +276,9 @@ def test_a_gap_whose_step_was_profiled_is_said_by_its_largest_cost_and_what_addr
             "more workers would crowd the rank's own process)") in dict(conclusions(full))["what limits it"]
     room = make_study(f"sqlite:///{tmp_path / 'room.db'}", "room", extra={3: {"data_wait_share": 0.3,
                                                                                "cpu_busy": 0.41}})
+    said = dict(conclusions(room))["what limits it"]
     assert ("its step waits 30 % of its measured time for data: the input side holds it back — more loader workers "
-            "or batches in flight (its cores were 41 % busy: they have room)") in dict(conclusions(room))["what limits it"]
+            "or batches in flight (its cores were 41 % busy: they have room)") in said, said
     # A profile that failed says why, and what limits it falls back on the run's own split.
     failed = {**dict.fromkeys(PARTS), "error": "RuntimeError: no CUPTI", "steps": 10, "seconds": 1.0, "rank": 0}
     broken = make_study(f"sqlite:///{tmp_path / 'broken.db'}", "broken",
