@@ -97,6 +97,9 @@ images=${IMAGES:-32000}
 # timeout of 150 s: the stages measure torch.compile only where a compiled run fits well inside it (a cold compile
 # of ResNet-50 took most of a minute on 1xH200).
 bench_set=(--set data.num_classes=100); search_set=(--trial-timeout "${TRIAL_TIMEOUT:-150}")
+# BENCH_SET="KEY=VALUE ...": more settings for every bench/run.py row of the call (e.g. measure.profile_steps=10: each
+# row's step split in its JSON, step_split).
+for kv in ${BENCH_SET:-}; do bench_set+=(--set "$kv"); done
 if [ -n "${DRY:-}" ]; then  # toy sizes for a CPU smoke run
   images=400
   bench_set+=(--set model.name=resnet18 --set data.image_size=32 --set training.batch_size=8

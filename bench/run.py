@@ -13,16 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.hw import nvml as nvml_gpu
+from autotune.hw.cpu import CpuSampler, busy_share
 from autotune.hw.placement import to_nvml, visible_entries
 from autotune.runner.trial import TrialJob, run_trial
 from autotune.verdict import judge
@@ -207,38 +206,6 @@ def row_config(name: str, data: str | None, common: dict) -> TrainConfig:
     return cfg.with_overrides({**where, **dry_run(overrides), **common, "name": name})
 
 
-class CpuSampler:
-    """Whole-machine CPU busy fraction from /proc/stat, once a second, timestamped like the NVML samples."""
-
-    def __init__(self):
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def _read():
-        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        idle = fields[3] + fields[4]
-        return sum(fields), idle
-
-    def _run(self):
-        prev = self._read()
-        while not self._stop.wait(1.0):
-            cur = self._read()
-            total, idle = cur[0] - prev[0], cur[1] - prev[1]
-            self.samples.append((time.time(), 100.0 * (1 - idle / total) if total else 0.0))
-            prev = cur
-
-    def start(self):
-        self._thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(timeout=3)
-        return self.samples
-
-
 def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: float) -> dict:
     nvml = nvml_gpu.Nvml()
     gpus = to_nvml(nvml, visible_entries(nvml.count())[:nproc]) if nvml.available else []
@@ -246,9 +213,8 @@ def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: flo
     cpu = CpuSampler().start()
     run = run_trial(TrialJob(config=cfg, trial_dir=out_dir / name, nproc_per_node=nproc,
                              gpus=[g.uuid for g in gpus] or None, timeout_s=timeout))
-    samples, cpu_samples = sampler.stop(), cpu.stop()
-    spans = [(w["t0"], w["t1"]) for w in run.steady_windows]
-    cpu_in = [c for t, c in cpu_samples if any(t0 <= t <= t1 for t0, t1 in spans)]
+    samples, readings = sampler.stop(), cpu.stop()
+    busy = busy_share(readings, run.steady_windows)
     summary = run.summary or {}
     # A run that does not learn is not fast (``diverged``): its imgs/s is kept in the raw JSON, never shown as a
     # figure.
@@ -260,7 +226,8 @@ def run_one(name: str, cfg: TrainConfig, nproc: int, out_dir: Path, timeout: flo
         "imgs_per_s": summary.get("imgs_per_s"), "imgs_per_s_windows": summary.get("imgs_per_s_windows"),
         "ci_half_width": summary.get("ci_half_width"), "precise": summary.get("precise"),
         "peak_mem_bytes": summary.get("peak_mem_bytes"),
-        "cpu_busy_pct": round(statistics.fmean(cpu_in), 1) if cpu_in else None,
+        "cpu_busy_pct": round(100 * busy, 1) if busy is not None else None,
+        "data_wait_share": summary.get("data_wait_share"), "step_split": summary.get("step_split"),
         **nvml_gpu.summarize(samples, run.steady_windows, len(gpus)), **run.timing(),
         "compile_s": summary.get("compile_s"), "compiles": summary.get("compiles"),
         "first_step": (run.of_kind("first_step") or [None])[0],
