@@ -63,8 +63,8 @@ def key(loader: Any) -> bytes | None:
             or loader.multiprocessing_context is not None:
         return None
     fixed = (loader.dataset, loader.collate_fn, loader.worker_init_fn, loader.num_workers, loader.prefetch_factor,
-             loader.pin_memory, loader.pin_memory_device, loader.timeout, loader.batch_sampler is not None,
-             loader.drop_last, getattr(loader, "in_order", True))
+             loader.pin_memory, getattr(loader, "pin_memory_device", ""), loader.timeout,
+             loader.batch_sampler is not None, loader.drop_last, getattr(loader, "in_order", True))
     out = _Digest()
     try:
         pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(fixed)
