@@ -116,8 +116,9 @@ def turn_bound(v: TrialView) -> bool:
     return v.attrs.get("ended") == "turn"
 
 
-TURN_BOUND = ("its windows came within the precision asked; its loader's epoch turn, seen once (charged per epoch, "
-              "its cost known to within half of it), keeps the interval wider, and more windows would not narrow it")
+TURN_BOUND = ("its windows came within the precision asked; its loader's epoch turn, seen only at its first epoch's "
+              "start (charged per epoch, its cost known to within half of it), keeps the interval wider, and more "
+              "windows would not narrow it")
 
 
 def image_loader_line(trials: list[TrialView], per: str = "imgs/s") -> str | None:

@@ -131,11 +131,12 @@ class Estimate(Interval):
     """Seconds an epoch's turn costs beyond the steady pace (mean of those measured), charged once per epoch."""
 
     windows_half_width: float = math.inf
-    """The half-width without the spread of a turn's cost observed once: what more windows narrow."""
+    """The half-width without the spread of the first epoch's start charged per epoch (``floor``): what more windows
+    narrow."""
 
     floor: float = 0.0
-    """The half-width no number of windows narrows: a turn's cost observed once (the first epoch's start, or one turn
-    in the span), whose spread is ``UNKNOWN_SHARE`` of it, at the normal quantile (``stop``)."""
+    """The half-width no number of windows narrows: where no turn was measured in the span, the first epoch's start
+    charged per epoch, its spread ``UNKNOWN_SHARE`` of it, at the normal quantile (``stop``)."""
 
     def record(self) -> dict[str, float | int | None]:
         """Its fields as a summary record or a trial's attrs hold them (``ci_`` for the interval's; None where one
@@ -216,7 +217,8 @@ def estimate(windows: Sequence[Timed], *, epoch_images: float | None = None, fir
         spread = statistics.variance(costs) / len(costs) if len(costs) > 1 else (UNKNOWN_SHARE * turn_s) ** 2
         per_image += turn_s / epoch_images
         var_per_image += spread / epoch_images**2
-        once = spread / epoch_images**2 if len(costs) == 1 else 0.0
+        # No turn in the span: the epoch is longer than the windows so far, and the next turn may lie past the cap.
+        once = spread / epoch_images**2 if not turns else 0.0
     q = t_quantile(k - 1)
     half = q * math.sqrt(var_per_image) / per_image
     return Estimate(value=1 / per_image, half_width=half, start=start, batches=k, batch_windows=b, lag1=lag1,
@@ -288,7 +290,7 @@ def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
 
 def stop(est: Estimate | None, *, precision: float, elapsed_s: float, max_s: float) -> str | None:
     """Why a measurement ends here, or None: ``precise`` once its interval's half-width is at most ``precision``;
-    ``turn`` once its windows' own part is, where a turn's cost observed once keeps the interval wider than
+    ``turn`` once its windows' own part is, where the first epoch's start, seen once, keeps the interval wider than
     ``precision`` however many windows follow (``Estimate.floor``: a script's own loader on epochs longer than the
     trial, its interval then stands as it is); ``capped`` once it has measured for ``max_s`` seconds."""
     if est is not None and est.half_width <= precision:

@@ -133,7 +133,7 @@ def test_a_trial_0_wider_only_by_its_loaders_turn_seen_once_is_measured_once_and
     shown = overview.table(sim.study)
     row = next(ln for ln in shown.splitlines() if ln.startswith("0"))
     assert "^" in row and "~" not in row, row
-    assert re.search(r"\^ its windows came within the precision asked; its loader's epoch turn, seen once", shown)
+    assert re.search(r"\^ its windows came within the precision asked; its loader's epoch turn, seen only", shown)
     assert "reached its time cap" not in shown.split("how sure:")[1].splitlines()[0], shown
 
 
