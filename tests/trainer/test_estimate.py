@@ -143,4 +143,4 @@ def test_a_measurement_stops_once_only_a_turn_seen_once_keeps_its_interval_wider
     for turns in ([*windows[:20], turn, *windows[20:]], [*windows[:10], turn, *windows[10:30], turn, *windows[30:]]):
         est = estimate(turns, epoch_images=1600)
         assert est.floor == 0.0 and est.windows_half_width == est.half_width
-        assert stop(est, precision=0.02, elapsed_s=6, max_s=30) is None
+        assert stop(est, precision=0.02, elapsed_s=6, max_s=30) != "turn"
