@@ -108,7 +108,18 @@ BELOW = "↓"
 def imprecise(v: TrialView) -> bool:
     """The trial ran its measurement to its time cap with its interval still wider than the precision asked. A
     pruned trial was stopped before the end: its interval says only that it was clearly slower."""
-    return v.precise is False and v.outcome != Outcome.PRUNED
+    return v.precise is False and v.outcome != Outcome.PRUNED and not turn_bound(v)
+
+
+def turn_bound(v: TrialView) -> bool:
+    """Its windows came within the precision asked, but a turn of its loader seen once keeps its interval wider, which
+    no more windows narrow (``trainer.estimate.stop``: ``turn``)."""
+    return v.attrs.get("ended") == "turn"
+
+
+TURN_BOUND = ("its windows came within the precision asked; its loader's epoch turn, seen only at its first epoch's "
+              "start (charged per epoch, its cost known to within half of it), keeps the interval wider, and more "
+              "windows would not narrow it")
 
 
 def image_loader_line(trials: list[TrialView], per: str = "imgs/s") -> str | None:
@@ -319,6 +330,8 @@ def describe_certainty(v: TrialView, per: str = "imgs/s") -> str:
         text += "; its runs combined" + view.describe_runs(v, per)
     if imprecise(v):
         text += "; wider than the precision asked: it reached its time cap (measure.max_s) first"
+    if turn_bound(v):
+        text += f"; wider than the precision asked: {TURN_BOUND}"
     return text
 
 
@@ -360,7 +373,7 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
             ratio = v.interval.over(base.interval)
             gain = f"{ratio.value:.2f}x" + ("=" if v.interval.a_tie(base.interval) and v is not base else "")
         pm = (f"{100 * v.half_width:.1f}%" if v.half_width is not None else "?" if v.precise is False else "-") \
-            + ("~" if imprecise(v) else "")
+            + ("~" if imprecise(v) else "^" if turn_bound(v) else "")
         note = fmt_params(v.shown(searched), 90)
         if v.failure_class and v.outcome != Outcome.PRUNED:
             note = f"{why_failed(v.failure_class, v.failure_message)[:100]}  [{note}]"
@@ -379,6 +392,8 @@ def table(study, sort: str = "number", top: int | None = None, *, storage: str |
     notes = []
     notes.append("± the half-width of each figure's 95 % interval; = a ratio whose intervals overlap: a tie with the "
                  "baseline, no measurable gain")
+    if any(turn_bound(v) for v in trials):
+        notes.append(f"^ {TURN_BOUND}")
     if any(imprecise(v) for v in trials):
         notes.append("~ the trial reached its time cap (measure.max_s) with its interval wider than the precision "
                      "asked (measure.precision): its figure is less certain, as the interval says")

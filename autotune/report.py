@@ -104,7 +104,8 @@ def trial_rows(study) -> list[TrialRow]:
             number=v.number, part=v.part, outcome=outcome, stage=v.stage, imgs_per_s=v.imgs_per_s,
             windows=[x for x in map(finite, a.get("imgs_per_s_windows") or []) if x is not None],
             half_width=v.half_width, no_interval=no_interval(a) if v.half_width is None else None,
-            util=v.util, precise=None if v.outcome == Outcome.PRUNED else v.precise,
+            # Pruned, or wide only by a loader turn seen once (``trainer.estimate.stop``): no time cap to mark.
+            util=v.util, precise=None if v.outcome == Outcome.PRUNED or a.get("ended") == "turn" else v.precise,
             # The trial's config says what ran, searched or not (a knob the spec fixed, a stage's setting).
             precision=str(v.setting("training.precision", "?")), decode=str(v.setting("data.decode", "?")),
             batch_size=v.setting("training.batch_size"), channels_last=bool(v.setting("training.channels_last")),

@@ -41,6 +41,9 @@ LAG1_Z = statistics.NormalDist().inv_cdf(0.95)
 in one case in twenty (``LAG1_Z / sqrt(batches)``): a neighbouring batch then says little about the next, and the
 variance of their mean is not understated."""
 
+_Z = statistics.NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
+"""The normal quantile of ``CONFIDENCE``: Student's t as the batches grow without end."""
+
 UNKNOWN_SHARE = 0.5
 """The standard error of a cost observed once (one epoch turn, or the first epoch's start measured alone), as a
 share of it: one figure says nothing of its own spread, so the interval allows for it costing from nothing to twice
@@ -127,6 +130,14 @@ class Estimate(Interval):
     turn_s: float = 0.0
     """Seconds an epoch's turn costs beyond the steady pace (mean of those measured), charged once per epoch."""
 
+    windows_half_width: float = math.inf
+    """The half-width without the spread of the first epoch's start charged per epoch (``floor``): what more windows
+    narrow."""
+
+    floor: float = 0.0
+    """The half-width no number of windows narrows: where no turn was measured in the span, the first epoch's start
+    charged per epoch, its spread ``UNKNOWN_SHARE`` of it, at the normal quantile (``stop``)."""
+
     def record(self) -> dict[str, float | int | None]:
         """Its fields as a summary record or a trial's attrs hold them (``ci_`` for the interval's; None where one
         window gave no interval at all)."""
@@ -199,16 +210,21 @@ def estimate(windows: Sequence[Timed], *, epoch_images: float | None = None, fir
     mean_t = statistics.fmean(t for _, t in batches)
     residual = sum((i - rate * t) ** 2 for i, t in batches) / (k - 1) if k > 1 else math.inf
     var_per_image = residual / k / mean_t**2 / rate**4  # the variance of 1 / rate, by the delta method
-    per_image, turn_s = 1 / rate, 0.0
+    per_image, turn_s, once = 1 / rate, 0.0, 0.0
     if epoch_images and (turns or first_turn_s):
         costs = [w.seconds - w.images / rate for w in turns] or [float(first_turn_s)]
         turn_s = max(0.0, statistics.fmean(costs))
         spread = statistics.variance(costs) / len(costs) if len(costs) > 1 else (UNKNOWN_SHARE * turn_s) ** 2
         per_image += turn_s / epoch_images
         var_per_image += spread / epoch_images**2
-    half = t_quantile(k - 1) * math.sqrt(var_per_image) / per_image
+        # No turn in the span: the epoch is longer than the windows so far, and the next turn may lie past the cap.
+        once = spread / epoch_images**2 if not turns else 0.0
+    q = t_quantile(k - 1)
+    half = q * math.sqrt(var_per_image) / per_image
     return Estimate(value=1 / per_image, half_width=half, start=start, batches=k, batch_windows=b, lag1=lag1,
-                    steady=rate, turns=len(turns) if turn_s else 0, turn_s=turn_s)
+                    steady=rate, turns=len(turns) if turn_s else 0, turn_s=turn_s,
+                    windows_half_width=q * math.sqrt(max(0.0, var_per_image - once)) / per_image,
+                    floor=_Z * math.sqrt(once) / per_image)
 
 
 def _batches(windows: Sequence[Timed], *, final: bool) -> tuple[int, list[tuple[float, float]], float] | None:
@@ -273,10 +289,14 @@ def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
 
 
 def stop(est: Estimate | None, *, precision: float, elapsed_s: float, max_s: float) -> str | None:
-    """Why a measurement ends here, or None: ``precise`` once its interval's half-width is at most ``precision``,
-    ``capped`` once it has measured for ``max_s`` seconds (its interval then stands as it is)."""
+    """Why a measurement ends here, or None: ``precise`` once its interval's half-width is at most ``precision``;
+    ``turn`` once its windows' own part is, where the first epoch's start, seen once, keeps the interval wider than
+    ``precision`` however many windows follow (``Estimate.floor``: a script's own loader on epochs longer than the
+    trial, its interval then stands as it is); ``capped`` once it has measured for ``max_s`` seconds."""
     if est is not None and est.half_width <= precision:
         return "precise"
+    if est is not None and est.floor > precision and est.windows_half_width <= precision:
+        return "turn"
     if elapsed_s >= max_s:
         return "capped"
     return None

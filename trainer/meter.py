@@ -109,7 +109,7 @@ class ThroughputMeter:
 
     cancelled: bool = False
     ended: str | None = None
-    """Why the measurement ended: ``precise``, ``capped`` (``trainer.estimate.stop``) or ``cancelled``."""
+    """Why the measurement ended: ``precise``, ``turn``, ``capped`` (``trainer.estimate.stop``) or ``cancelled``."""
 
     steps_total: int = 0
     """Every ``step()`` so far, warm-up included."""

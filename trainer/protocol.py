@@ -243,7 +243,9 @@ class SummaryRecord(TypedDict, total=False):
     """The interval's half-width is within ``measure.precision``."""
 
     ended: str | None
-    """``precise``, ``capped`` (``measure.max_s`` reached), ``cancelled``, or ``run`` (a train run's end)."""
+    """``precise``, ``turn`` (its windows precise, a turn seen once keeping its interval wider:
+    ``trainer.estimate.stop``), ``capped`` (``measure.max_s`` reached), ``cancelled``, or ``run`` (a train run's
+    end)."""
 
     imgs_per_s_windows: list[float]
     turn_windows: list[int]

@@ -39,6 +39,7 @@ from trainer.config import ConfigError, TrainConfig, process_settings, serves
 from trainer.job import Job
 from trainer.protocol import Failure, ResultWriter, error_record
 from trainer.records import Dist, start_record
+from trainer.runtime import kept
 from trainer.runtime.entry import run_entry
 
 REQUEST_POLL_S = 0.02
@@ -127,6 +128,7 @@ def serve(first: TrainConfig, first_result: str | None, requests: str | Path, *,
             print(f"[rank {rank}] trial {index} left {leaks} behind: this worker stops, the next trial gets a fresh "
                   "one", file=sys.stderr)
             return 4
+    kept.release()
     shutdown_distributed()
     return 0
 
@@ -174,11 +176,13 @@ def lifetime_threads() -> set[threading.Thread]:
 
 def leftovers(baseline_threads: set[threading.Thread], grace_s: float = LEAK_GRACE_S) -> str | None:
     """What a closed trial left running (loader processes, threads it started), after a grace period; None when
-    nothing."""
+    nothing. Loader workers the worker keeps for the next trial (``trainer.runtime.kept``) are its own."""
     deadline = time.monotonic() + grace_s
     while True:
-        children = multiprocessing.active_children()  # also reaps the ones that have exited
-        threads = [t for t in threading.enumerate() if t not in baseline_threads and t.is_alive()]
+        own, own_threads = kept.processes(), kept.threads()
+        children = [p for p in multiprocessing.active_children() if p.pid not in own]  # reaps the exited ones
+        threads = [t for t in threading.enumerate()
+                   if t not in baseline_threads and t not in own_threads and t.is_alive()]
         if not children and not threads:
             return None
         if time.monotonic() > deadline:

@@ -123,3 +123,24 @@ def test_a_measurement_stops_when_precise_or_capped():
     assert stop(est, precision=0.02, elapsed_s=6, max_s=30) == "precise"
     assert stop(None, precision=0.02, elapsed_s=6, max_s=30) is None
     assert stop(None, precision=0.02, elapsed_s=30, max_s=30) == "capped"
+
+
+def test_a_measurement_stops_once_only_a_turn_seen_once_keeps_its_interval_wider_than_asked():
+    """A script's own loader on epochs longer than a trial: no turn is measured, and the first epoch's start is charged
+    per epoch with its spread unknown (``UNKNOWN_SHARE``). More windows cannot narrow that part of the interval:
+    once the windows' own part is within the precision, the measurement ends (``turn``) with its interval as it is,
+    instead of running to its cap. Where the charge could still come within the precision, the windows go on."""
+    windows = [W(80 + i % 2, 0.5) for i in range(40)]
+    est = estimate(windows, epoch_images=1600, first_turn_s=2.0)  # a 2 s start beside a 10 s epoch
+    assert est.windows_half_width <= 0.02 < est.floor < est.half_width
+    assert stop(est, precision=0.02, elapsed_s=6, max_s=30) == "turn"
+    # The same start beside an epoch 20 times longer: within ±2 % once the windows are surer.
+    long = estimate([W(80 + 6 * (i % 2), 0.5) for i in range(16)], epoch_images=32000, first_turn_s=2.0)
+    assert long.windows_half_width <= 0.02 < long.half_width and long.floor < 0.02
+    assert stop(long, precision=0.02, elapsed_s=6, max_s=30) is None
+    # A turn measured in the span says the epochs are short enough for more of them to come: the windows go on.
+    turn = W(16, 1.1, turn=True)
+    for turns in ([*windows[:20], turn, *windows[20:]], [*windows[:10], turn, *windows[10:30], turn, *windows[30:]]):
+        est = estimate(turns, epoch_images=1600)
+        assert est.floor == 0.0 and est.windows_half_width == est.half_width
+        assert stop(est, precision=0.02, elapsed_s=6, max_s=30) != "turn"

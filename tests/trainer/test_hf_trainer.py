@@ -102,6 +102,11 @@ def test_a_trainer_reports_its_steps_loss_as_it_logs_it_and_stops_once_measured(
     assert float(run.run.loss) == pytest.approx(logged[-1], abs=1e-4)
     summary = next(r for r in records(tmp_path) if r["kind"] == "summary")
     assert summary["loss_finite"] is True and summary["loss_end"] == pytest.approx(logged[-1], abs=1e-3)
+    # The host's waits for the Trainer's batches are timed where its loop asks for them, as a loop of the script's
+    # own: the step's split holds them; the Trainer's loader is its own class again once the training ended.
+    assert 0 <= summary["data_wait_share"] <= 1 and all(w["wait_s"] is not None for w in windows)
+    loader = trainer.callback_handler.train_dataloader
+    assert "timed_loader" not in type(loader).__iter__.__qualname__, type(loader)
 
 
 def test_an_argument_the_adapter_cannot_apply_is_refused_with_the_fix(tmp_path, ended):  # noqa: F811

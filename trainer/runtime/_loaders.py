@@ -16,11 +16,13 @@ from trainer.apply import DATALOADER_PREFETCH, applied_here, data_loader, loader
 from trainer.config import ConfigError, DataConfig, TrainConfig, TrainingConfig
 from trainer.meter import timed_batches
 from trainer.records import Dist
+from trainer.runtime import kept
 from trainer.runtime._base import _END, _UNSET, IMAGES, LOADER, ScriptError, TrialDone
 from trainer.runtime._batches import first_length, prefetched, samples_per_rank, to_device, touch
 from trainer.runtime._folder import image_folder
 from trainer.runtime._measure import Measurement
 from trainer.runtime._settings import Settings
+from trainer.runtime.request import worker_trial
 
 _WATCHING: list[weakref.WeakSet] = []
 """The DataLoaders each trial in progress has seen iterated (``watch_iterations``)."""
@@ -289,6 +291,10 @@ class Batches:
         self.first_samples: int | None = None
         """What the first batch it handed out holds, as it counts (``samples``): the steps must report the same."""
 
+        self._kept: bytes | None = None
+        """On a live worker, the digest under which its persistent workers are kept for the next trial
+        (``trainer.runtime.kept``); None: they end with the run."""
+
     @property
     def endless(self) -> bool:
         """Whether iterating it never ends an epoch: the ceiling's replayed batch, or a loader that streams epochs
@@ -311,17 +317,33 @@ class Batches:
         if callable(own):
             own()
             return
+        keeping = getattr(self._loader, "_iterator", None) if self._kept is not None else None
+        if keeping is not None and kept.keep(self._kept, keeping):
+            self._loader._iterator = None  # the workers are the live worker's now
         iterators = [ref() for ref in self._iterators] + [getattr(self._loader, "_iterator", None)]
         self._iterators.clear()
         for iterator in iterators:
-            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            if iterator is not None and iterator is not keeping and hasattr(iterator, "_shutdown_workers"):
                 iterator._shutdown_workers()
         if getattr(self._loader, "_iterator", None) is not None:
             self._loader._iterator = None  # a later epoch of the loader starts its workers anew
 
     def _iter(self) -> Iterator[Any]:
-        """``iter`` of the loader, remembered for ``close``."""
-        it = iter(self._loader)
+        """``iter`` of the loader, remembered for ``close``. On a live worker, a loader whose workers start here
+        resumes the ones a previous trial kept where they hold the same data (``trainer.runtime.kept``)."""
+        resumed = False
+        if getattr(self._loader, "_iterator", False) is None:  # a DataLoader whose workers start here
+            self._kept = kept.key(self._loader) if worker_trial() is not None else None
+            resumed = kept.resume(self._loader, self._kept)
+        try:
+            it = iter(self._loader)
+        except Exception:
+            if not resumed:
+                raise
+            # A kept worker that no longer answers: this trial starts its own.
+            kept.end(self._loader._iterator)
+            self._loader._iterator = None
+            it = iter(self._loader)
         self._iterators = [ref for ref in self._iterators if ref() is not None]  # a run of many epochs
         with contextlib.suppress(TypeError):  # an iterator that takes no weak reference ends with its loader
             self._iterators.append(weakref.ref(it))

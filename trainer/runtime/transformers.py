@@ -16,6 +16,8 @@ other adapter use; the script's own values are the defaults, so outside a search
 unchanged. Only what the Trainer takes from its arguments is applied, so only that is searched: the Trainer makes
 its own DDP wrapper (no gradient-as-bucket-view), its own train loader (its supply and its first batch replayed are
 not measured apart) and moves the model itself (no layout). Under DeepSpeed or FSDP its DDP settings stay unapplied.
+The host's wait for each of the Trainer's batches is timed where its loop asks for it (``timed_loader``), so a
+trial's step splits into its wait for data and the rest as a script's own loop does.
 
 The callback reports every micro-batch the Trainer feeds its model: its samples (the collator's ``input_ids``: their
 sequences, or their tokens under ``unit="tokens"``; or ``run.callback(samples=...)`` of the batch) and, at each
@@ -44,6 +46,7 @@ import torch.distributed as dist
 from trainer.apply import DATALOADER_PREFETCH, ddp_args, loader_args, loader_settings, prepare_optimizer
 from trainer.config import DDPConfig
 from trainer.knobs import table
+from trainer.meter import timed_batches
 from trainer.runtime._base import DDP_WRAPPER, LOADER, ScriptError
 from trainer.runtime._batches import first_length
 from trainer.runtime._frameworks import FrameworkRun, missing
@@ -207,10 +210,14 @@ class Report(TrainerCallback):
         self._losses: list[tuple[torch.Tensor, bool]] = []
         """The model's losses of the optimizer step under way."""
         self._over_ranks = 1
+        self._timed: Callable[[], None] | None = None
+        """Undoes the timing of the Trainer's train loader (``timed_loader``)."""
 
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs) -> None:
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None,
+                       **kwargs) -> None:
         if self._hook is not None:
             self._hook.remove()
+        self._timed = timed_loader(train_dataloader, self._waited)
         self._hook = model.register_forward_hook(self._forward, with_kwargs=True)
         # The loss the Trainer logs of a share (a sum over the step's tokens of all ranks) is scaled by the ranks.
         self._over_ranks = self.run.world_size if args.average_tokens_across_devices else 1
@@ -271,3 +278,39 @@ class Report(TrainerCallback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._timed is not None:
+            self._timed()
+            self._timed = None
+
+    def _waited(self, seconds: float) -> None:
+        """The Trainer's loop waited ``seconds`` for a batch: into the meter's open window."""
+        meter = self.run.run.meter
+        if meter is not None:
+            meter.waited(seconds)
+
+
+def timed_loader(loader: Any, waited: Callable[[float], None]) -> Callable[[], None] | None:
+    """``loader``'s batches timed from the Trainer's ask to its hand-over (``trainer.meter.timed_batches``: the host's
+    wait for data, the copy to the device the Trainer's prepared loader makes included); returns what undoes it, or
+    None where it cannot be timed. The Trainer keeps the loader in a local variable of its loop, so the object itself
+    becomes a subclass of its own class whose ``__iter__`` times each ``next``: everything else of it, its type
+    included (``isinstance`` checks, ``len``, ``set_epoch``), is as it was."""
+    cls = type(loader)
+    if loader is None or not isinstance(getattr(cls, "__iter__", None), Callable):
+        return None
+
+    def __iter__(self):
+        return timed_batches(cls.__iter__(self), waited)
+
+    timed = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
+                                        "__qualname__": cls.__qualname__})
+    try:
+        _SET_CLASS(loader, timed)
+    except TypeError:  # a class whose instances cannot change their class (a C type's): no split
+        return None
+    return lambda: _SET_CLASS(loader, cls)
+
+
+_SET_CLASS = object.__dict__["__class__"].__set__
+"""Sets an object's class. Accelerate's prepared loader answers ``__class__`` with its inner DataLoader's class (a
+read-only property), so the assignment goes through ``object``'s own descriptor."""

@@ -43,6 +43,7 @@ def test_the_trainer_example_is_searched_on_a_live_worker_exported_and_trained(t
             assert math.isfinite(attrs["loss_start"]) and math.isfinite(attrs["loss_end"]), said
             # The step's loss over the ranks' tokens (near ln(vocab) this early), not one rank's share of it.
             assert math.log(512) / 2 + 0.5 < attrs["loss_start"] < math.log(512) + 0.5, said
+            assert 0 <= attrs["data_wait_share"] <= 1, said  # the step's wait for the Trainer's batches, split out
         assert not (cwd / "hf_trainer_lm").exists(), said  # a trial's output stays in its own folder
 
     found, applies = searched_exported_and_trained(tmp_path, f"{script}:main", STUDY, LM_ARGS[1:], trials=3,

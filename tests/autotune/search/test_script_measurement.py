@@ -114,6 +114,29 @@ def test_a_trial_0_measured_again_names_the_precision_it_was_measured_to(tmp_pat
     assert f"±{BASELINE_PRECISION:.0%}" in said and "±3%" not in said, said
 
 
+def test_a_trial_0_wider_only_by_its_loaders_turn_seen_once_is_measured_once_and_show_says_why(tmp_path, monkeypatch,
+                                                                                                 two_cores):
+    """A script's own loader on epochs longer than a trial: its windows come within the precision, but the first
+    epoch's start, charged per epoch and seen once, keeps the interval wider (``trainer.estimate.stop``: ``turn``). A
+    fresh process would measure what the windows already hold: trial 0 is not measured again, and ``show`` says why
+    its interval is wide instead of calling it capped. The simulated runs end so where they would have reached their
+    cap (the simulated machine has no epochs)."""
+    import trainer.meter
+
+    real = trainer.meter.stop
+    monkeypatch.setattr(trainer.meter, "stop", lambda est, **kw: "turn" if real(est, **kw) == "capped" else
+                        real(est, **kw))
+    sim = Sim(tmp_path, cpu_ranks(noisy={"pil": 0.2}), 8)  # noisy enough to be measured again at its cap
+    first = next(v for v in sim.views if v.baseline)
+    assert first.attrs.get("ended") == "turn" and first.half_width > BASELINE_PRECISION, first.attrs
+    assert not any(v.attrs.get("remeasure_of") is not None for v in sim.views), sim.lines
+    shown = overview.table(sim.study)
+    row = next(ln for ln in shown.splitlines() if ln.startswith("0"))
+    assert "^" in row and "~" not in row, row
+    assert re.search(r"\^ its windows came within the precision asked; its loader's epoch turn, seen only", shown)
+    assert "reached its time cap" not in shown.split("how sure:")[1].splitlines()[0], shown
+
+
 @pytest.fixture(autouse=True)
 def _quiet():
     optuna.logging.set_verbosity(optuna.logging.WARNING)
