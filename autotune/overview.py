@@ -444,8 +444,10 @@ def trial_time(trials: list[TrialView]) -> list[str]:
     said = any(a.get("fresh_process") for a in launched)
     fresh = sum(1 for a in launched if a.get("fresh_process") or not a.get("worker")
                 or (not said and (a.get("launch_s") or 0) >= 2.0))
-    return [f"median trial ({fresh} launched, {len(launched) - fresh} on a live worker): {wall:.1f} s; medians of "
-            f"its parts: {', '.join(parts)}"]
+    kept = sum(1 for a in launched if a.get("loader_kept"))
+    live = f"{len(launched) - fresh} on a live worker" + (f", {kept} of them with the loader workers an earlier trial "
+                                                          "kept" if kept else "")
+    return [f"median trial ({fresh} launched, {live}): {wall:.1f} s; medians of its parts: {', '.join(parts)}"]
 
 
 def pruning(trials: list[TrialView]) -> list[str]:

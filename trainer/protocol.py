@@ -46,7 +46,8 @@ class Kind(StrEnum):
     RESUME = "resume"
     SETTINGS = "settings"
     """A user's script's settings as its first step ran them (``trainer.runtime``): what it applies, its unit; where
-    its own Dataset is an image folder of JPEGs, that folder and its crop (``image_folder``)."""
+    its own Dataset is an image folder of JPEGs, that folder and its crop (``image_folder``); whether its training
+    loader resumed the workers an earlier trial on the live worker kept (``loader_kept``)."""
     STEPS = "steps"
     """Rank 0's steps so far, written by the meter when no other record went out for ``STEPS_EVERY_S``: the tuner
     tells a run too slow for a window in its timeout (still stepping) from a stuck one."""

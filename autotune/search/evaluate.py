@@ -325,6 +325,8 @@ def run_attrs(run: TrialRun) -> dict[str, Any]:
              "env": {k: v for k, v in run.env.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED")}}
     if run.leftover_pids:
         attrs["leftover_pids"] = run.leftover_pids
+    if any(r.get("loader_kept") for r in run.of_kind(Kind.SETTINGS)):
+        attrs["loader_kept"] = True  # its loader's workers were an earlier trial's (trainer.runtime.kept)
     start = run.of_kind(Kind.START)
     if run.summary is None and start:
         attrs["versions"] = start[0].get("versions")

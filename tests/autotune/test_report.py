@@ -390,3 +390,19 @@ def test_a_study_in_another_unit_is_reported_in_it(tmp_path):
     page = unescaped(render_html(study))
     assert "imgs/s" not in page, [page[max(0, i - 80):i + 20] for i in range(len(page)) if page.startswith("imgs/s", i)]
     assert "Best tokens/s so far" in page and "tokens/s (global)" in page
+
+
+def test_the_trials_time_line_counts_the_trials_whose_loader_workers_an_earlier_trial_kept():
+    from autotune.overview import trial_time
+    from autotune.study.view import TrialView
+
+    def ran(number: int, **attrs) -> TrialView:
+        return TrialView(number=number, state=TrialState.COMPLETE, stage="climb", outcome="measured",
+                         imgs_per_s=100.0, half_width=0.02, params={},
+                         attrs={"launch_s": 0.1, "wall_s": 10.0, "worker": "worker-1", **attrs})
+
+    trials = [ran(0, fresh_process="trial 0 runs as the user's job does"), ran(1), ran(2, loader_kept=True),
+              ran(3, loader_kept=True)]
+    assert trial_time(trials)[0].startswith("median trial (1 launched, 3 on a live worker, 2 of them with the loader "
+                                            "workers an earlier trial kept): 10.0 s")
+    assert trial_time(trials[:2])[0].startswith("median trial (1 launched, 1 on a live worker): ")

@@ -45,10 +45,15 @@ def trial(env, data, *, worker_trial: int | None = 1, workers: int = 1, batch_si
         loader = run.loader(data, batch_size=batch_size, num_workers=workers, persistent_workers=True,
                             sampler=sampler)
         rows = torch.cat(list(loader))
+        RESUMED.append(loader.resumed)
     finally:
         run.close()
         activate(None)
     return {int(p) for p in rows[:, 0].tolist()}, rows[:, 1].tolist()
+
+
+RESUMED: list[bool] = []
+"""Whether each ``trial``'s loader said it resumed kept workers (what its settings record tells the tuner)."""
 
 
 def children() -> set[int]:
@@ -73,6 +78,7 @@ def test_the_next_trial_on_the_same_data_and_settings_reads_from_the_same_worker
     again, values = trial(group, Numbered(10.0), batch_size=2, sampler=reverse)
     assert again == first
     assert values == [10.0 + i for i in reverse]  # the new trial's sampler, not the kept one's
+    assert RESUMED[-2:] == [False, True]  # the second trial says its workers were kept
 
 
 @pytest.mark.parametrize("change", ["data", "workers", "unpicklable", "plain run"])
@@ -84,5 +90,6 @@ def test_other_data_other_settings_or_no_live_worker_start_workers_of_their_own(
     assert not second & first
     assert values == [(20.0 if change == "data" else 10.0) + i for i in range(8)]  # never the kept workers' data
     assert not first & children()  # the kept workers that no longer match are gone
+    assert RESUMED[-1] is False
     if change in ("unpicklable", "plain run"):
         assert not children()  # nothing to compare or no next trial: nothing kept

@@ -295,6 +295,9 @@ class Batches:
         """On a live worker, the digest under which its persistent workers are kept for the next trial
         (``trainer.runtime.kept``); None: they end with the run."""
 
+        self.resumed = False
+        """Its workers are the ones an earlier trial kept (``trainer.runtime.kept``): they started no process here."""
+
     @property
     def endless(self) -> bool:
         """Whether iterating it never ends an epoch: the ceiling's replayed batch, or a loader that streams epochs
@@ -335,6 +338,7 @@ class Batches:
         if getattr(self._loader, "_iterator", False) is None:  # a DataLoader whose workers start here
             self._kept = kept.key(self._loader) if worker_trial() is not None else None
             resumed = kept.resume(self._loader, self._kept)
+            self.resumed = self.resumed or resumed
         try:
             it = iter(self._loader)
         except Exception:

@@ -134,6 +134,7 @@ class Reports:
         self._writer.write({"kind": Kind.SETTINGS, "t": now, "unit": unit, "applied": self._settings.settings(),
                             "loader": training is not None,
                             "samples_per_rank": training.samples_per_rank() if training is not None else None,
+                            "loader_kept": bool(getattr(training, "resumed", False)),
                             **({"image_folder": folder} if folder else {})})
         self._writer.write({"kind": Kind.FIRST_STEP, "t": now, "first_batch_s": None,
                             "first_compute_s": round(time.perf_counter() - ready, 4),

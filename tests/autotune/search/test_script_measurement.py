@@ -173,7 +173,8 @@ def test_an_image_folder_scripts_trials_stay_on_the_live_worker(tmp_path):
                  cwd=tmp_path, timeout=800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     shown = autotune("show", "--study", "script-user_folder-main", cwd=tmp_path).stdout
-    count = re.search(r"\((\d+) launched, (\d+) on a live worker\)", shown)
+    count = re.search(r"\((\d+) launched, (\d+) on a live worker(?:, (\d+) of them with the loader workers an "
+                      r"earlier trial kept)?\)", shown)
     assert count, shown
     study = optuna.load_study(study_name="script-user_folder-main",
                               storage=open_storage(f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"))
@@ -182,6 +183,7 @@ def test_an_image_folder_scripts_trials_stay_on_the_live_worker(tmp_path):
     # Trial 0 in a fresh process, as a user's job runs; the worker it started serves the rest, but a re-measure of
     # trial 0, which is the point of one.
     assert int(count.group(1)) == len(fresh) and int(count.group(2)) == len(ran) - len(fresh), shown
+    assert int(count.group(3) or 0) == sum(1 for a in ran if a.get("loader_kept")), shown
     assert all(a.get("stage") == "baseline" for a in fresh), [(a.get("stage"), a.get("fresh_process")) for a in fresh]
     rows = [ln for ln in shown.splitlines() if re.match(r"\d+\*?\s+baseline", ln)]
     assert rows and all("fresh process:" in ln for ln in rows), shown
