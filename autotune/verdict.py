@@ -144,7 +144,8 @@ def ending(run: Finished) -> Verdict:
     considered = run.records if run.n_before_stop is None else run.records[:run.n_before_stop]
     errors = [r for r in considered if r.get("kind") == Kind.ERROR]
     if errors:
-        return root_cause(errors)
+        v = root_cause(errors)
+        return stalled_loader(v, run.log_path) if v.failure == Failure.NCCL else v
     if run.stopped == Stopped.HANG:
         return timed_out(run, considered)
     if run.stopped == Stopped.INTERRUPTED:
@@ -188,6 +189,46 @@ def stepping(records: Sequence[dict], t_stop: float) -> tuple[int, float] | None
     if t_stop - float(beat["t"]) > 2 * max(step_s, STEPS_EVERY_S):
         return None
     return int(beat.get("steps", 0)), step_s
+
+
+STALL_FIX = ("its loader workers' stacks in the log show where they wait: a dataset that blocks (a lock, a read that "
+             "never returns) or a worker stuck from its start; fewer loader.num_workers, or persistent_workers, start "
+             "fewer of them")
+
+_WAITS_FOR_BATCH = re.compile(r'torch/utils/data/dataloader\.py", line \d+,? in _try_get_data$', re.M)
+"""A frame of a process waiting for its DataLoader's next batch, as faulthandler prints it (``line N in``) and as a
+traceback does (``line N, in``: a framework's own SIGTERM handler raising over the wait)."""
+
+STALL_TAIL_BYTES = 1 << 16
+"""How much of a log's end is looked through for a rank's traceback over its wait for a batch."""
+
+
+def stalled_loader(v: Verdict, log: Path | None) -> Verdict:
+    """A collective that timed out (``v``) because a peer never reached it: where a stopped rank's stack shows it
+    waiting for its next batch from its DataLoader's workers, the workers stalled and the collective only says so
+    later; the verdict names the rank and the workers (a hang of the input side), not the collective."""
+    stacks = stopped_stacks(log)
+    waiting = [who for who, stack in stacks if "loader worker" not in who and _WAITS_FOR_BATCH.search(stack)]
+    if not waiting and _WAITS_FOR_BATCH.search("\n".join(log_tail(log, max_bytes=STALL_TAIL_BYTES))):
+        waiting = ["a rank"]  # a framework's own SIGTERM handler replaced the stack printer: its traceback says it
+    if not waiting:
+        return v
+    where = ("the ranks' and their loader workers' stacks are in the log" if stacks else
+             "its traceback is in the log")
+    return Verdict(failure=Failure.HANG, fix=STALL_FIX, error=v.error,
+                   reason=f"{' and '.join(waiting)} waited for its next batch from its DataLoader's workers, which "
+                          f"never delivered it, until a peer's collective timed out ({v.reason}); {where}")
+
+
+def stopped_stacks(log: Path | None) -> list[tuple[str, str]]:
+    """(who, stack) of each stopped process whose stack reached the log (``ProcessTree``): a rank, or a rank's loader
+    worker."""
+    try:
+        text = log.read_text(errors="replace") if log is not None else ""
+    except OSError:
+        return []
+    parts = re.split(rf"^---- (.+?) \(pid \d+\) {re.escape(STACKS_MARK)} ----$", text, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
 
 
 def _has_stacks(log: Path | None) -> bool:

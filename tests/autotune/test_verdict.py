@@ -229,3 +229,37 @@ def test_a_loss_that_never_moved_is_flagged_and_its_figure_stands(tmp_path):
     folder = {"kind": "settings", "image_folder": {"path": "/data/photos", "classes": 1}}
     named = verdict.judge(run(tmp_path, [folder, *windows(0.0, 0.0, 0.0), SUMMARY], rc=0))
     assert "1 class" in named.warning and "/data/photos" in named.warning, named.warning
+
+
+STOPPED = "---- {who} (pid {pid}) was stopped; its threads were here ----\n"
+WAITING = ('Current thread 0x7f (most recent call first):\n'
+           '  File "/venv/lib/python3.11/multiprocessing/connection.py", line 947 in wait\n'
+           '  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1293 in _try_get_data\n'
+           '  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1466 in _get_data\n')
+IN_DATASET = '  File "/job/data.py", line 12 in __getitem__\n'
+IN_COLLECTIVE = '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3787 in broadcast\n'
+TIMED_OUT = "[gloo] Timed out waiting 300000ms for send operation to complete"
+
+
+def test_a_collective_that_timed_out_while_a_peer_waited_for_its_batches_is_a_stalled_loader(tmp_path):
+    """Rank 0's collective timed out because rank 1 never reached it: rank 1 waited for a batch its loader worker
+    never delivered. The verdict names the wait, not the collective, and points at the workers' stacks."""
+    log = (STOPPED.format(who="rank 0", pid=10) + IN_COLLECTIVE + STOPPED.format(who="rank 1", pid=11) + WAITING
+           + STOPPED.format(who="rank 1's loader worker", pid=12) + IN_DATASET)
+    v = verdict.judge(run(tmp_path, [error("nccl", rank=0, message=TIMED_OUT)], log=log))
+    assert v.failure == "hang" and v.fix == verdict.STALL_FIX
+    assert v.reason.startswith("rank 1 waited for its next batch from its DataLoader's workers, which never "
+                               "delivered it, until a peer's collective timed out (rank 0: [gloo] Timed out"), v.reason
+    assert v.reason.endswith("the ranks' and their loader workers' stacks are in the log")
+    # A framework's own SIGTERM handler (Lightning's) raised over the wait instead of the stack printer: the
+    # traceback says it.
+    traceback = ('Traceback (most recent call last):\n'
+                 '  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1293, in '
+                 '_try_get_data\n    data = self._data_queue.get(timeout=timeout)\nRuntimeError: Connection closed\n')
+    v = verdict.judge(run(tmp_path, [error("nccl", rank=0, message=TIMED_OUT)], log=traceback))
+    assert v.failure == "hang" and v.reason.startswith("a rank waited for its next batch")
+    assert v.reason.endswith("its traceback is in the log")
+    # Nothing waited for a batch: the collective's own failure.
+    v = verdict.judge(run(tmp_path, [error("nccl", rank=0, message=TIMED_OUT)],
+                          log=STOPPED.format(who="rank 1", pid=11) + IN_COLLECTIVE))
+    assert v.failure == "nccl" and v.reason == f"rank 0: {TIMED_OUT}"
