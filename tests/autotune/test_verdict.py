@@ -237,7 +237,7 @@ WAITING = ('Current thread 0x7f (most recent call first):\n'
            '  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1293 in _try_get_data\n'
            '  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1466 in _get_data\n')
 IN_DATASET = '  File "/job/data.py", line 12 in __getitem__\n'
-IN_COLLECTIVE = '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3787 in broadcast\n'
+IN_COLLECTIVE = '  File "/venv/site-packages/torch/distributed/distributed_c10d.py", line 3787 in broadcast\n'
 TIMED_OUT = "[gloo] Timed out waiting 300000ms for send operation to complete"
 
 
