@@ -54,10 +54,36 @@ def stacks_on_sigterm() -> None:
         os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))
         return
     rank = os.environ.get("RANK", "0")
-    _stacks_into(os.path.join(folder, f"rank{rank}-pid{os.getpid()}.txt"))
+    _OWN.path, _OWN.pid = os.path.join(folder, f"rank{rank}-pid{os.getpid()}.txt"), os.getpid()
+    _stacks_into(_OWN.path)
     # A worker's file is opened in the worker: the fork's own pid names it, and a worker of a worker (rare) nests.
     os.register_at_fork(after_in_child=lambda: _stacks_into(
         os.path.join(folder, f"rank{rank}-worker-pid{os.getpid()}.txt")))
+
+
+def rearm() -> None:
+    """The rank's stack printer back in front of a SIGTERM handler installed since (a framework's own: Lightning
+    installs one as its fit starts, which replaces it); that handler still runs after the stacks are written. Nothing
+    where ``stacks_on_sigterm`` wrote no file of the rank's own."""
+    if _OWN.path is None or os.getpid() != _OWN.pid:
+        return
+    # faulthandler still holds the signal as registered and would not install itself again: unregistered, it puts
+    # back the handler it found at first, so the framework's is set again before the printer goes in front of it.
+    framework = signal.getsignal(signal.SIGTERM)
+    faulthandler.unregister(signal.SIGTERM)
+    if framework is not None:
+        signal.signal(signal.SIGTERM, framework)
+    _stacks_into(_OWN.path)
+
+
+class _Own:
+    path: str | None = None
+    """The rank's stacks file (``stacks_on_sigterm``), and the process it is of (a forked worker has its own)."""
+
+    pid: int | None = None
+
+
+_OWN = _Own()
 
 
 def _stacks_into(path: str) -> None:

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from trainer.apply import prepare_optimizer
+from trainer.exit_signals import rearm
 from trainer.runtime._base import LOADER, ScriptError
 from trainer.runtime._batches import first_length
 from trainer.runtime._frameworks import PRECISIONS, FrameworkRun, missing
@@ -188,6 +189,9 @@ class Report(pl.Callback):
         self.run, self.samples = run, samples or first_length
 
     def on_train_start(self, trainer: pl.Trainer, pl_module) -> None:
+        # Lightning's SIGTERM handler, installed as the fit began, replaced the rank's stack printer: a hang's report
+        # stands on the stacks, and Lightning's handler still runs after them.
+        rearm()
         # Fused SGD's momentum buffers before its first step (trainer.apply.prepare_optimizer).
         for optimizer in trainer.optimizers:
             prepare_optimizer(optimizer)
