@@ -71,8 +71,7 @@ def data_fix(v: TrialView) -> str:
     were full, more where they had room, either where nobody read them; or a pipeline that decodes less on the CPU."""
     busy, full = v.attrs.get("cpu_busy"), cores_full(v)
     if full is None:
-        return ("more loader workers where the CPU has cores to spare, fewer where they crowd the rank's own "
-                "process, or a pipeline that decodes less on the CPU")
+        return STEP_PARTS["data"].fix
     if full:
         return (f"fewer loader workers (its cores were {100 * busy:.0f} % busy: more workers would crowd the rank's "
                 "own process), or a pipeline that decodes less on the CPU")
